@@ -1,0 +1,386 @@
+"""The dataplane's configuration: Felix's parameter names, defaults and parsing.
+
+One frozen :class:`Config` object holds every parameter the dataplane reads.
+Attributes use Felix's own parameter names (``config.IptablesMarkMask``), so a
+name in Felix's docs, a ``FELIX_*`` variable and the code are the same word.
+
+Layers, lowest priority first, as Felix resolves them: built-in defaults <
+``ConfigUpdate.config`` from the calc graph (already resolved by Felix) <
+the optional config file (``[global]``-less ``Name = value`` lines or YAML
+mapping) < ``FELIX_<Name>`` environment variables (case-insensitive names).
+
+Bad values are reported by name (:class:`ConfigProblem`) and fall back to the
+default, as Felix does.  :func:`changed_params` tells the daemon which
+parameters differ between two configs; any change outside
+:data:`NO_RESTART_PARAMS` makes the daemon exit cleanly with
+``EXIT_CONFIG_CHANGED`` so that its supervisor restarts it with the new config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+EXIT_CONFIG_CHANGED = 129
+NO_RESTART_PARAMS = frozenset({"CalicoVersion", "ClusterGUID", "ClusterType", "HealthTimeoutOverrides"})
+
+
+@dataclass(frozen=True, slots=True)
+class ProtoPort:
+    """One failsafe entry: ``port``, ``proto:port`` or ``proto:net:port``."""
+
+    protocol: str
+    port: int
+    net: str = ""
+
+
+# --------------------------------------------------------------------------- parsers
+def _bool(raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in ("true", "1", "yes", "y", "t", "on"):
+        return True
+    if v in ("false", "0", "no", "n", "f", "off"):
+        return False
+    raise ValueError(f"not a boolean: {raw!r}")
+
+
+def _int(raw: str) -> int:
+    return int(raw.strip(), 0)
+
+
+def _float(raw: str) -> float:
+    v = float(raw.strip())
+    if v < 0:
+        raise ValueError("must not be negative")
+    return v
+
+
+def _str(raw: str) -> str:
+    return raw.strip()
+
+
+def _str_list(raw: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
+def _port(raw: str) -> int:
+    p = int(raw)
+    if not 0 <= p <= 65535:
+        raise ValueError(f"port out of range: {p}")
+    return p
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    by_lower = {c.lower(): c for c in choices}
+
+    def parse(raw: str) -> str:
+        try:
+            return by_lower[raw.strip().lower()]
+        except KeyError:
+            raise ValueError(f"must be one of {', '.join(choices)}") from None
+
+    return parse
+
+
+def _mark_mask(raw: str) -> int:
+    v = int(raw.strip(), 0)
+    if not 0 <= v <= 0xFFFFFFFF:
+        raise ValueError("not a 32-bit mask")
+    return v
+
+
+def _port_range(raw: str) -> str:
+    raw = raw.strip()
+    if raw and not re.fullmatch(r"\d+(:\d+)?", raw):
+        raise ValueError("expected N or N:M")
+    return raw
+
+
+def _proto_ports(raw: str) -> tuple[ProtoPort, ...]:
+    """Felix's failsafe syntax; only tcp and udp are accepted (as Felix's parser)."""
+    out: list[ProtoPort] = []
+    raw = raw.strip()
+    if raw.lower() == "none" or not raw:
+        return ()
+    for entry in raw.split(","):
+        entry = entry.strip()
+        m = re.fullmatch(r"(?:(?P<proto>[a-zA-Z]+):)?(?:(?P<net>\[[^\]]+\]|[0-9./]+):)?(?P<port>\d+)", entry)
+        if not m:
+            raise ValueError(f"bad entry {entry!r}")
+        proto = (m.group("proto") or "tcp").lower()
+        if proto not in ("tcp", "udp"):
+            raise ValueError(f"unsupported protocol {proto!r} in {entry!r}")
+        net = (m.group("net") or "").strip("[]")
+        if net:
+            net = str(ipaddress.ip_network(net, strict=False))
+        out.append(ProtoPort(proto, _port(m.group("port")), net))
+    return tuple(out)
+
+
+def _route_table_ranges(raw: str) -> tuple[tuple[int, int], ...]:
+    out = []
+    for part in _str_list(raw):
+        lo, _, hi = part.partition("-")
+        a, b = int(lo), int(hi or lo)
+        if not (1 <= a <= b <= 0xFFFFFFFF) or any(253 <= t <= 255 for t in (a, b)):
+            raise ValueError(f"bad range {part!r}")
+        out.append((a, b))
+    return tuple(out)
+
+
+def _p(default: Any, parse: Callable[[str], Any]) -> Any:
+    return field(default=default, metadata={"parse": parse})
+
+
+FAILSAFE_IN = "tcp:22,udp:68,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667"
+FAILSAFE_OUT = "udp:53,udp:67,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667"
+_ALLOW = _choice("ACCEPT", "RETURN")
+_DENY = _choice("DROP", "REJECT")
+
+
+# --------------------------------------------------------------------------- the config
+@dataclass(frozen=True, slots=True)
+class Config:  # noqa: N815 - attribute names are Felix's parameter names on purpose.
+    # Driver selection and modes.
+    UseInternalDataplaneDriver: bool = _p(True, _bool)
+    DataplaneDriver: str = _p("calico-iptables-plugin", _str)
+    BPFEnabled: bool = _p(False, _bool)
+    NFTablesMode: str = _p("Auto", _choice("Enabled", "Disabled", "Auto"))
+    IptablesBackend: str = _p("auto", _choice("auto", "legacy", "nft"))
+    Ipv6Support: bool = _p(True, _bool)
+    DataplaneWatchdogTimeout: float = _p(90.0, _float)
+    # *tables.
+    IptablesRefreshInterval: float = _p(180.0, _float)
+    IptablesPostWriteCheckIntervalSecs: float = _p(5.0, _float)
+    IptablesLockProbeIntervalMillis: float = _p(50.0, _float)
+    IptablesMarkMask: int = _p(0xFFFF0000, _mark_mask)
+    NftablesMarkMask: int = _p(0xFFFF0000, _mark_mask)
+    IptablesFilterAllowAction: str = _p("ACCEPT", _ALLOW)
+    IptablesMangleAllowAction: str = _p("ACCEPT", _ALLOW)
+    IptablesFilterDenyAction: str = _p("DROP", _DENY)
+    NftablesFilterAllowAction: str = _p("ACCEPT", _ALLOW)
+    NftablesMangleAllowAction: str = _p("ACCEPT", _ALLOW)
+    NftablesFilterDenyAction: str = _p("DROP", _DENY)
+    IptablesNATOutgoingInterfaceFilter: str = _p("", _str)
+    NftablesRefreshInterval: float = _p(180.0, _float)
+    NFTablesFlowTableOffload: str = _p("Disabled", _choice("All", "Disabled"))
+    NFTablesFlowTableDataIfacePattern: str = _p("", _str)
+    ChainInsertMode: str = _p("insert", _choice("insert", "append"))
+    DefaultEndpointToHostAction: str = _p("DROP", _choice("DROP", "RETURN", "ACCEPT"))
+    DisableConntrackInvalidCheck: bool = _p(False, _bool)
+    LogPrefix: str = _p("calico-packet", _str)
+    LogActionRateLimit: str = _p("", _str)
+    LogActionRateLimitBurst: int = _p(5, _int)
+    NATPortRange: str = _p("", _port_range)
+    NATOutgoingAddress: str = _p("", _str)
+    NATOutgoingExclusions: str = _p("IPPoolsOnly", _choice("IPPoolsOnly", "IPPoolsAndHostIPs"))
+    KubeNodePortRanges: tuple[str, ...] = _p(("30000:32767",), _str_list)
+    ServiceLoopPrevention: str = _p("Drop", _choice("Drop", "Reject", "Disabled"))
+    WorkloadSourceSpoofing: str = _p("Disabled", _choice("Disabled", "Any"))
+    FloatingIPs: str = _p("Disabled", _choice("Enabled", "Disabled"))
+    AllowVXLANPacketsFromWorkloads: bool = _p(False, _bool)
+    AllowIPIPPacketsFromWorkloads: bool = _p(False, _bool)
+    ExternalNodesCIDRList: tuple[str, ...] = _p((), _str_list)
+    FailsafeInboundHostPorts: tuple[ProtoPort, ...] = _p(_proto_ports(FAILSAFE_IN), _proto_ports)
+    FailsafeOutboundHostPorts: tuple[ProtoPort, ...] = _p(_proto_ports(FAILSAFE_OUT), _proto_ports)
+    # felixpy extension: dispatch-chain design ("Felix" = Felix's one-level prefix tree).
+    DispatchChainMode: str = _p("Felix", _choice("Felix", "TwoLevel"))
+    # IP sets.
+    IpsetsRefreshInterval: float = _p(90.0, _float)
+    MaxIpsetSize: int = _p(1048576, _int)
+    # Routes and interfaces.
+    RouteRefreshInterval: float = _p(90.0, _float)
+    InterfaceRefreshInterval: float = _p(90.0, _float)
+    InterfacePrefix: tuple[str, ...] = _p(("cali",), _str_list)
+    InterfaceExclude: tuple[str, ...] = _p(("kube-ipvs0",), _str_list)
+    DeviceRouteProtocol: int = _p(3, _int)
+    DeviceRouteSourceAddress: str = _p("", _str)
+    DeviceRouteSourceAddressIPv6: str = _p("", _str)
+    RemoveExternalRoutes: bool = _p(True, _bool)
+    RouteTableRanges: tuple[tuple[int, int], ...] = _p(((1, 250),), _route_table_ranges)
+    RouteSyncDisabled: bool = _p(False, _bool)
+    RouteSource: str = _p("CalicoIPAM", _choice("CalicoIPAM", "WorkloadIPs"))
+    ProgramClusterRoutes: str = _p("EnabledIPIPOnly", _choice("Enabled", "Disabled", "EnabledIPIPOnly", "EnabledNoEncapOnly"))
+    IPv4NormalRoutePriority: int = _p(1024, _int)
+    IPv6NormalRoutePriority: int = _p(1024, _int)
+    IPv4ElevatedRoutePriority: int = _p(512, _int)
+    IPv6ElevatedRoutePriority: int = _p(512, _int)
+    IPForwarding: str = _p("Enabled", _choice("Enabled", "Disabled"))
+    NetlinkTimeoutSecs: float = _p(10.0, _float)
+    MTUIfacePattern: str = _p(r"^((en|wl|ww|sl|ib)[Pcopsvx].*|(eth|wlan|wwan).*)", _str)
+    # Encapsulation.
+    VXLANEnabled: bool | None = _p(None, _bool)
+    IpInIpEnabled: bool | None = _p(None, _bool)
+    VXLANPort: int = _p(4789, _port)
+    VXLANVNI: int = _p(4096, _int)
+    VXLANMTU: int = _p(0, _int)
+    VXLANMTUV6: int = _p(0, _int)
+    IpInIpMtu: int = _p(0, _int)
+    IPv4VXLANTunnelAddr: str = _p("", _str)
+    IPv6VXLANTunnelAddr: str = _p("", _str)
+    VXLANTunnelMACAddr: str = _p("", _str)
+    VXLANTunnelMACAddrV6: str = _p("", _str)
+    IpInIpTunnelAddr: str = _p("", _str)
+    WireguardEnabled: bool = _p(False, _bool)
+    WireguardEnabledV6: bool = _p(False, _bool)
+    WireguardListeningPort: int = _p(51820, _port)
+    WireguardListeningPortV6: int = _p(51821, _port)
+    WireguardRoutingRulePriority: int = _p(99, _int)
+    WireguardInterfaceName: str = _p("wireguard.cali", _str)
+    WireguardInterfaceNameV6: str = _p("wg-v6.cali", _str)
+    WireguardMTU: int = _p(0, _int)
+    WireguardMTUV6: int = _p(0, _int)
+    WireguardHostEncryptionEnabled: bool = _p(False, _bool)
+    WireguardPersistentKeepAlive: float = _p(0.0, _float)
+    # XDP / L2.
+    XDPEnabled: bool = _p(True, _bool)
+    GenericXDPEnabled: bool = _p(False, _bool)
+    XDPRefreshInterval: float = _p(90.0, _float)
+    LocalSubnetL2Reachability: str = _p("Disabled", _choice("Disabled", "Enabled"))
+    # Status, health, metrics, logging.
+    EndpointReportingEnabled: bool = _p(False, _bool)
+    EndpointReportingDelaySecs: float = _p(1.0, _float)
+    EndpointStatusPathPrefix: str = _p("/var/run/calico", _str)
+    ReportingIntervalSecs: float = _p(30.0, _float)
+    ReportingTTLSecs: float = _p(90.0, _float)
+    HealthEnabled: bool = _p(False, _bool)
+    HealthHost: str = _p("localhost", _str)
+    HealthPort: int = _p(9099, _port)
+    HealthTimeoutOverrides: str = _p("", _str)
+    PrometheusMetricsEnabled: bool = _p(False, _bool)
+    PrometheusMetricsHost: str = _p("", _str)
+    PrometheusMetricsPort: int = _p(9091, _port)
+    LogSeverityScreen: str = _p("INFO", _choice("DEBUG", "INFO", "WARNING", "ERROR", "FATAL", "CRITICAL", "PANIC"))
+    FeatureDetectOverride: str = _p("", _str)
+    FlowLogsGoldmaneServer: str = _p("", _str)
+    FlowLogsLocalReporter: str = _p("Disabled", _choice("Enabled", "Disabled"))
+    # BPF.
+    BPFLogLevel: str = _p("off", _choice("off", "info", "debug"))
+    BPFConntrackLogLevel: str = _p("off", _choice("off", "debug"))
+    BPFDataIfacePattern: str = _p(r"^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*)", _str)
+    BPFAttachType: str = _p("Netkit", _choice("Netkit", "TCX", "TC"))
+    BPFRedirectToPeer: str = _p("Enabled", _choice("Enabled", "Disabled", "L2Only"))
+    BPFPolicyDebugEnabled: bool = _p(True, _bool)
+    BPFMapSizeRoute: int = _p(262144, _int)
+    BPFMapSizeConntrack: int = _p(512000, _int)
+    BPFMapSizeIPSets: int = _p(1048576, _int)
+    BPFMapSizeIfState: int = _p(1000, _int)
+    BPFEnforceRPF: str = _p("Loose", _choice("Disabled", "Strict", "Loose"))
+    # Informational (never trigger a restart).
+    CalicoVersion: str = _p("", _str)
+    ClusterGUID: str = _p("", _str)
+    ClusterType: str = _p("", _str)
+
+    # -- derived views ---------------------------------------------------------------
+    @property
+    def nftables_enabled(self) -> bool:
+        """felixpy has no kube-proxy nft probe: Auto means iptables unless told otherwise."""
+        return self.NFTablesMode == "Enabled"
+
+    @property
+    def mark_mask(self) -> int:
+        return self.NftablesMarkMask if self.nftables_enabled else self.IptablesMarkMask
+
+    @property
+    def filter_allow_action(self) -> str:
+        return self.NftablesFilterAllowAction if self.nftables_enabled else self.IptablesFilterAllowAction
+
+    @property
+    def mangle_allow_action(self) -> str:
+        return self.NftablesMangleAllowAction if self.nftables_enabled else self.IptablesMangleAllowAction
+
+    @property
+    def filter_deny_action(self) -> str:
+        return self.NftablesFilterDenyAction if self.nftables_enabled else self.IptablesFilterDenyAction
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+
+PARAM_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))
+_BY_LOWER = {n.lower(): n for n in PARAM_NAMES}
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigProblem:
+    param: str
+    source: str
+    raw: str
+    error: str
+
+
+def _apply_layer(values: dict[str, Any], raw_layer: Mapping[str, str], source: str,
+                 problems: list[ConfigProblem]) -> None:
+    for raw_name, raw in raw_layer.items():
+        name = _BY_LOWER.get(raw_name.lower())
+        if name is None:
+            continue  # Felix ignores parameters it doesn't know (other components use them).
+        try:
+            if raw.strip().lower() in ("", "none") and _FIELDS[name].default is None:
+                values[name] = None
+            else:
+                values[name] = _FIELDS[name].metadata["parse"](raw)
+        except (ValueError, TypeError) as exc:
+            problems.append(ConfigProblem(name, source, raw, str(exc)))
+
+
+def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    environ = os.environ if environ is None else environ
+    return {k[6:]: v for k, v in environ.items() if k.upper().startswith("FELIX_")}
+
+
+def file_layer(path: str) -> dict[str, str]:
+    """``Name = value`` lines (``#`` comments, optional ``[global]``) or a YAML mapping."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if re.search(r"^\s*\w+\s*:", text, re.M) and "=" not in text:
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping")
+        return {str(k): "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in data.items()}
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line or line.startswith("["):
+            continue
+        k, sep, v = line.partition("=")
+        if sep:
+            out[k.strip()] = v.strip()
+    return out
+
+
+def load(datastore: Mapping[str, str] | None = None, *, config_file: str | None = None,
+         environ: Mapping[str, str] | None = None) -> tuple[Config, list[ConfigProblem]]:
+    """Resolve the layers into one Config; return it with every problem found."""
+    values: dict[str, Any] = {}
+    problems: list[ConfigProblem] = []
+    _apply_layer(values, datastore or {}, "datastore", problems)
+    if config_file:
+        _apply_layer(values, file_layer(config_file), "file", problems)
+    _apply_layer(values, env_layer(environ), "environment", problems)
+    for p in problems:
+        log.error("Bad config value, using the default", param=p.param, source=p.source, value=p.raw,
+                  error=p.error)
+    return Config(**values), problems
+
+
+def changed_params(old: Config, new: Config) -> list[str]:
+    return [n for n in PARAM_NAMES if getattr(old, n) != getattr(new, n)]
+
+
+def restart_needed(old: Config, new: Config) -> list[str]:
+    """Names of changed parameters that need a restart (Felix restarts on all but a few)."""
+    return [n for n in changed_params(old, new) if n not in NO_RESTART_PARAMS]

@@ -1,0 +1,1 @@
+"""Drivers: declarative desired-state caches that reconcile the kernel in apply()."""

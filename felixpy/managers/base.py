@@ -1,0 +1,95 @@
+"""Contracts between the event loop and the managers.
+
+``on_update(msg)`` receives each proto *payload* message (e.g. a
+``felix.IPSetUpdate``, not the ``ToDataplane`` envelope) and the interface
+monitor's :class:`IfaceStateUpdate` / :class:`IfaceAddrsUpdate`.  It must be
+cheap and must not touch the kernel: stash the data, mark things dirty.  It may
+push desired state into driver objects (tables, IP sets), which only record it.
+
+``complete_deferred_work()`` walks the dirty set and pushes desired state into
+the drivers.  It may raise; the loop then keeps the dataplane marked as needing
+sync and calls it again on the next apply.
+
+Optional extras are discovered structurally (``isinstance`` on the runtime
+checkable protocols below):
+
+* :class:`UpdateBatchResolver` — ``resolve_update_batch()`` settles
+  cross-manager state before any programming;
+* :class:`ManagerWithRouteTables` / :class:`ManagerWithRouteRules` — expose
+  route/rule syncers the loop applies in parallel with the tables;
+* :class:`ManagerWithStatus` — endpoint status to report after an apply.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class IfaceState(enum.Enum):
+    UNKNOWN = "unknown"
+    UP = "up"
+    DOWN = "down"
+
+
+@dataclass(frozen=True, slots=True)
+class IfaceStateUpdate:
+    """An interface's oper state changed (or it vanished: state DOWN, index 0)."""
+
+    name: str
+    state: IfaceState
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class IfaceAddrsUpdate:
+    """The full set of addresses now on an interface (None: interface gone)."""
+
+    name: str
+    addrs: frozenset[str] | None = field(default=None)
+
+
+@runtime_checkable
+class Manager(Protocol):
+    def on_update(self, msg: Any) -> None: ...
+
+    def complete_deferred_work(self) -> None: ...
+
+
+@runtime_checkable
+class UpdateBatchResolver(Protocol):
+    def resolve_update_batch(self) -> None: ...
+
+
+@runtime_checkable
+class Syncer(Protocol):
+    """A driver the loop applies as one unit (route table, rule set, FDB)."""
+
+    def queue_resync(self) -> None: ...
+
+    def apply(self) -> None: ...
+
+
+@runtime_checkable
+class ManagerWithRouteTables(Protocol):
+    def route_table_syncers(self) -> list[Syncer]: ...
+
+
+@runtime_checkable
+class ManagerWithRouteRules(Protocol):
+    def route_rule_syncers(self) -> list[Syncer]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointStatus:
+    """Status to report for one endpoint; ``status`` "" means remove the report."""
+
+    kind: str  # "workload" | "host"
+    endpoint_id: Any  # proto WorkloadEndpointID / HostEndpointID
+    status: str  # "up" | "down" | "error" | ""
+
+
+@runtime_checkable
+class ManagerWithStatus(Protocol):
+    def pop_status_updates(self) -> list[EndpointStatus]: ...

@@ -1,0 +1,105 @@
+"""Envelope helpers for Felix's ``ToDataplane`` / ``FromDataplane`` messages.
+
+This module owns the mapping between an envelope's ``payload`` oneof and the
+payload message types.  The mapping is read once from the protobuf descriptors,
+so a field added to ``felixbackend.proto`` is picked up without code changes.
+
+* :func:`payload_of` / :func:`from_payload_of` unwrap an envelope into
+  ``(field_name, payload_message)``.
+* :func:`to_dataplane` / :func:`from_dataplane` wrap a payload message into an
+  envelope with a sequence number, picking the oneof field by message type
+  (:func:`to_field_for` exposes that choice).
+
+Both directions raise :class:`UnknownPayload` for an empty envelope or a
+message type that no oneof field carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from felixpy.errors import FelixpyError
+from felixpy.proto import felixbackend_pb2 as pb
+
+_ONEOF = "payload"
+
+
+class UnknownPayload(FelixpyError, ValueError):
+    """An envelope has no payload set, or a message type is not a payload."""
+
+
+def _oneof_fields(envelope: Descriptor) -> tuple[FieldDescriptor, ...]:
+    return tuple(envelope.oneofs_by_name[_ONEOF].fields)
+
+
+def _type_to_field(envelope: Descriptor) -> Mapping[str, str]:
+    """Map payload full type name (e.g. ``felix.InSync``) to its oneof field."""
+    mapping: dict[str, str] = {}
+    for field in _oneof_fields(envelope):
+        full_name = field.message_type.full_name
+        if full_name in mapping:  # pragma: no cover - guards a proto edit
+            raise AssertionError(f"{envelope.name}: two payload fields carry {full_name}")
+        mapping[full_name] = field.name
+    return MappingProxyType(mapping)
+
+
+PAYLOAD_FIELDS: tuple[str, ...] = tuple(f.name for f in _oneof_fields(pb.ToDataplane.DESCRIPTOR))
+"""Names of the ``ToDataplane.payload`` oneof fields, in declaration order."""
+
+FROM_PAYLOAD_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in _oneof_fields(pb.FromDataplane.DESCRIPTOR)
+)
+"""Names of the ``FromDataplane.payload`` oneof fields, in declaration order."""
+
+_TO_FIELD_BY_TYPE = _type_to_field(pb.ToDataplane.DESCRIPTOR)
+_FROM_FIELD_BY_TYPE = _type_to_field(pb.FromDataplane.DESCRIPTOR)
+
+
+def _unwrap(envelope: Message) -> tuple[str, Any]:
+    field = envelope.WhichOneof(_ONEOF)
+    if field is None:
+        raise UnknownPayload(f"{type(envelope).__name__} has no payload set")
+    return field, getattr(envelope, field)
+
+
+def _field_for(by_type: Mapping[str, str], envelope_name: str, payload: Message) -> str:
+    full_name = payload.DESCRIPTOR.full_name
+    try:
+        return by_type[full_name]
+    except KeyError:
+        raise UnknownPayload(f"{full_name} is not a {envelope_name} payload") from None
+
+
+def payload_of(msg: pb.ToDataplane) -> tuple[str, Any]:
+    """Return ``(field_name, payload)`` for the set oneof field of ``msg``."""
+    return _unwrap(msg)
+
+
+def to_dataplane(seq: int, payload_msg: Message) -> pb.ToDataplane:
+    """Wrap ``payload_msg`` (e.g. an ``IPSetUpdate``) into a ``ToDataplane``."""
+    envelope = pb.ToDataplane(sequence_number=seq)
+    getattr(envelope, to_field_for(payload_msg)).CopyFrom(payload_msg)
+    return envelope
+
+
+def to_field_for(payload_msg: Message) -> str:
+    """The ``ToDataplane`` oneof field that carries messages of this type."""
+    return _field_for(_TO_FIELD_BY_TYPE, "ToDataplane", payload_msg)
+
+
+def from_payload_of(msg: pb.FromDataplane) -> tuple[str, Any]:
+    """Return ``(field_name, payload)`` for the set oneof field of ``msg``."""
+    return _unwrap(msg)
+
+
+def from_dataplane(seq: int, payload: Message) -> pb.FromDataplane:
+    """Wrap a status message (e.g. ``ProcessStatusUpdate``) into a ``FromDataplane``."""
+    envelope = pb.FromDataplane(sequence_number=seq)
+    field = _field_for(_FROM_FIELD_BY_TYPE, "FromDataplane", payload)
+    getattr(envelope, field).CopyFrom(payload)
+    return envelope

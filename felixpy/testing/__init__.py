@@ -1,0 +1,1 @@
+"""Helpers shared by tests/, fv/ and bench/ (network namespaces, probes)."""

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Idempotent machine + venv setup for felixpy (Debian 12 / bookworm).
+# Installs the apt packages the dataplane drives, a venv with pinned Python
+# dependencies, links Debian's bcc and nftables bindings into the venv, and
+# builds the merged kernel-header tree bcc needs (BCC_KERNEL_SOURCE).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV=${VENV:-$ROOT/.venv}
+PY=${PYTHON:-python3}
+
+APT_PKGS=(python3-bpfcc libbpfcc linux-headers-amd64 bpftool nftables libnftables1
+          python3-nftables iptables ipset iproute2 iputils-ping conntrack ncat procps)
+
+need_apt=0
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || { need_apt=1; break; }
+done
+if [ "$need_apt" = 1 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${APT_PKGS[@]}" >/dev/null
+fi
+
+stamp="$VENV/.felixpy-deps-$(sha1sum requirements.txt | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q -r requirements.txt
+  touch "$stamp"
+fi
+# Editable install of the package itself (console scripts).
+if [ ! -f "$VENV/.felixpy-editable" ] || [ pyproject.toml -nt "$VENV/.felixpy-editable" ]; then
+  "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e . && touch "$VENV/.felixpy-editable"
+fi
+
+SP=$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
+ln -sfn /usr/lib/python3/dist-packages/bcc "$SP/bcc"
+ln -sfn /usr/lib/python3/dist-packages/nftables "$SP/nftables"
+
+# Merged kernel header tree for bcc (Debian splits -amd64 and -common).
+"$ROOT/scripts/bcc-headers.sh" >/dev/null
+
+# Generated protobuf code.
+make -s proto PYTHON="$VENV/bin/python"

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from felixpy.testing import netns as _netns
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    """A fresh network namespace, deleted after the test (also on failure)."""
+    with _netns.netns("fpyt") as name:
+        yield name
+
+
+@pytest.fixture
+def in_netns(netns: str) -> Iterator[str]:
+    """As ``netns``, with the test's thread moved inside it for the test body."""
+    with _netns.entered(netns):
+        yield netns

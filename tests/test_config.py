@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from felixpy import config
+from felixpy.config import Config, ProtoPort
+
+
+def test_defaults_match_felix() -> None:
+    c = Config()
+    assert c.IptablesMarkMask == 0xFFFF0000
+    assert c.MaxIpsetSize == 1048576
+    assert c.InterfacePrefix == ("cali",)
+    assert c.ChainInsertMode == "insert"
+    assert c.DefaultEndpointToHostAction == "DROP"
+    assert c.HealthPort == 9099 and c.PrometheusMetricsPort == 9091
+    assert c.ReportingIntervalSecs == 30 and c.DataplaneWatchdogTimeout == 90
+    assert c.VXLANPort == 4789 and c.VXLANVNI == 4096
+    assert ProtoPort("tcp", 22) in c.FailsafeInboundHostPorts
+    assert ProtoPort("udp", 53) in c.FailsafeOutboundHostPorts
+
+
+def test_layers_env_beats_file_beats_datastore(tmp_path: Path) -> None:
+    f = tmp_path / "felix.cfg"
+    f.write_text("[global]\nLogSeverityScreen = WARNING\nMaxIpsetSize = 5000\n")
+    c, problems = config.load({"LogSeverityScreen": "DEBUG", "MaxIpsetSize": "100", "IptablesBackend": "nft"},
+                              config_file=str(f), environ={"FELIX_MAXIPSETSIZE": "7", "PATH": "/bin"})
+    assert problems == []
+    assert c.LogSeverityScreen == "WARNING"  # file beats datastore
+    assert c.MaxIpsetSize == 7  # env beats file
+    assert c.IptablesBackend == "nft"
+
+
+def test_yaml_config_file(tmp_path: Path) -> None:
+    f = tmp_path / "felix.yaml"
+    f.write_text("Ipv6Support: false\nIptablesMarkMask: '0xff000000'\n")
+    c, problems = config.load(config_file=str(f), environ={})
+    assert problems == [] and c.Ipv6Support is False and c.IptablesMarkMask == 0xFF000000
+
+
+def test_bad_values_are_reported_by_name_and_fall_back_to_defaults() -> None:
+    c, problems = config.load({"ChainInsertMode": "sideways", "HealthPort": "99999", "Ipv6Support": "maybe",
+                               "FailsafeInboundHostPorts": "sctp:22", "MaxIpsetSize": "12"}, environ={})
+    assert {p.param for p in problems} == {"ChainInsertMode", "HealthPort", "Ipv6Support",
+                                           "FailsafeInboundHostPorts"}
+    assert c.ChainInsertMode == "insert" and c.HealthPort == 9099 and c.Ipv6Support is True
+    assert c.FailsafeInboundHostPorts == Config().FailsafeInboundHostPorts
+    assert c.MaxIpsetSize == 12
+
+
+def test_failsafe_syntax_with_nets() -> None:
+    c, problems = config.load({"FailsafeInboundHostPorts": "22, udp:10.0.0.0/8:53, tcp:[fd00::/64]:443"},
+                              environ={})
+    assert problems == []
+    assert c.FailsafeInboundHostPorts == (ProtoPort("tcp", 22), ProtoPort("udp", 53, "10.0.0.0/8"),
+                                          ProtoPort("tcp", 443, "fd00::/64"))
+
+
+def test_unknown_params_are_ignored_and_names_case_insensitive() -> None:
+    c, problems = config.load({"SomethingElse": "x", "ipv6support": "false"}, environ={})
+    assert problems == [] and c.Ipv6Support is False
+
+
+def test_restart_detection_ignores_informational_params() -> None:
+    a = Config()
+    assert config.restart_needed(a, a.replace(CalicoVersion="v3.30", ClusterGUID="x")) == []
+    assert config.restart_needed(a, a.replace(MaxIpsetSize=10, ChainInsertMode="append")) == [
+        "ChainInsertMode", "MaxIpsetSize"]
