@@ -1,0 +1,31 @@
+# felixpy — the two commands the README promises:
+#   make demo   a demo node in sandbox network namespaces, fed by the bundled scenario
+#   make test   unit + kernel + FV tests (all inside throwaway network namespaces)
+# Both install what they need first (apt packages, venv, bcc headers, generated proto).
+
+PYTHON ?= .venv/bin/python
+PYTEST ?= .venv/bin/pytest
+PYTEST_ARGS ?=
+
+.PHONY: setup proto test unit demo bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+proto:
+	@PYTHON=$(PYTHON) bash scripts/gen-proto.sh
+
+test: setup
+	@bash scripts/run-tests.sh $(PYTEST_ARGS)
+
+unit: setup
+	$(PYTEST) -q tests -m "not kernel and not fv and not bpf" $(PYTEST_ARGS)
+
+demo: setup
+	$(PYTHON) -m felixpy demo
+
+bench: setup
+	$(PYTHON) bench/run_all.py
+
+clean:
+	rm -rf .venv .pytest_cache .hypothesis felixpy/proto/*_pb2*.py felixpy/proto/*_pb2*.pyi

@@ -1,0 +1,5 @@
+import sys
+
+from felixpy.cli import main
+
+sys.exit(main())

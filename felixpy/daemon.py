@@ -1,0 +1,350 @@
+"""The felixpy daemon: feeds in, one dataplane per feed, status out.
+
+Threads: transports read feeds and post events onto one queue; the interface
+monitor posts interface events onto the same queue; a single runner thread
+(:meth:`Daemon.run`) owns the dataplane — it drains events in batches (≤ 100
+messages, as Felix), fans each message out to the managers, then lets the
+dataplane decide whether to apply.  Nothing but the runner touches a manager
+or a driver.
+
+A feed is a start of day.  Messages are buffered until the feed's config is
+known (its first ``ConfigUpdate``, or ``InSync`` without one), then a fresh
+dataplane is built for that config and the buffer replayed into it; its first
+apply after ``InSync`` reads the kernel back and mark-and-sweeps, exactly as a
+restarted Felix would.  When a feed closes, its dataplane is dropped but the
+kernel keeps what was programmed (fail closed: unknown workloads still get
+nothing through).
+
+Exit codes: 0 clean stop; 1 fatal dataplane error (retries exhausted — fail
+closed, as Felix panics); 2 bad usage; :data:`~felixpy.config.EXIT_CONFIG_CHANGED`
+when a config change needs a restart.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from felixpy import config as configmod
+from felixpy import health as healthmod
+from felixpy import metrics as metricsmod
+from felixpy.config import Config
+from felixpy.dataplane.clock import Clock, SystemClock
+from felixpy.dataplane.core import InternalDataplane
+from felixpy.errors import FatalDataplaneError
+from felixpy.managers.base import EndpointStatus, IfaceAddrsUpdate, IfaceStateUpdate
+from felixpy.messages import from_dataplane, payload_of
+from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.transports.base import Feed, FeedClosed, FeedMessages, FeedOpened
+
+log = structlog.get_logger(__name__)
+
+EXIT_OK = 0
+EXIT_FATAL = 1
+EXIT_USAGE = 2
+MAX_BATCH = 100
+HEALTH_TICK = 10.0
+PROCESS_PARAMS = ("HealthEnabled", "HealthHost", "HealthPort", "PrometheusMetricsEnabled",
+                  "PrometheusMetricsHost", "PrometheusMetricsPort")
+
+BuildFn = Callable[..., InternalDataplane]
+
+
+@dataclass(frozen=True)
+class IfaceEvent:
+    update: IfaceStateUpdate | IfaceAddrsUpdate
+
+
+@dataclass(frozen=True)
+class IfaceInSync:
+    pass
+
+
+@dataclass(frozen=True)
+class Stop:
+    reason: str = "signal"
+
+
+@dataclass(frozen=True)
+class IfaceFatal:
+    error: str
+
+
+@dataclass
+class Session:
+    feed: Feed
+    started: float
+    buffered: list[Any] = field(default_factory=list)
+    config: Config | None = None
+    dataplane: InternalDataplane | None = None
+    seq_out: int = 0
+    next_status: float | None = None
+    messages_in: int = 0
+
+    def send(self, payload: Any) -> None:
+        self.feed.send(from_dataplane(self.seq_out, payload))
+        self.seq_out += 1
+
+
+class Daemon:
+    def __init__(self, *, build: BuildFn, config_file: str | None = None,
+                 environ: Mapping[str, str] | None = None, clock: Clock | None = None,
+                 exit_when_feed_closes: bool = False) -> None:
+        self.events: queue.Queue[object] = queue.Queue()
+        self._build = build
+        self._config_file = config_file
+        self._environ = environ
+        self._clock = clock or SystemClock()
+        self._exit_when_feed_closes = exit_when_feed_closes
+        self.metrics = metricsmod.DataplaneMetrics()
+        self.health = healthmod.HealthAggregator(self._clock.monotonic)
+        self._process_config: Config | None = None
+        self._servers: list[Any] = []
+        self._session: Session | None = None
+        self._iface_cache: dict[tuple[str, str], IfaceStateUpdate | IfaceAddrsUpdate] = {}
+        self._iface_in_sync = False
+        self.has_iface_monitor = False
+        self._started = time.monotonic()
+        self.exit_code: int | None = None
+
+    # -------------------------------------------------------------- monitor hooks
+    def iface_callbacks(self) -> dict[str, Callable[..., None]]:
+        """Callbacks for the interface monitor; they only post events (thread-safe)."""
+        self.has_iface_monitor = True
+        return {
+            "on_state": lambda u: self.events.put(IfaceEvent(u)),
+            "on_addrs": lambda u: self.events.put(IfaceEvent(u)),
+            "on_in_sync": lambda: self.events.put(IfaceInSync()),
+            "on_fatal": lambda exc: self.events.put(IfaceFatal(str(exc))),
+        }
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: Any) -> None:
+            self.events.put(Stop(signal.Signals(signum).name))
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    # ----------------------------------------------------------------------- runner
+    def run(self) -> int:
+        log.info("felixpy daemon running")
+        try:
+            while self.exit_code is None:
+                self._iterate()
+        finally:
+            self._shutdown()
+        return self.exit_code
+
+    def _iterate(self) -> None:
+        timeout = self._next_timeout()
+        try:
+            first = self.events.get(timeout=timeout)
+        except queue.Empty:
+            first = None
+        batch = [first] if first is not None else []
+        n_msgs = 0
+        while batch and n_msgs < MAX_BATCH:
+            try:
+                batch.append(self.events.get_nowait())
+            except queue.Empty:
+                break
+            if isinstance(batch[-1], FeedMessages):
+                n_msgs += len(batch[-1].messages)
+        for ev in batch:
+            self._handle(ev)
+            if self.exit_code is not None:
+                return
+        self._tick()
+
+    def _next_timeout(self) -> float:
+        now = self._clock.monotonic()
+        wake = now + HEALTH_TICK
+        s = self._session
+        if s is not None:
+            if s.dataplane is not None:
+                wake = min(wake, s.dataplane.next_wakeup())
+            if s.next_status is not None:
+                wake = min(wake, s.next_status)
+        return max(0.0, wake - now)
+
+    def _handle(self, ev: object) -> None:
+        if isinstance(ev, FeedMessages):
+            s = self._session
+            if s is None or s.feed is not ev.feed:
+                return  # a stale feed's leftovers
+            self.metrics.msg_batch_size.observe(len(ev.messages))
+            for env in ev.messages:
+                self._on_message(s, env)
+        elif isinstance(ev, IfaceEvent):
+            key = (type(ev.update).__name__, ev.update.name)
+            self._iface_cache[key] = ev.update
+            dp = self._dataplane()
+            if dp is not None:
+                dp.on_iface_update(ev.update)
+        elif isinstance(ev, IfaceInSync):
+            self._iface_in_sync = True
+            dp = self._dataplane()
+            if dp is not None:
+                dp.set_iface_in_sync()
+        elif isinstance(ev, FeedOpened):
+            self._open_session(ev.feed)
+        elif isinstance(ev, FeedClosed):
+            self._close_session(ev.feed, ev.error)
+        elif isinstance(ev, IfaceFatal):
+            log.error("Interface monitor failed; exiting for restart", error=ev.error)
+            self.exit_code = EXIT_FATAL
+        elif isinstance(ev, Stop):
+            log.info("Stopping", reason=ev.reason)
+            self.exit_code = EXIT_OK
+
+    def _dataplane(self) -> InternalDataplane | None:
+        return self._session.dataplane if self._session is not None else None
+
+    # --------------------------------------------------------------------- sessions
+    def _open_session(self, feed: Feed) -> None:
+        if self._session is not None:
+            log.warning("New feed replaces the active one", old=self._session.feed.name, new=feed.name)
+            self._close_session(self._session.feed, "replaced")
+        log.info("Feed connected: new start of day", feed=feed.name)
+        self._session = Session(feed=feed, started=self._clock.monotonic())
+
+    def _close_session(self, feed: Feed, error: str | None) -> None:
+        s = self._session
+        if s is None or s.feed is not feed:
+            return
+        log.info("Feed closed; kernel state is kept (fail closed)", feed=feed.name, error=error,
+                 messages=s.messages_in)
+        if s.dataplane is not None:
+            s.dataplane.close()
+        feed.close()
+        self._session = None
+        if self._exit_when_feed_closes:
+            self.exit_code = EXIT_OK if error is None else EXIT_FATAL
+
+    def _on_message(self, s: Session, env: pb.ToDataplane) -> None:
+        s.messages_in += 1
+        _field, payload = payload_of(env)
+        self.metrics.messages.labels(type(payload).DESCRIPTOR.name).inc()
+        if isinstance(payload, pb.ConfigUpdate):
+            self._on_config(s, payload)
+            if self.exit_code is not None:
+                return
+        if s.dataplane is None:
+            s.buffered.append(payload)
+            if isinstance(payload, pb.InSync) and s.config is None:
+                self._start_dataplane(s, self._load_config({}))
+            return
+        s.dataplane.on_datastore_message(payload)
+
+    def _load_config(self, datastore: Mapping[str, str]) -> Config:
+        cfg, _problems = configmod.load(datastore, config_file=self._config_file, environ=self._environ)
+        return cfg
+
+    def _on_config(self, s: Session, msg: pb.ConfigUpdate) -> None:
+        new = self._load_config(dict(msg.config))
+        if s.config is None:
+            self._start_dataplane(s, new)
+            return
+        changed = configmod.restart_needed(s.config, new)
+        if changed:
+            log.warning("Config changed in a way that needs a restart; exiting", changed=changed,
+                        exit_code=configmod.EXIT_CONFIG_CHANGED)
+            self.exit_code = configmod.EXIT_CONFIG_CHANGED
+
+    def _start_dataplane(self, s: Session, cfg: Config) -> None:
+        if self._process_config is None:
+            self._process_config = cfg
+            self._start_servers(cfg)
+        else:
+            changed = [p for p in PROCESS_PARAMS if getattr(cfg, p) != getattr(self._process_config, p)]
+            if changed:
+                log.warning("Process-level config changed; exiting for restart", changed=changed)
+                self.exit_code = configmod.EXIT_CONFIG_CHANGED
+                return
+        s.config = cfg
+        self.health.register("InternalDataplaneMainLoop", max(20.0, cfg.DataplaneWatchdogTimeout))
+        dp = self._build(cfg, clock=self._clock, status_sink=lambda ups: self._send_statuses(s, ups),
+                         on_first_sync=lambda secs: self._on_first_sync(s, secs), metrics=self.metrics)
+        s.dataplane = dp
+        for update in self._iface_cache.values():
+            dp.on_iface_update(update)
+        if self._iface_in_sync or not self.has_iface_monitor:
+            dp.set_iface_in_sync()
+        buffered, s.buffered = s.buffered, []
+        for payload in buffered:
+            dp.on_datastore_message(payload)
+        if cfg.ReportingIntervalSecs > 0:
+            s.next_status = self._clock.monotonic() + min(10.0, cfg.ReportingIntervalSecs)
+        log.info("Dataplane built", feed=s.feed.name, mode=_mode(cfg), ipv6=cfg.Ipv6Support,
+                 replayed=len(buffered))
+
+    def _start_servers(self, cfg: Config) -> None:
+        if cfg.HealthEnabled:
+            self._servers.append(healthmod.serve(self.health, cfg.HealthHost, cfg.HealthPort))
+            log.info("Health endpoints serving", host=cfg.HealthHost, port=cfg.HealthPort)
+        if cfg.PrometheusMetricsEnabled:
+            self._servers.append(metricsmod.serve(self.metrics, cfg.PrometheusMetricsHost,
+                                                  cfg.PrometheusMetricsPort))
+            log.info("Prometheus metrics serving", port=cfg.PrometheusMetricsPort)
+
+    # ------------------------------------------------------------------ after events
+    def _tick(self) -> None:
+        s = self._session
+        dp = s.dataplane if s is not None else None
+        if dp is not None:
+            try:
+                dp.maybe_apply()
+            except FatalDataplaneError as exc:
+                log.critical("Dataplane programming failed persistently; exiting non-zero (fail closed)",
+                             error=str(exc))
+                self.exit_code = EXIT_FATAL
+                return
+        if s is not None and s.next_status is not None and s.config is not None \
+                and self._clock.monotonic() >= s.next_status:
+            s.next_status = self._clock.monotonic() + s.config.ReportingIntervalSecs
+            s.send(pb.ProcessStatusUpdate(
+                iso_timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                uptime=time.monotonic() - self._started))
+        if s is not None and s.config is not None:
+            ready = dp is not None and dp.in_sync_reported and dp.iface_in_sync
+            self.health.report("InternalDataplaneMainLoop", live=True, ready=ready)
+
+    def _on_first_sync(self, s: Session, seconds: float) -> None:
+        self.metrics.initial_resync_time.set(seconds)
+        log.info("Dataplane in sync", seconds=round(seconds, 3))
+        s.send(pb.DataplaneInSync())
+
+    def _send_statuses(self, s: Session, updates: list[EndpointStatus]) -> None:
+        for u in updates:
+            if u.kind == "workload":
+                if u.status:
+                    s.send(pb.WorkloadEndpointStatusUpdate(id=u.endpoint_id,
+                                                           status=pb.EndpointStatus(status=u.status)))
+                else:
+                    s.send(pb.WorkloadEndpointStatusRemove(id=u.endpoint_id))
+            elif u.status:
+                s.send(pb.HostEndpointStatusUpdate(id=u.endpoint_id, status=pb.EndpointStatus(status=u.status)))
+            else:
+                s.send(pb.HostEndpointStatusRemove(id=u.endpoint_id))
+
+    def _shutdown(self) -> None:
+        if self._session is not None:
+            if self._session.dataplane is not None:
+                self._session.dataplane.close()
+            self._session.feed.close()
+        for srv in self._servers:
+            threading.Thread(target=srv.shutdown, daemon=True).start()
+
+
+def _mode(cfg: Config) -> str:
+    if cfg.BPFEnabled:
+        return "bpf"
+    return "nftables" if cfg.nftables_enabled else f"iptables-{cfg.IptablesBackend}"

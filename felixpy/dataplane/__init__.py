@@ -1,0 +1,1 @@
+"""The dataplane core: message fan-out, gating, throttling and the ordered apply()."""

@@ -1,0 +1,97 @@
+"""Feed protocol and the events transports post to the daemon."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from felixpy.messages import UnknownPayload, payload_of
+from felixpy.proto import felixbackend_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+_feed_ids = itertools.count(1)
+
+
+class Feed(Protocol):
+    name: str
+
+    def send(self, msg: pb.FromDataplane) -> None:
+        """Queue a message back to the calc graph (thread-safe; dropped once closed)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class FeedOpened:
+    feed: Feed
+
+
+@dataclass(frozen=True)
+class FeedMessages:
+    feed: Feed
+    messages: list[pb.ToDataplane]
+
+
+@dataclass(frozen=True)
+class FeedClosed:
+    feed: Feed
+    error: str | None = None
+
+
+class BadMessage(Exception):
+    def __init__(self, seq: int | None, reason: str) -> None:
+        self.seq = seq
+        super().__init__(f"message {seq if seq is not None else '?'}: {reason}")
+
+
+def decode_to_dataplane(raw: bytes, index: int) -> pb.ToDataplane:
+    """Decode one ToDataplane completely or raise BadMessage (never half-decoded)."""
+    msg = pb.ToDataplane()
+    try:
+        msg.ParseFromString(raw)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise BadMessage(None, f"undecodable protobuf after {index} good messages: {exc}") from exc
+    try:
+        payload_of(msg)
+    except UnknownPayload as exc:
+        raise BadMessage(msg.sequence_number, f"unknown or missing payload: {exc}") from exc
+    return msg
+
+
+def new_feed_name(kind: str) -> str:
+    return f"{kind}-{next(_feed_ids)}"
+
+
+class SendQueue:
+    """A closable outbound queue shared by stream-style feeds."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._items: list[Any] = []
+        self.closed = False
+
+    def put(self, item: Any) -> None:
+        with self._cv:
+            if not self.closed:
+                self._items.append(item)
+                self._cv.notify()
+
+    def get_all(self, timeout: float | None = None) -> list[Any] | None:
+        """All queued items (waiting for at least one); None once closed and drained."""
+        with self._cv:
+            while not self._items and not self.closed:
+                if not self._cv.wait(timeout):
+                    return []
+            items, self._items = self._items, []
+            return items if items or not self.closed else None
+
+    def close(self) -> None:
+        with self._cv:
+            self.closed = True
+            self._cv.notify_all()

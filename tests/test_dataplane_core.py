@@ -1,0 +1,344 @@
+"""The loop's decisions, without a kernel and without real time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from felixpy.config import Config
+from felixpy.dataplane.clock import FakeClock
+from felixpy.dataplane.core import InternalDataplane
+from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
+from felixpy.errors import DataplaneError, FatalDataplaneError
+
+
+class InSync:  # the loop recognises the proto InSync by type name
+    pass
+
+
+@dataclass
+class Update:
+    key: str
+
+
+class Timeline(list[str]):
+    pass
+
+
+class FakeManager:
+    def __init__(self, tl: Timeline, name: str = "mgr", fail_times: int = 0) -> None:
+        self.tl, self.name, self.fail_times = tl, name, fail_times
+        self.seen: list[Any] = []
+        self.pending: list[str] = []
+        self.programmed: list[str] = []
+
+    def on_update(self, msg: Any) -> None:
+        self.seen.append(msg)
+        if isinstance(msg, Update):
+            self.pending.append(msg.key)
+
+    def complete_deferred_work(self) -> None:
+        self.tl.append(f"complete:{self.name}")
+        if self.fail_times:
+            self.fail_times -= 1
+            raise DataplaneError("boom")
+        self.programmed += self.pending
+        self.pending = []
+
+
+class Resolver(FakeManager):
+    def resolve_update_batch(self) -> None:
+        self.tl.append(f"resolve:{self.name}")
+
+
+class FakeIPSets:
+    def __init__(self, tl: Timeline, v: int, fail_updates: int = 0, deletions: int = 0) -> None:
+        self.tl, self.ip_version, self.fail_updates, self.deletions_left = tl, v, fail_updates, deletions
+        self.resyncs = 0
+
+    def add_or_replace_ip_set(self, meta: IPSetMetadata, members: Any) -> None: ...
+    def add_members(self, set_id: str, members: Any) -> None: ...
+    def remove_members(self, set_id: str, members: Any) -> None: ...
+    def remove_ip_set(self, set_id: str) -> None: ...
+    def get_type_of(self, set_id: str) -> IPSetType | None: return None
+    def get_desired_members(self, set_id: str) -> frozenset[str] | None: return None
+
+    def queue_resync(self) -> None:
+        self.resyncs += 1
+
+    def apply_updates(self) -> None:
+        self.tl.append(f"ipsets-update:v{self.ip_version}")
+        if self.fail_updates:
+            self.fail_updates -= 1
+            raise DataplaneError("ipset restore failed")
+
+    def apply_deletions(self) -> bool:
+        self.tl.append(f"ipsets-delete:v{self.ip_version}")
+        if self.deletions_left:
+            self.deletions_left -= 1
+        return self.deletions_left > 0
+
+
+class FakeTable:
+    def __init__(self, tl: Timeline, name: str, v: int = 4, fatal: bool = False, delay: float | None = None):
+        self.tl, self.name, self.ip_version, self.fatal, self.delay = tl, name, v, fatal, delay
+        self.applies = 0
+
+    def apply(self) -> float | None:
+        self.tl.append(f"table:{self.name}")
+        self.applies += 1
+        if self.fatal:
+            raise FatalDataplaneError("retries exhausted")
+        return self.delay
+
+
+class FakeSyncer:
+    def __init__(self, tl: Timeline, name: str, fail: bool = False) -> None:
+        self.tl, self.name, self.fail, self.resyncs = tl, name, fail, 0
+
+    def queue_resync(self) -> None:
+        self.resyncs += 1
+
+    def apply(self) -> None:
+        self.tl.append(self.name)
+        if self.fail:
+            raise DataplaneError("netlink")
+
+
+class RouteMgr(FakeManager):
+    def __init__(self, tl: Timeline, syncer: FakeSyncer) -> None:
+        super().__init__(tl, "routes")
+        self.syncer = syncer
+
+    def route_table_syncers(self) -> list[FakeSyncer]:
+        return [self.syncer]
+
+
+def make(cfg: Config | None = None) -> tuple[InternalDataplane, FakeClock, Timeline]:
+    clock = FakeClock()
+    dp = InternalDataplane(cfg or Config(), clock)
+    return dp, clock, Timeline()
+
+
+def test_no_apply_before_insync_and_iface_sync() -> None:
+    dp, clock, tl = make()
+    mgr = FakeManager(tl)
+    dp.register_manager(mgr)
+    dp.on_datastore_message(Update("a"))
+    assert dp.maybe_apply() is None
+    dp.set_iface_in_sync()
+    assert dp.maybe_apply() is None  # datastore not in sync yet
+    assert mgr.programmed == [] and tl == []
+    dp.on_datastore_message(InSync())
+    assert dp.maybe_apply() is not None
+    assert mgr.programmed == ["a"]
+
+
+def test_insync_without_iface_sync_still_waits() -> None:
+    dp, clock, tl = make()
+    dp.register_manager(FakeManager(tl))
+    dp.on_datastore_message(InSync())
+    assert dp.maybe_apply() is None
+    dp.set_iface_in_sync()
+    assert dp.maybe_apply() is not None
+
+
+def test_every_manager_sees_every_message_including_insync() -> None:
+    dp, clock, tl = make()
+    a, b = FakeManager(tl, "a"), FakeManager(tl, "b")
+    dp.register_manager(a)
+    dp.register_manager(b)
+    msgs = [Update("x"), Update("y"), InSync()]
+    for m in msgs:
+        dp.on_datastore_message(m)
+    assert a.seen == msgs and b.seen == msgs
+
+
+def test_manager_raising_in_on_update_does_not_stop_others() -> None:
+    dp, clock, tl = make()
+
+    class Bad(FakeManager):
+        def on_update(self, msg: Any) -> None:
+            raise ValueError("bad input")
+
+    good = FakeManager(tl, "good")
+    dp.register_manager(Bad(tl, "bad"))
+    dp.register_manager(good)
+    dp.on_datastore_message(Update("x"))
+    assert good.pending == ["x"]
+
+
+def ready(dp: InternalDataplane) -> None:
+    dp.on_datastore_message(InSync())
+    dp.set_iface_in_sync()
+
+
+def test_apply_runs_steps_in_felix_order() -> None:
+    dp, clock, tl = make()
+    fdb, routes = FakeSyncer(tl, "fdb"), FakeSyncer(tl, "route-table")
+    dp.register_manager(Resolver(tl, "resolver"))
+    dp.register_manager(RouteMgr(tl, routes))
+    dp.register_ipsets(FakeIPSets(tl, 4))
+    dp.register_fdb(fdb)
+    dp.register_table(FakeTable(tl, "filter"))
+    ready(dp)
+    report = dp.maybe_apply()
+    assert report is not None and report.ok
+    order = [e for e in tl if e != "route-table"]  # routes run in parallel with the tables
+    assert order == ["resolve:resolver", "complete:resolver", "complete:routes", "ipsets-update:v4",
+                     "fdb", "table:filter", "ipsets-delete:v4"]
+    assert "route-table" in tl
+    assert tl.index("route-table") > tl.index("fdb")  # FDB before routes
+
+
+def test_failed_step_keeps_work_dirty_and_independent_steps_complete() -> None:
+    dp, clock, tl = make()
+    flaky = FakeManager(tl, "flaky", fail_times=1)
+    other = FakeManager(tl, "other")
+    table = FakeTable(tl, "filter")
+    routes = FakeSyncer(tl, "routes", fail=True)
+    dp.register_manager(flaky)
+    dp.register_manager(other)
+    dp.register_manager(RouteMgr(tl, routes))
+    dp.register_table(table)
+    dp.on_datastore_message(Update("k"))
+    ready(dp)
+    report = dp.maybe_apply()
+    assert report is not None and not report.ok
+    assert set(report.failed_steps) == {"complete:FakeManager", "routes:FakeSyncer"}
+    assert other.programmed == ["k"] and table.applies == 1  # independent steps done
+    assert flaky.pending == ["k"] and dp.needs_sync  # failed work kept
+    routes.fail = False
+    clock.advance(0.2)
+    report2 = dp.maybe_apply()
+    assert report2 is not None and report2.ok
+    assert flaky.programmed == ["k"] and not dp.needs_sync
+
+
+def test_failed_ipset_updates_hold_back_tables_and_deletions() -> None:
+    dp, clock, tl = make()
+    ips = FakeIPSets(tl, 4, fail_updates=1)
+    table = FakeTable(tl, "filter")
+    dp.register_ipsets(ips)
+    dp.register_table(table)
+    ready(dp)
+    report = dp.maybe_apply()
+    assert report is not None
+    assert report.held_back == ["tables", "ipsets-delete"] and table.applies == 0
+    assert "ipsets-delete:v4" not in tl
+    clock.advance(0.2)
+    report = dp.maybe_apply()
+    assert report is not None and report.ok and table.applies == 1
+
+
+def test_fatal_error_propagates_after_joining_background_work() -> None:
+    dp, clock, tl = make()
+    routes = FakeSyncer(tl, "routes")
+    dp.register_manager(RouteMgr(tl, routes))
+    dp.register_table(FakeTable(tl, "filter", fatal=True))
+    ready(dp)
+    with pytest.raises(FatalDataplaneError):
+        dp.maybe_apply()
+    assert "routes" in tl
+
+
+def test_throttle_under_flood() -> None:
+    """Felix's bucket: a burst of 10 at once, then one apply per ~100 ms refill.
+
+    (So up to 10 + 9 applies fit in the first second, as in Felix; steady state ≤ 10/s.)
+    """
+    dp, clock, tl = make()
+    dp.register_manager(FakeManager(tl))
+    ready(dp)
+    per_100ms: list[int] = []
+    for _window in range(20):
+        n = 0
+        for _ in range(100):  # a message every millisecond
+            dp.on_datastore_message(Update("x"))
+            if dp.maybe_apply() is not None:
+                n += 1
+            clock.advance(0.001)
+        per_100ms.append(n)
+    assert per_100ms[0] == 10  # the full bucket
+    assert all(n <= 1 for n in per_100ms[1:])  # then one token per refill interval
+    assert sum(per_100ms[:10]) <= 19
+    assert sum(per_100ms[10:20]) <= 10  # steady state: at most 10 per second
+    assert sum(per_100ms[10:20]) >= 8  # ...and it keeps applying under the flood
+
+
+def test_no_apply_when_nothing_is_dirty() -> None:
+    dp, clock, tl = make()
+    m = FakeManager(tl)
+    dp.register_manager(m)
+    ready(dp)
+    assert dp.maybe_apply() is not None
+    clock.advance(1)
+    assert dp.maybe_apply() is None
+
+
+def test_refresh_timers_only_queue_resyncs_and_trigger_an_apply() -> None:
+    dp, clock, tl = make(Config(RouteRefreshInterval=5, IpsetsRefreshInterval=7))
+    routes, fdb, ips = FakeSyncer(tl, "routes"), FakeSyncer(tl, "fdb"), FakeIPSets(tl, 4)
+    dp.register_manager(RouteMgr(tl, routes))
+    dp.register_fdb(fdb)
+    dp.register_ipsets(ips)
+    ready(dp)
+    dp.maybe_apply()
+    assert routes.resyncs == 0 and ips.resyncs == 0
+    clock.advance(5.6)  # route timer (≤ 5 s + 10 % jitter) popped, IP sets not yet
+    assert dp.maybe_apply() is not None
+    assert routes.resyncs == 1 and fdb.resyncs == 1 and ips.resyncs == 0
+    clock.advance(2.2)
+    dp.maybe_apply()
+    assert ips.resyncs == 1
+
+
+def test_driver_reschedule_and_ipset_deletion_pacing() -> None:
+    dp, clock, tl = make()
+    ips = FakeIPSets(tl, 4, deletions=3)
+    dp.register_ipsets(ips)
+    dp.register_table(FakeTable(tl, "filter", delay=5.0))
+    ready(dp)
+    report = dp.maybe_apply()
+    assert report is not None and report.reschedule_in == pytest.approx(0.1)
+    assert dp.maybe_apply() is None  # not due yet
+    assert dp.next_wakeup() == pytest.approx(clock.monotonic() + 0.1)
+    clock.advance(0.1)
+    assert dp.maybe_apply() is not None  # deletions continue
+    clock.advance(0.1)
+    assert dp.maybe_apply() is not None
+    assert tl.count("ipsets-delete:v4") == 3
+
+
+def test_first_successful_apply_reports_in_sync_once() -> None:
+    synced: list[float] = []
+    clock = FakeClock()
+    tl = Timeline()
+    dp = InternalDataplane(Config(), clock, on_first_sync=synced.append)
+    flaky = FakeManager(tl, fail_times=1)
+    dp.register_manager(flaky)
+    ready(dp)
+    dp.maybe_apply()
+    assert synced == []  # the first apply failed
+    clock.advance(0.2)
+    dp.maybe_apply()
+    dp.on_datastore_message(Update("z"))
+    clock.advance(0.2)
+    dp.maybe_apply()
+    assert len(synced) == 1
+
+
+def test_ipv6_drivers_are_applied_like_ipv4() -> None:
+    dp, clock, tl = make()
+    dp.register_ipsets(FakeIPSets(tl, 4))
+    dp.register_ipsets(FakeIPSets(tl, 6))
+    dp.register_table(FakeTable(tl, "filter", 4))
+    dp.register_table(FakeTable(tl, "filter6", 6))
+    ready(dp)
+    dp.maybe_apply()
+    for entry in ("ipsets-update:v4", "ipsets-update:v6", "table:filter", "table:filter6",
+                  "ipsets-delete:v4", "ipsets-delete:v6"):
+        assert entry in tl
+    assert max(tl.index("ipsets-update:v4"), tl.index("ipsets-update:v6")) < tl.index("table:filter6")
