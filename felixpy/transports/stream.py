@@ -67,12 +67,15 @@ class StreamFeed:
                                            f"after {count} messages")
                     break
                 frames = decoder.feed(chunk)
-                if frames:
-                    batch = []
+                batch = []
+                try:
                     for raw in frames:
                         batch.append(decode_to_dataplane(raw, count))
                         count += 1
-                    self._events.put(FeedMessages(self, batch))
+                finally:
+                    # The complete, valid messages before a bad one still count.
+                    if batch:
+                        self._events.put(FeedMessages(self, batch))
         except (FramingError, BadMessage) as exc:
             error = str(exc)
             log.error("Malformed input; dropping feed", feed=self.name, error=error, good_messages=count)

@@ -1,0 +1,86 @@
+"""Run the real daemon (from this checkout) as a subprocess inside a network namespace."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class DaemonProcess:
+    netns: str
+    socket_path: str
+    transport: str  # "unix" | "grpc"
+    proc: subprocess.Popen[bytes]
+    log_path: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def target(self) -> str:
+        return f"grpc:unix:{self.socket_path}" if self.transport == "grpc" else f"unix:{self.socket_path}"
+
+    def logs(self) -> str:
+        with contextlib.suppress(FileNotFoundError):
+            return Path(self.log_path).read_text(errors="replace")
+        return ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float = 10) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self, timeout: float = 10) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+def start_daemon(netns: str, *, transport: str = "unix", env: Mapping[str, str] | None = None,
+                 extra_args: tuple[str, ...] = (), iface_monitor: bool = True,
+                 wait_socket: float = 15.0) -> DaemonProcess:
+    tmp = tempfile.mkdtemp(prefix="fpyd-")
+    sock = os.path.join(tmp, "felixpy.sock")
+    log_path = os.path.join(tmp, "daemon.log")
+    listen = f"grpc:unix:{sock}" if transport == "grpc" else f"unix:{sock}"
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    args = ["ip", "netns", "exec", netns, sys.executable, "-m", "felixpy", "run", "--listen", listen, *extra_args]
+    if not iface_monitor:
+        args.append("--no-iface-monitor")
+    log_f = open(log_path, "wb")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(args, stdout=log_f, stderr=subprocess.STDOUT, env=full_env, cwd=str(REPO))
+    log_f.close()
+    d = DaemonProcess(netns, sock, transport, proc, log_path, dict(env or {}))
+    deadline = time.monotonic() + wait_socket
+    while not os.path.exists(sock):
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited {proc.returncode} before listening:\n{d.logs()}")
+        if time.monotonic() > deadline:
+            d.stop()
+            raise RuntimeError(f"daemon did not listen within {wait_socket}s:\n{d.logs()}")
+        time.sleep(0.02)
+    return d
+
+
+@contextlib.contextmanager
+def running_daemon(netns: str, **kw: object) -> Iterator[DaemonProcess]:
+    d = start_daemon(netns, **kw)  # type: ignore[arg-type]
+    try:
+        yield d
+    finally:
+        d.stop()
