@@ -16,11 +16,11 @@ message type that no oneof field carries.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from felixpy.errors import FelixpyError
@@ -33,31 +33,31 @@ class UnknownPayload(FelixpyError, ValueError):
     """An envelope has no payload set, or a message type is not a payload."""
 
 
-def _oneof_fields(envelope: Descriptor) -> tuple[FieldDescriptor, ...]:
-    return tuple(envelope.oneofs_by_name[_ONEOF].fields)
+def _oneof_fields(envelope: type[Message]) -> tuple[FieldDescriptor, ...]:
+    fields: Iterable[FieldDescriptor] = envelope.DESCRIPTOR.oneofs_by_name[_ONEOF].fields  # type: ignore[assignment]
+    return tuple(fields)
 
 
-def _type_to_field(envelope: Descriptor) -> Mapping[str, str]:
+def _type_to_field(envelope: type[Message]) -> Mapping[str, str]:
     """Map payload full type name (e.g. ``felix.InSync``) to its oneof field."""
     mapping: dict[str, str] = {}
     for field in _oneof_fields(envelope):
+        assert field.message_type is not None
         full_name = field.message_type.full_name
         if full_name in mapping:  # pragma: no cover - guards a proto edit
-            raise AssertionError(f"{envelope.name}: two payload fields carry {full_name}")
+            raise AssertionError(f"{envelope.__name__}: two payload fields carry {full_name}")
         mapping[full_name] = field.name
     return MappingProxyType(mapping)
 
 
-PAYLOAD_FIELDS: tuple[str, ...] = tuple(f.name for f in _oneof_fields(pb.ToDataplane.DESCRIPTOR))
+PAYLOAD_FIELDS: tuple[str, ...] = tuple(f.name for f in _oneof_fields(pb.ToDataplane))
 """Names of the ``ToDataplane.payload`` oneof fields, in declaration order."""
 
-FROM_PAYLOAD_FIELDS: tuple[str, ...] = tuple(
-    f.name for f in _oneof_fields(pb.FromDataplane.DESCRIPTOR)
-)
+FROM_PAYLOAD_FIELDS: tuple[str, ...] = tuple(f.name for f in _oneof_fields(pb.FromDataplane))
 """Names of the ``FromDataplane.payload`` oneof fields, in declaration order."""
 
-_TO_FIELD_BY_TYPE = _type_to_field(pb.ToDataplane.DESCRIPTOR)
-_FROM_FIELD_BY_TYPE = _type_to_field(pb.FromDataplane.DESCRIPTOR)
+_TO_FIELD_BY_TYPE = _type_to_field(pb.ToDataplane)
+_FROM_FIELD_BY_TYPE = _type_to_field(pb.FromDataplane)
 
 
 def _unwrap(envelope: Message) -> tuple[str, Any]:

@@ -19,8 +19,9 @@ This module owns only the byte framing:
   replayed into a driver's fd 3 byte for byte.
 
 Errors: :class:`FramingError` for a declared length above the limit (default
-64 MiB; protects against reading garbage as a huge length) and for EOF in the
-middle of a frame.  A clean EOF between frames is not an error.
+64 MiB; protects against reading garbage as a huge length), for EOF in the
+middle of a frame and, in :func:`read_recording`, for a frame that is not a
+``ToDataplane``.  A clean EOF between frames is not an error.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import os
 import struct
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
+
+from google.protobuf.message import DecodeError
 
 from felixpy.errors import FelixpyError
 from felixpy.proto import felixbackend_pb2 as pb
@@ -56,8 +59,16 @@ def _check_length(length: int, max_frame: int) -> None:
 class FrameDecoder:
     """Incremental decoder: bytes in, complete frame payloads out.
 
-    Holds at most one partial frame.  After a :class:`FramingError` the stream
-    position is lost, so the decoder refuses further input.
+    Holds at most one partial frame.  On a bad header (declared length over
+    the limit) the stream position is lost and the decoder fails for good:
+
+    * if the same ``feed()`` had already completed frames, it returns them
+      (nothing valid is lost) and records the error, visible at once as
+      :attr:`error`; otherwise it raises :class:`FramingError` immediately;
+    * every later ``feed()`` or ``close()`` raises that error.
+
+    Callers that must drop a bad stream promptly check :attr:`error` after
+    handling the frames a ``feed()`` returned.
     """
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
@@ -65,19 +76,31 @@ class FrameDecoder:
         self._buf = bytearray()
         self._failed: FramingError | None = None
 
+    @property
+    def error(self) -> FramingError | None:
+        """The error that killed this decoder, if any."""
+        return self._failed
+
     def feed(self, data: bytes) -> list[bytes]:
         """Add ``data``; return every payload now complete, in order."""
-        if self._failed is not None:
-            raise FramingError(f"decoder already failed: {self._failed}")
+        self._raise_if_failed()
         self._buf += data
         frames: list[bytes] = []
-        try:
-            while (frame := self._take_frame()) is not None:
-                frames.append(frame)
-        except FramingError as exc:
-            self._failed = exc
-            raise
-        return frames
+        while True:
+            try:
+                frame = self._take_frame()
+            except FramingError as exc:
+                self._failed = exc
+                if frames:
+                    return frames
+                raise
+            if frame is None:
+                return frames
+            frames.append(frame)
+
+    def _raise_if_failed(self) -> None:
+        if self._failed is not None:
+            raise FramingError(str(self._failed))
 
     def _take_frame(self) -> bytes | None:
         if len(self._buf) < HEADER.size:
@@ -96,7 +119,8 @@ class FrameDecoder:
         return len(self._buf)
 
     def close(self) -> None:
-        """Declare EOF: raise :class:`FramingError` if a frame was cut short."""
+        """Declare EOF: raise :class:`FramingError` if the stream was bad or cut short."""
+        self._raise_if_failed()
         if self._buf:
             raise FramingError(f"stream ended mid-frame ({len(self._buf)} bytes pending)")
 
@@ -151,9 +175,13 @@ def write_recording(path: str | os.PathLike[str], messages: Iterable[pb.ToDatapl
     return count
 
 
-def read_recording(
-    path: str | os.PathLike[str], max_frame: int = DEFAULT_MAX_FRAME
-) -> list[pb.ToDataplane]:
+def read_recording(path: str | os.PathLike[str], max_frame: int = DEFAULT_MAX_FRAME) -> list[pb.ToDataplane]:
     """Read a recording written by :func:`write_recording` (or captured off fd 3)."""
+    messages: list[pb.ToDataplane] = []
     with open(path, "rb") as f:
-        return [pb.ToDataplane.FromString(payload) for payload in iter_frames(f, max_frame)]
+        for index, payload in enumerate(iter_frames(f, max_frame)):
+            try:
+                messages.append(pb.ToDataplane.FromString(payload))
+            except DecodeError as exc:
+                raise FramingError(f"frame {index} is not a ToDataplane message: {exc}") from exc
+    return messages

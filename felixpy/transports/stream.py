@@ -76,6 +76,8 @@ class StreamFeed:
                     # The complete, valid messages before a bad one still count.
                     if batch:
                         self._events.put(FeedMessages(self, batch))
+                if decoder.error is not None:
+                    raise decoder.error
         except (FramingError, BadMessage) as exc:
             error = str(exc)
             log.error("Malformed input; dropping feed", feed=self.name, error=error, good_messages=count)
