@@ -1,0 +1,9 @@
+"""A narrow, typed netlink shim for the routing drivers.
+
+* :mod:`.types` — frozen values (Link, Addr, Route, Rule, Neigh, FDBEntry...).
+* :mod:`.api` — the :class:`~.api.Netlink` protocol drivers are written against.
+* :mod:`.pyroute` — the real implementation (pyroute2 plus :mod:`.rtnl`, a raw
+  pipelined rtnetlink codec for bulk routes and neighbours).
+* :mod:`.fake` — a stateful fake kernel with failure flags, for unit tests.
+* :mod:`.devices` — reconciling tunnel devices (VXLAN, IPIP, WireGuard).
+"""

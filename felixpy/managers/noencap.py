@@ -1,0 +1,210 @@
+"""The no-encap manager, and the remote-block route bookkeeping shared by all encap managers.
+
+:class:`RemoteRoutes` is Felix's ``routeManager`` (``route_mgr.go``): from
+``RouteUpdate``/``RouteRemove`` it keeps the remote IPAM blocks of one pool
+type and this node's local blocks, and at apply time hands the main route
+table three sets, each under its own :class:`RouteClass` so no producer can
+erase another's: routes to remote blocks via the tunnel device, "same-subnet"
+routes straight via the parent (data) interface when the remote node shares
+our subnet, and blackholes for local blocks (so traffic to unallocated local
+addresses is dropped, not sent back out).
+
+:class:`NoEncapManager` programs only the same-subnet routes (gateway = the
+remote node's IP, onlink, protocol 80) and the blackholes for no-encap pools
+(Felix's ``noencap_mgr.go``; wire it when ``ProgramClusterRoutes`` is
+``Enabled`` or ``EnabledNoEncapOnly``).  It finds the parent interface by
+this node's address (``HostMetadataUpdate``), scanning interfaces at apply
+time, never in ``on_update``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from felixpy.config import Config
+from felixpy.drivers.netlink.api import NetlinkFactory
+from felixpy.drivers.netlink.devices import find_iface_with_address
+from felixpy.drivers.netlink.types import DEFAULT_ROUTE_PROTO, RTPROT_BOOT
+from felixpy.drivers.routetable import RouteTable, Target, TargetType
+from felixpy.errors import FelixpyError
+from felixpy.managers.base import Syncer
+from felixpy.managers.routeclass import RouteClass
+from felixpy.proto import felixbackend_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+TunnelRouteFn = Callable[[str, Any], "Target | None"]
+
+
+def route_protocol(cfg: Config) -> int:
+    """Protocol for same-subnet, blackhole and IPIP routes: 80 unless DeviceRouteProtocol is set to non-boot."""
+    return DEFAULT_ROUTE_PROTO if cfg.DeviceRouteProtocol == RTPROT_BOOT else cfg.DeviceRouteProtocol
+
+
+def noencap_enabled(cfg: Config) -> bool:
+    return cfg.ProgramClusterRoutes in ("Enabled", "EnabledNoEncapOnly")
+
+
+def _is_type(msg: Any, t: int) -> bool:
+    return bool(msg.types & t == t)
+
+
+def _version(cidr: str) -> int | None:
+    try:
+        return ipaddress.ip_network(cidr, strict=False).version
+    except ValueError:
+        return None
+
+
+def is_remote_tunnel_route(msg: Any, pool_type: int) -> bool:
+    """A remote node's tunnel address that needs a direct route on the tunnel device."""
+    if msg.ip_pool_type != pool_type or not _is_type(msg, pb.REMOTE_TUNNEL):
+        return False
+    return bool(msg.borrowed) or _is_type(msg, pb.REMOTE_WORKLOAD)
+
+
+class RemoteRoutes:
+    def __init__(self, *, ip_version: int, pool_type: int, route_table: RouteTable, new_handle: NetlinkFactory,
+                 class_tunnel: RouteClass, class_same_subnet: RouteClass, class_blackhole: RouteClass,
+                 protocol: int, tunnel_device: str | None = None,
+                 tunnel_route: TunnelRouteFn | None = None) -> None:
+        self.ip_version = ip_version
+        self.pool_type = pool_type
+        self.route_table = route_table
+        self._new_handle = new_handle
+        self.class_tunnel = class_tunnel
+        self.class_same_subnet = class_same_subnet
+        self.class_blackhole = class_blackhole
+        self.protocol = protocol
+        self.tunnel_device = tunnel_device
+        self.tunnel_route = tunnel_route
+        self.routes_by_dest: dict[str, Any] = {}
+        self.local_blocks: dict[str, Any] = {}
+        self.parent_addr = ""
+        self.parent_iface = ""
+        self._parent_dirty = True
+        self.dirty = True
+
+    # -- on_update side (no kernel access) --
+    def on_update(self, msg: Any) -> bool:
+        if isinstance(msg, pb.RouteUpdate):
+            if _version(msg.dst) != self.ip_version:
+                return False
+            self._delete(msg.dst)
+            if _is_type(msg, pb.REMOTE_WORKLOAD) and msg.ip_pool_type == self.pool_type:
+                self.routes_by_dest[msg.dst] = msg
+                self.dirty = True
+            if is_remote_tunnel_route(msg, self.pool_type):
+                self.routes_by_dest[msg.dst] = msg
+                self.dirty = True
+            if self._is_local_block(msg):
+                self.local_blocks[msg.dst] = msg
+                self.dirty = True
+            return True
+        if isinstance(msg, pb.RouteRemove):
+            if _version(msg.dst) != self.ip_version:
+                return False
+            self._delete(msg.dst)
+            return True
+        return False
+
+    def set_parent_addr(self, addr: str) -> None:
+        if addr != self.parent_addr:
+            self.parent_addr = addr
+            self._parent_dirty = True
+            self.dirty = True
+
+    def _delete(self, dst: str) -> None:
+        if self.routes_by_dest.pop(dst, None) is not None:
+            self.dirty = True
+        if self.local_blocks.pop(dst, None) is not None:
+            self.dirty = True
+
+    def _is_local_block(self, msg: Any) -> bool:
+        if not _is_type(msg, pb.LOCAL_WORKLOAD) or msg.ip_pool_type != self.pool_type or msg.local_workload:
+            return False
+        # Never blackhole a /32 or /128: it would block the CNI plugin's route for a new workload.
+        return not msg.dst.endswith("/32" if self.ip_version == 4 else "/128")
+
+    # -- apply side --
+    def refresh_parent(self) -> None:
+        """Find the parent (data) interface by our address; netlink, so apply-time only."""
+        if not self._parent_dirty and self.parent_iface:
+            return
+        if not self.parent_addr:
+            return
+        nl = self._new_handle()
+        try:
+            link = find_iface_with_address(nl, self.parent_addr, self.ip_version)
+        finally:
+            nl.close()
+        if link is None:
+            log.error("cannot find the parent interface by address; same-subnet routes wait",
+                      address=self.parent_addr, ip_version=self.ip_version)
+            return
+        self.on_parent_iface(link.name)
+        self._parent_dirty = False
+
+    def on_parent_iface(self, name: str) -> None:
+        if name == self.parent_iface:
+            return
+        if self.parent_iface:
+            self.route_table.set_routes(self.class_same_subnet, self.parent_iface, [])
+        self.parent_iface = name
+        self.dirty = True
+
+    def update_routes(self) -> None:
+        if not self.dirty:
+            return
+        tunnel: list[Target] = []
+        same_subnet: list[Target] = []
+        for dst, r in self.routes_by_dest.items():
+            if self.parent_iface and r.same_subnet and r.dst_node_ip:
+                same_subnet.append(Target(dst, TargetType.NOENCAP, gw=r.dst_node_ip, protocol=self.protocol))
+            elif self.tunnel_route is not None:
+                t = self.tunnel_route(dst, r)
+                if t is not None:
+                    tunnel.append(t)
+        if self.tunnel_device is not None:
+            self.route_table.set_routes(self.class_tunnel, self.tunnel_device, tunnel)
+        blackholes = [Target(dst, TargetType.BLACKHOLE, protocol=self.protocol) for dst in self.local_blocks]
+        self.route_table.set_routes(self.class_blackhole, None, blackholes)
+        if self.parent_iface:
+            self.route_table.set_routes(self.class_same_subnet, self.parent_iface, same_subnet)
+        self.dirty = False
+
+
+class NoEncapManager:
+    def __init__(self, *, cfg: Config, hostname: str, ip_version: int, route_table: RouteTable,
+                 new_handle: NetlinkFactory) -> None:
+        self.hostname = hostname
+        self.ip_version = ip_version
+        self.route_table = route_table
+        self.routes = RemoteRoutes(
+            ip_version=ip_version, pool_type=pb.NO_ENCAP, route_table=route_table, new_handle=new_handle,
+            class_tunnel=RouteClass.NO_ENCAP, class_same_subnet=RouteClass.NO_ENCAP,
+            class_blackhole=RouteClass.BLACKHOLE_NO_ENCAP, protocol=route_protocol(cfg))
+
+    def on_update(self, msg: Any) -> None:
+        if isinstance(msg, pb.HostMetadataUpdate):
+            if msg.hostname == self.hostname:
+                self.routes.set_parent_addr(msg.ipv4_addr if self.ip_version == 4 else msg.ipv6_addr)
+        elif isinstance(msg, pb.HostMetadataRemove):
+            if msg.hostname == self.hostname:
+                self.routes.set_parent_addr("")
+        else:
+            self.routes.on_update(msg)
+
+    def complete_deferred_work(self) -> None:
+        try:
+            self.routes.refresh_parent()
+        except FelixpyError as exc:
+            log.warning("parent interface lookup failed", error=str(exc))
+        self.routes.update_routes()
+
+    def route_table_syncers(self) -> list[Syncer]:
+        return [self.route_table]

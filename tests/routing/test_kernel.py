@@ -1,0 +1,262 @@
+"""Routing drivers against the real kernel, each test in a throwaway network namespace."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from felixpy.config import Config
+from felixpy.drivers.netlink.pyroute import PyrouteNetlink
+from felixpy.drivers.netlink.types import AF_INET, AF_INET6
+from felixpy.drivers.routerule import RouteRules, make_rule
+from felixpy.drivers.routetable import MainTableOwnershipPolicy, RouteTable, Target, TargetType
+from felixpy.drivers.routetable.defs import canonical_cidr
+from felixpy.drivers.routetable.conntrack import ConntrackCleanupTracker, ConntrackFlusher, SubprocessRunner
+from felixpy.drivers.vxlanfdb import VXLANFDB
+from felixpy.errors import UnsupportedFeature
+from felixpy.managers.ipip import IPIPManager
+from felixpy.managers.routeclass import RouteClass
+from felixpy.managers.vxlan import VXLANManager
+from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.testing.netns import run_in
+
+from .helpers import FakeClock
+
+pytestmark = pytest.mark.kernel
+LW = RouteClass.LOCAL_WORKLOAD
+
+
+def ip(ns: str, *args: str) -> str:
+    return run_in(ns, "ip", *args).stdout
+
+
+def veth(ns: str, name: str, peer: str) -> None:
+    ip(ns, "link", "add", name, "type", "veth", "peer", "name", peer)
+    ip(ns, "link", "set", name, "up")
+    ip(ns, "link", "set", peer, "up")
+
+
+def routes(ns: str, v: str = "-4") -> set[str]:
+    out = json.loads(ip(ns, "-j", v, "route", "show", "table", "main") or "[]")
+    return {canonical_cidr(r["dst"]) for r in out if r["dst"] != "default"}
+
+
+def table(ns: str, clock: FakeClock, ip_version: int = 4, conntrack: ConntrackCleanupTracker | None = None,
+          static_arp: bool = False) -> RouteTable:
+    return RouteTable(
+        ip_version=ip_version, new_handle=lambda: PyrouteNetlink(ns), clock=clock, conntrack=conntrack,
+        static_arp=static_arp,
+        ownership=MainTableOwnershipPolicy(workload_iface_prefixes=["cali"], device_route_protocol=3,
+                                           remove_external_routes=True,
+                                           vxlan_iface="vxlan.calico" if ip_version == 4 else "vxlan-v6.calico"))
+
+
+@pytest.mark.parametrize("v", [4, 6])
+def test_ownership_restart_and_grace(netns: str, v: int) -> None:
+    ns = netns
+    fam = "-4" if v == 4 else "-6"
+    w = (lambda i: f"10.65.0.{i}/32") if v == 4 else (lambda i: f"fd65::{i}/128")
+    blk = "10.66.0.0/26" if v == 4 else "fd66::/122"
+    veth(ns, "eth0", "eth0p")
+    veth(ns, "cali1", "cali1p")
+    veth(ns, "cali2", "cali2p")
+    if v == 4:
+        ip(ns, "addr", "add", "192.168.50.1/24", "dev", "eth0")
+        ip(ns, "route", "add", "10.99.0.0/16", "via", "192.168.50.254", "dev", "eth0", "proto", "boot")
+        foreign = {"10.99.0.0/16", "192.168.50.0/24"}
+    else:
+        ip(ns, "-6", "addr", "add", "fd50::1/64", "dev", "eth0", "nodad")
+        ip(ns, "-6", "route", "add", "fd99::/48", "via", "fd50::fe", "dev", "eth0", "proto", "boot")
+        foreign = {"fd99::/48", "fd50::/64", "fe80::/64"}
+    ip(ns, fam, "route", "add", "blackhole", "fd77::/64" if v == 6 else "10.77.0.0/16", "proto", "static")
+    foreign |= {"fd77::/64" if v == 6 else "10.77.0.0/16"}
+    clock = FakeClock()
+    # A first instance programs workload routes and a blackhole.
+    old = table(ns, clock, v)
+    old.set_routes(LW, "cali1", [Target(w(1)), Target(w(11))])
+    old.set_routes(LW, "cali2", [Target(w(2))])
+    old.set_routes(RouteClass.BLACKHOLE_VXLAN, None, [Target(blk, TargetType.BLACKHOLE, protocol=80)])
+    old.apply()
+    assert routes(ns, fam) >= {w(1), w(11), w(2), blk} | foreign
+    old.close()
+    # The CNI plugin adds a route for a brand-new workload that no instance knows yet.
+    veth(ns, "cali3", "cali3p")
+    ip(ns, fam, "route", "add", w(3), "dev", "cali3", "proto", "boot")
+    # A restarted instance with a different desired state.
+    clock.advance(100)
+    new = table(ns, clock, v)
+    new.set_routes(LW, "cali1", [Target(w(1))])
+    new.apply()
+    got = routes(ns, fam)
+    assert w(11) not in got and blk not in got  # ours and unwanted: swept at once
+    assert {w(1), w(2), w(3)} | foreign <= got  # cali2/cali3 strays wait for the grace period
+    clock.advance(10.5)
+    new.apply()
+    got = routes(ns, fam)
+    assert w(2) not in got and w(3) not in got
+    assert {w(1)} | foreign <= got  # foreign routes on non-workload interfaces survive
+    new.queue_resync()
+    new.apply()
+    assert new.in_sync()
+    new.close()
+
+
+def test_static_arp_and_route_details(netns: str) -> None:
+    ns = netns
+    veth(ns, "cali1", "cali1p")
+    rt = table(ns, FakeClock(), static_arp=True)
+    rt.set_routes(LW, "cali1", [Target("10.65.0.1/32", dest_mac="ee:ee:ee:ee:ee:ee")])
+    rt.apply()
+    assert "10.65.0.1 lladdr ee:ee:ee:ee:ee:ee PERMANENT" in ip(ns, "neigh", "show", "dev", "cali1")
+    assert "10.65.0.1 dev cali1 scope link" in ip(ns, "route", "show", "proto", "boot")
+    rt.close()
+
+
+def _ct_count(ns: str, addr: str, fam: str = "ipv4") -> int:
+    out = run_in(ns, "conntrack", "-L", "-f", fam, "--orig-src", addr, check=False)
+    return sum(1 for line in out.stdout.splitlines() if addr in line)
+
+
+@pytest.mark.parametrize("v", [4, 6])
+def test_conntrack_cleaned_when_address_moves_between_veths(netns: str, v: int) -> None:
+    ns = netns
+    addr = "10.65.0.1" if v == 4 else "fd65::1"
+    other = "10.65.0.2" if v == 4 else "fd65::2"
+    fam = "ipv4" if v == 4 else "ipv6"
+    veth(ns, "cali1", "cali1p")
+    veth(ns, "cali2", "cali2p")
+    plen = 32 if v == 4 else 128
+    for a, b in ((addr, other), (other, addr)):
+        run_in(ns, "conntrack", "-I", "-p", "tcp", "-s", a, "-d", b, "--sport", "1234", "--dport", "80",
+               "--state", "ESTABLISHED", "-t", "120", "-u", "SEEN_REPLY")
+    assert _ct_count(ns, addr, fam) == 1
+    tracker = ConntrackCleanupTracker(v, ConntrackFlusher(SubprocessRunner(ns)))
+    rt = table(ns, FakeClock(), v, conntrack=tracker)
+    rt.set_routes(LW, "cali1", [Target(f"{addr}/{plen}")])
+    rt.apply()
+    assert _ct_count(ns, addr, fam) == 1  # a fresh route: nothing to clean
+    rt.set_routes(LW, "cali1", [])
+    rt.set_routes(LW, "cali2", [Target(f"{addr}/{plen}")])
+    rt.apply()
+    tracker.wait_all()
+    assert f"{addr} dev cali2" in ip(ns, "-4" if v == 4 else "-6", "route")
+    assert _ct_count(ns, addr, fam) == 0
+    out = run_in(ns, "conntrack", "-L", "-f", fam, check=False).stdout
+    assert addr not in out  # both directions (orig and reply source) are gone
+    rt.close()
+
+
+def test_route_rules_real(netns: str) -> None:
+    ns = netns
+    run_in(ns, "ip", "rule", "add", "priority", "98", "not", "fwmark", "0x100000/0x100000", "lookup", "1")
+    run_in(ns, "ip", "rule", "add", "priority", "200", "from", "10.0.0.0/8", "lookup", "50")
+    rr = RouteRules(ip_version=4, table_indices=[1], new_handle=lambda: PyrouteNetlink(ns))
+    rr.set_rule(make_rule(4, 99, 1, mark=0x100000, invert=True))
+    rr.apply()
+    out = run_in(ns, "ip", "rule").stdout
+    assert "99:\tnot from all fwmark 0x100000/0x100000 lookup 1" in out
+    assert "98:" not in out and "200:\tfrom 10.0.0.0/8 lookup 50" in out
+    rr6 = RouteRules(ip_version=6, table_indices=[2], new_handle=lambda: PyrouteNetlink(ns))
+    rr6.set_rule(make_rule(6, 99, 2, mark=0x100000, invert=True))
+    rr6.apply()
+    assert "not from all fwmark 0x100000/0x100000 lookup 2" in run_in(ns, "ip", "-6", "rule").stdout
+
+
+@pytest.mark.parametrize("v", [4, 6])
+def test_vxlan_manager_device_fdb_and_drift(netns: str, v: int) -> None:
+    ns = netns
+    veth(ns, "eth0", "eth0p")
+    if v == 4:
+        ip(ns, "addr", "add", "192.168.60.1/24", "dev", "eth0")
+        me = dict(node="node1", mac="66:00:00:00:00:01", ipv4_addr="10.70.0.0", parent_device_ip="192.168.60.1")
+        peer = dict(node="node2", mac="66:00:00:00:00:02", ipv4_addr="10.70.1.0", parent_device_ip="192.168.60.2")
+        blk, dev, fam = "10.70.1.0/26", "vxlan.calico", "-4"
+    else:
+        ip(ns, "-6", "addr", "add", "fd60::1/64", "dev", "eth0", "nodad")
+        me = dict(node="node1", mac_v6="66:00:00:00:01:01", ipv6_addr="fd70::", parent_device_ipv6="fd60::1")
+        peer = dict(node="node2", mac_v6="66:00:00:00:01:02", ipv6_addr="fd70:1::", parent_device_ipv6="fd60::2")
+        blk, dev, fam = "fd70:1::/122", "vxlan-v6.calico", "-6"
+    clock = FakeClock()
+    factory = lambda: PyrouteNetlink(ns)  # noqa: E731
+    rt = table(ns, clock, v)
+    fdb = VXLANFDB(ip_version=v, iface_name=dev, new_handle=factory)
+    m = VXLANManager(cfg=Config(), hostname="node1", ip_version=v, route_table=rt, fdb=fdb, new_handle=factory,
+                     clock=clock)
+    m.on_update(pb.VXLANTunnelEndpointUpdate(**me))
+    m.on_update(pb.VXLANTunnelEndpointUpdate(**peer))
+    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst=blk, dst_node_name="node2"))
+
+    def apply() -> None:
+        m.complete_deferred_work()
+        fdb.apply()
+        rt.apply()
+
+    apply()
+    details = ip(ns, "-d", "link", "show", dev)
+    assert "vxlan id 4096" in details and "dstport 4789" in details and "dev eth0" in details
+    assert f"mtu {1450 if v == 4 else 1430}" in details
+    gw = "10.70.1.0" if v == 4 else "fd70:1::"
+    assert f"{blk} via {gw} dev {dev}" in ip(ns, fam, "route")
+    mac = peer.get("mac") or peer["mac_v6"]
+    host = peer.get("parent_device_ip") or peer["parent_device_ipv6"]
+    assert f"{gw} lladdr {mac} PERMANENT" in ip(ns, fam, "neigh", "show", "dev", dev)
+    assert f"{mac} dst {host} self permanent" in run_in(ns, "bridge", "fdb", "show", "dev", dev).stdout
+    # Drift: someone recreates the device with another VNI.
+    ip(ns, "link", "del", dev)
+    ip(ns, "link", "add", dev, "type", "vxlan", "id", "77", "dstport", "4789", "dev", "eth0")
+    clock.advance(11)
+    apply()
+    rt.queue_resync()
+    rt.apply()
+    assert "vxlan id 4096" in ip(ns, "-d", "link", "show", dev)
+    assert f"{blk} via {gw} dev {dev}" in ip(ns, fam, "route")
+    assert f"{mac} dst {host} self permanent" in run_in(ns, "bridge", "fdb", "show", "dev", dev).stdout
+    rt.close()
+
+
+def test_ipip_unsupported_on_this_kernel(netns: str) -> None:
+    ns = netns
+    veth(ns, "eth0", "eth0p")
+    rt = table(ns, FakeClock())
+    m = IPIPManager(cfg=Config(IpInIpTunnelAddr="10.80.0.1"), hostname="node1", route_table=rt,
+                    new_handle=lambda: PyrouteNetlink(ns))
+    probe = subprocess.run(["ip", "-n", ns, "link", "add", "probe-ipip", "type", "ipip"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip("this kernel supports IPIP")
+    with pytest.raises(UnsupportedFeature) as exc:
+        m.complete_deferred_work()
+    assert exc.value.feature == "IPIP"
+    m.complete_deferred_work()
+    rt.apply()
+    rt.close()
+
+
+def test_missing_namespace_is_an_error() -> None:
+    from felixpy.drivers.netlink.errors import ConnectFailed
+
+    with pytest.raises(ConnectFailed):
+        PyrouteNetlink(f"no-such-ns-{time.time_ns()}")
+    assert AF_INET and AF_INET6
+
+
+def test_raw_link_decoder_matches_pyroute2(netns: str) -> None:
+    ns = netns
+    veth(ns, "eth0", "eth0p")
+    ip(ns, "addr", "add", "192.168.70.1/24", "dev", "eth0")
+    ip(ns, "link", "add", "vxlan.calico", "address", "66:00:00:00:00:07", "type", "vxlan", "id", "4096",
+       "dstport", "4789", "local", "192.168.70.1", "dev", "eth0", "nolearning")
+    ip(ns, "-6", "addr", "add", "fd70::1/64", "dev", "eth0", "nodad")
+    ip(ns, "link", "add", "vxlan-v6.calico", "type", "vxlan", "id", "4097", "dstport", "4790", "local", "fd70::1",
+       "dev", "eth0")
+    nl = PyrouteNetlink(ns)
+    try:
+        raw = {link.name: link for link in nl.link_list()}
+        ref = {link.name: link for link in nl.link_list_pyroute2()}
+        assert raw == ref
+        assert raw["vxlan.calico"].vxlan is not None and raw["vxlan.calico"].vxlan.port == 4789
+        assert nl.link_by_name("vxlan-v6.calico") == ref["vxlan-v6.calico"]
+    finally:
+        nl.close()
