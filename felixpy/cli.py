@@ -116,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _start_iface_monitor(daemon: object, config_file: str | None) -> object | None:
     try:
-        from felixpy.ifacemonitor import InterfaceMonitor  # type: ignore[attr-defined]
+        from felixpy.ifacemonitor import InterfaceMonitor
     except ImportError:
         return None
     from felixpy import config as configmod

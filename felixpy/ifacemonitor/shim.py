@@ -1,0 +1,271 @@
+"""The netlink shim of the interface monitor: sockets in, :mod:`.events` values out.
+
+What it owns
+    Two ``NETLINK_ROUTE`` sockets, opened in the watched namespace (the
+    calling thread's, or a named one for tests; a missing namespace is an
+    error, never created): one subscribed to ``RTMGRP_LINK`` and
+    ``RTMGRP_IPV4_IFADDR``/``RTMGRP_IPV6_IFADDR``, non-blocking and pollable
+    (:meth:`RtnlSource.fileno`); one for request/response dumps of links and
+    addresses, with a timeout.
+
+Why raw sockets and not ``IPRoute.bind()``/``get()``
+    In pyroute2 0.9 the sync ``IPRoute`` drives an asyncio loop of its own:
+    ``get()`` blocks with no timeout (so ``stop()`` could not be prompt), and
+    it may pull more from the socket than it returns, so polling its
+    ``fileno()`` misses messages that sit in its queue (seen on this kernel).
+    We need a descriptor we can ``poll()`` next to a wake-up pipe and the
+    damping timers, and to see ``ENOBUFS`` (events lost) to trigger a resync.
+    pyroute2 still does the decoding (:class:`MarshalRtnl`); its message
+    objects never leave this module.
+
+Addresses
+    Felix derives addresses from local unicast routes (table local, type
+    local).  We read addresses (``RTM_NEWADDR``/``RTM_DELADDR``) instead:
+    subscribing to route groups would make this process decode every route
+    felixpy's own route tables program (thousands per resync), while address
+    events are few.  To keep Felix's meaning, an address counts only while it
+    is usable — an IPv6 address that is tentative (DAD running, unless
+    optimistic) or has failed DAD has no local route, so it is reported
+    absent; it appears when the kernel announces DAD complete.  Differences
+    left: Felix would also list the network address of a local *prefix* route
+    (``127.0.0.0`` on ``lo``) and AnyIP local routes; we list only addresses.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import ipaddress
+import itertools
+import socket
+import struct
+from typing import Any, Protocol
+
+import structlog
+from pyroute2.netlink.rtnl.marshal import MarshalRtnl  # type: ignore[import-untyped]
+
+from felixpy.drivers.netlink.nsutil import call_in_netns
+from felixpy.errors import NetlinkError
+from felixpy.ifacemonitor.events import AddrEvent, Event, Link, LinkEvent
+
+log = structlog.get_logger(__name__)
+
+NETLINK_ROUTE = 0
+SOL_NETLINK = 270
+NETLINK_GET_STRICT_CHK = 12
+SO_RCVBUFFORCE = 33
+
+RTMGRP_LINK = 0x1
+RTMGRP_IPV4_IFADDR = 0x10
+RTMGRP_IPV6_IFADDR = 0x100
+
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+RTM_NEWLINK = 16
+RTM_DELLINK = 17
+RTM_GETLINK = 18
+RTM_NEWADDR = 20
+RTM_DELADDR = 21
+RTM_GETADDR = 22
+NLM_F_REQUEST = 0x1
+NLM_F_DUMP_INTR = 0x10
+NLM_F_DUMP = 0x300
+
+IFF_RUNNING = 0x40
+IFA_F_OPTIMISTIC = 0x04
+IFA_F_DADFAILED = 0x08
+IFA_F_TENTATIVE = 0x40
+
+_NLMSGHDR = struct.Struct("=LHHLL")
+_IFINFOMSG = struct.Struct("=BxHiII")
+_IFADDRMSG = struct.Struct("=BBBBI")
+_RECV_SIZE = 256 * 1024
+_DUMP_ATTEMPTS = 5
+
+
+class SubscribeFailed(NetlinkError):
+    """The netlink event subscription could not be opened (the daemon restarts)."""
+
+
+class EventsLost(NetlinkError):
+    """The kernel dropped events (ENOBUFS): only a full resync can tell what changed."""
+
+
+class DumpFailed(NetlinkError):
+    """A link or address dump failed or timed out."""
+
+
+class NetlinkSource(Protocol):
+    """What the monitor needs from netlink; :class:`RtnlSource` is the real one."""
+
+    def fileno(self) -> int: ...
+
+    def read_events(self) -> list[Event]:
+        """Events waiting now (never blocks); raises :class:`EventsLost` on overflow."""
+        ...
+
+    def list_links(self) -> list[Link]: ...
+
+    def list_addrs(self, index: int | None = None) -> dict[int, frozenset[str]]:
+        """Usable local addresses by interface index (one interface's, or all)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _open(netns: str | None, groups: int, rcvbuf: int) -> socket.socket:
+    def make() -> socket.socket:
+        return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_ROUTE)
+
+    sock = call_in_netns(netns, make)
+    try:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf)
+        except PermissionError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.bind((0, groups))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _canon_ip(raw: str) -> str:
+    return ipaddress.ip_address(raw).compressed
+
+
+def _usable(flags: int) -> bool:
+    if flags & IFA_F_DADFAILED:
+        return False
+    return not (flags & IFA_F_TENTATIVE) or bool(flags & IFA_F_OPTIMISTIC)
+
+
+def _link_from_msg(msg: Any) -> Link | None:
+    if msg["family"] != socket.AF_UNSPEC:  # AF_BRIDGE port events are not link lifecycle
+        return None
+    name = msg.get_attr("IFLA_IFNAME")
+    if not name:
+        return None
+    return Link(int(msg["index"]), name, bool(int(msg["flags"]) & IFF_RUNNING))
+
+
+def _addr_from_msg(msg: Any) -> tuple[int, str, bool] | None:
+    """(index, address, usable) of an ifaddrmsg, or None if it carries no address."""
+    if msg["family"] not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    raw = msg.get_attr("IFA_LOCAL") or msg.get_attr("IFA_ADDRESS")
+    if not raw:
+        return None
+    flags = msg.get_attr("IFA_FLAGS")
+    if flags is None:
+        flags = msg["flags"]
+    return int(msg["index"]), _canon_ip(raw), _usable(int(flags))
+
+
+class RtnlSource:
+    def __init__(self, netns: str | None = None, *, rcvbuf: int = 8 * 1024 * 1024,
+                 timeout: float = 10.0) -> None:
+        self._marshal = MarshalRtnl()
+        self._seq = itertools.count(1)
+        groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR
+        try:
+            self._sub = _open(netns, groups, rcvbuf)
+        except OSError as exc:
+            raise SubscribeFailed(f"netlink subscription failed (netns={netns}): {exc}") from exc
+        try:
+            self._req = _open(netns, 0, rcvbuf)
+            # Kernel-side filtering of per-interface address dumps.
+            self._req.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
+            self._req.settimeout(timeout)
+        except OSError as exc:
+            self._sub.close()
+            raise SubscribeFailed(f"netlink request socket failed (netns={netns}): {exc}") from exc
+        self._sub.setblocking(False)
+
+    def fileno(self) -> int:
+        return self._sub.fileno()
+
+    def close(self) -> None:
+        self._sub.close()
+        self._req.close()
+
+    # ------------------------------------------------------------------ events
+    def read_events(self, max_reads: int = 64) -> list[Event]:
+        events: list[Event] = []
+        for _ in range(max_reads):
+            try:
+                data = self._sub.recv(_RECV_SIZE)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == _errno.ENOBUFS:
+                    raise EventsLost("netlink event socket overflowed (ENOBUFS)") from exc
+                raise NetlinkError(f"netlink event socket: {exc}") from exc
+            for msg in self._marshal.parse(data):
+                ev = self._event_from_msg(msg)
+                if ev is not None:
+                    events.append(ev)
+        return events
+
+    @staticmethod
+    def _event_from_msg(msg: Any) -> Event | None:
+        kind = msg["header"]["type"]
+        if kind in (RTM_NEWLINK, RTM_DELLINK):
+            link = _link_from_msg(msg)
+            return None if link is None else LinkEvent(link, kind == RTM_NEWLINK)
+        if kind in (RTM_NEWADDR, RTM_DELADDR):
+            got = _addr_from_msg(msg)
+            if got is None:
+                return None
+            index, addr, usable = got
+            return AddrEvent(index, addr, kind == RTM_NEWADDR and usable)
+        return None
+
+    # ------------------------------------------------------------------- dumps
+    def list_links(self) -> list[Link]:
+        msgs = self._dump(RTM_GETLINK, _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0))
+        return [link for link in map(_link_from_msg, msgs) if link is not None]
+
+    def list_addrs(self, index: int | None = None) -> dict[int, frozenset[str]]:
+        msgs = self._dump(RTM_GETADDR, _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, index or 0))
+        found: dict[int, set[str]] = {}
+        for msg in msgs:
+            got = _addr_from_msg(msg)
+            if got is None or not got[2] or (index is not None and got[0] != index):
+                continue
+            found.setdefault(got[0], set()).add(got[1])
+        return {i: frozenset(a) for i, a in found.items()}
+
+    def _dump(self, msg_type: int, body: bytes) -> list[Any]:
+        msgs: list[Any] = []
+        for attempt in range(_DUMP_ATTEMPTS):
+            msgs, interrupted = self._dump_once(msg_type, body)
+            if not interrupted:
+                return msgs
+            log.debug("netlink dump interrupted by a concurrent change; retrying",
+                      msg_type=msg_type, attempt=attempt + 1)
+        # Still changing under us: use what we have; events and the next resync correct it.
+        log.warning("netlink dump kept being interrupted; using the last attempt", msg_type=msg_type)
+        return msgs
+
+    def _dump_once(self, msg_type: int, body: bytes) -> tuple[list[Any], bool]:
+        seq = next(self._seq)
+        hdr = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), msg_type, NLM_F_REQUEST | NLM_F_DUMP, seq, 0)
+        msgs: list[Any] = []
+        interrupted = False
+        try:
+            self._req.send(hdr + body)
+            while True:
+                data = self._req.recv(_RECV_SIZE)
+                for msg in self._marshal.parse(data):
+                    header = msg["header"]
+                    if header["sequence_number"] != seq:
+                        continue
+                    if header["flags"] & NLM_F_DUMP_INTR:
+                        interrupted = True
+                    if header["type"] == NLMSG_DONE:
+                        return msgs, interrupted
+                    if header["type"] == NLMSG_ERROR or header.get("error") is not None:
+                        raise DumpFailed(f"netlink dump {msg_type} failed: {header.get('error')}")
+                    msgs.append(msg)
+        except OSError as exc:  # includes the socket timeout
+            raise DumpFailed(f"netlink dump {msg_type} failed: {exc}") from exc
