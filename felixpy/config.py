@@ -150,6 +150,8 @@ _DENY = _choice("DROP", "REJECT")
 # --------------------------------------------------------------------------- the config
 @dataclass(frozen=True, slots=True)
 class Config:  # noqa: N815 - attribute names are Felix's parameter names on purpose.
+    # Identity.
+    FelixHostname: str = _p("", _str)
     # Driver selection and modes.
     UseInternalDataplaneDriver: bool = _p(True, _bool)
     DataplaneDriver: str = _p("calico-iptables-plugin", _str)
@@ -281,6 +283,13 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     ClusterType: str = _p("", _str)
 
     # -- derived views ---------------------------------------------------------------
+    @property
+    def hostname(self) -> str:
+        """``FelixHostname``, defaulting to the machine's hostname as Felix does."""
+        import socket
+
+        return self.FelixHostname or socket.gethostname()
+
     @property
     def nftables_enabled(self) -> bool:
         """felixpy has no kube-proxy nft probe: Auto means iptables unless told otherwise."""

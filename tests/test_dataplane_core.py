@@ -342,3 +342,61 @@ def test_ipv6_drivers_are_applied_like_ipv4() -> None:
                   "ipsets-delete:v4", "ipsets-delete:v6"):
         assert entry in tl
     assert max(tl.index("ipsets-update:v4"), tl.index("ipsets-update:v6")) < tl.index("table:filter6")
+
+
+def test_shared_route_table_is_applied_once_and_gets_iface_state() -> None:
+    from felixpy.managers.base import IfaceState, IfaceStateUpdate
+
+    dp, clock, tl = make()
+
+    class Table(FakeSyncer):
+        def __init__(self) -> None:
+            super().__init__(tl, "main-table")
+            self.ifaces: dict[str, IfaceState] = {}
+
+        def on_iface_state(self, name: str, state: IfaceState, index: int) -> None:
+            self.ifaces[name] = state
+
+    shared = Table()
+    dp.register_manager(RouteMgr(tl, shared))
+    dp.register_manager(RouteMgr(tl, shared))
+    dp.on_iface_update(IfaceStateUpdate("cali1", IfaceState.UP, 7))
+    ready(dp)
+    dp.maybe_apply()
+    assert tl.count("main-table") == 1
+    assert shared.ifaces == {"cali1": IfaceState.UP}
+
+
+def test_unsupported_feature_is_reported_once_and_does_not_dirty_the_dataplane() -> None:
+    from felixpy.errors import UnsupportedFeature
+
+    dp, clock, tl = make()
+
+    class Ipip(FakeManager):
+        def complete_deferred_work(self) -> None:
+            raise UnsupportedFeature("IPIP", "no ipip module")
+
+    dp.register_manager(Ipip(tl))
+    other = FakeManager(tl, "other")
+    dp.register_manager(other)
+    dp.on_datastore_message(Update("k"))
+    ready(dp)
+    report = dp.maybe_apply()
+    assert report is not None and report.ok and not dp.needs_sync
+    assert dp.unsupported == {"IPIP": "IPIP is not supported on this node: no ipip module"}
+    assert other.programmed == ["k"]
+
+
+def test_driver_deadline_schedules_the_next_apply() -> None:
+    dp, clock, tl = make()
+
+    class Grace(FakeSyncer):
+        def next_deadline(self) -> float | None:
+            return 10.0
+
+    dp.register_manager(RouteMgr(tl, Grace(tl, "rt")))
+    ready(dp)
+    report = dp.maybe_apply()
+    assert report is not None and report.reschedule_in == pytest.approx(10.0)
+    clock.advance(10.0)
+    assert dp.maybe_apply() is not None

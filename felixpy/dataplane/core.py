@@ -43,7 +43,7 @@ from felixpy.dataplane.throttle import LeakyBucket
 from felixpy.dataplane.timers import RefreshTimer
 from felixpy.drivers.generictables.table import Table
 from felixpy.drivers.ipsets_api import IPSetsDataplane
-from felixpy.errors import FatalDataplaneError
+from felixpy.errors import FatalDataplaneError, UnsupportedFeature
 from felixpy.managers.base import (
     EndpointStatus,
     IfaceAddrsUpdate,
@@ -75,6 +75,16 @@ class ApplyReport:
     @property
     def ok(self) -> bool:
         return not self.failed_steps and not self.held_back
+
+
+def _unique(items: Iterable[Syncer]) -> list[Syncer]:
+    seen: set[int] = set()
+    out = []
+    for s in items:
+        if id(s) not in seen:
+            seen.add(id(s))
+            out.append(s)
+    return out
 
 
 class InternalDataplane:
@@ -112,6 +122,7 @@ class InternalDataplane:
         self._next_retry = now + RETRY_INTERVAL
         self.apply_count = 0
         self.last_apply: ApplyReport | None = None
+        self.unsupported: dict[str, str] = {}
 
     # ------------------------------------------------------------------ registration
     def register_manager(self, mgr: Manager) -> None:
@@ -127,18 +138,13 @@ class InternalDataplane:
         self.fdbs.append(fdb)
 
     def route_syncers(self) -> list[Syncer]:
-        out: list[Syncer] = []
-        for m in self.managers:
-            if isinstance(m, ManagerWithRouteTables):
-                out.extend(m.route_table_syncers())
-        return out
+        """Route tables of every manager, once each (managers may share the main table)."""
+        return _unique(s for m in self.managers if isinstance(m, ManagerWithRouteTables)
+                       for s in m.route_table_syncers())
 
     def rule_syncers(self) -> list[Syncer]:
-        out: list[Syncer] = []
-        for m in self.managers:
-            if isinstance(m, ManagerWithRouteRules):
-                out.extend(m.route_rule_syncers())
-        return out
+        return _unique(s for m in self.managers if isinstance(m, ManagerWithRouteRules)
+                       for s in m.route_rule_syncers())
 
     # ------------------------------------------------------------------------- inputs
     def on_datastore_message(self, msg: Any) -> None:
@@ -150,7 +156,17 @@ class InternalDataplane:
         self.needs_sync = True
 
     def on_iface_update(self, update: IfaceStateUpdate | IfaceAddrsUpdate) -> None:
+        """Interface events go to every manager and, for state, straight to the route
+        tables and FDBs (as Felix does), which skip routes via down interfaces."""
         self._fan_out(update)
+        if isinstance(update, IfaceStateUpdate):
+            for syncer in [*self.route_syncers(), *self.fdbs]:
+                hook = getattr(syncer, "on_iface_state", None)
+                if hook is not None:
+                    try:
+                        hook(update.name, update.state, update.index)
+                    except Exception:
+                        log.exception("Route syncer failed to take interface update", iface=update.name)
         self.needs_sync = True
 
     def set_iface_in_sync(self) -> None:
@@ -295,6 +311,14 @@ class InternalDataplane:
         # 12. Endpoint status.
         self._publish_status(report)
 
+        # Drivers and managers holding timed work (grace periods, device re-checks).
+        for obj in [*self.managers, *route_syncers, *rule_syncers, *self.fdbs]:
+            deadline = getattr(obj, "next_deadline", None)
+            if deadline is not None:
+                left = deadline()
+                if left is not None:
+                    delays.append(max(left, 0.05))
+
         if report.held_back:
             self.needs_sync = True
         self.apply_count += 1
@@ -324,9 +348,19 @@ class InternalDataplane:
             return True
         except FatalDataplaneError:
             raise
+        except UnsupportedFeature as exc:
+            self._unsupported(exc)
+            return True
         except Exception as exc:
             self._fail(report, name, exc)
             return False
+
+    def _unsupported(self, exc: UnsupportedFeature) -> None:
+        """The kernel lacks a feature: say so by name, once; everything else keeps running."""
+        if exc.feature not in self.unsupported:
+            self.unsupported[exc.feature] = str(exc)
+            log.error("Feature not supported on this node; continuing without it", feature=exc.feature,
+                      detail=str(exc))
 
     def _parallel(self, report: ApplyReport, name: str, work: Iterable[tuple[Any, Callable[[], Any]]]) -> bool:
         futs = [(obj, self._executor.submit(fn)) for obj, fn in work]
@@ -351,6 +385,8 @@ class InternalDataplane:
                 fut.result()
             except FatalDataplaneError as exc:
                 fatal = fatal or exc
+            except UnsupportedFeature as exc:
+                self._unsupported(exc)
             except Exception as exc:
                 self._fail(report, f"routes:{type(syncer).__name__}", exc)
         if fatal is not None:
