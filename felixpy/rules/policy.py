@@ -1,0 +1,593 @@
+"""Policy and profile chains: proto rules to typed rules (Felix's ``felix/rules/policy.go``).
+
+A proto rule becomes one or more :class:`Rule` values:
+
+* the rule is skipped for the other family (``ip_version``) and its CIDR lists
+  are filtered to this family; a non-empty CIDR field that filters to nothing,
+  or a negated catch-all CIDR, drops the rule for this family;
+* where one iptables rule cannot express an OR (more than one 15-slot multiport
+  split or named-port set per direction, more than one positive CIDR, positive
+  and negated CIDRs together) Felix's *match blocks* set scratch mark S0 ("all
+  blocks pass") with S1 as the per-block scratch bit, and the final rule also
+  requires S0;
+* the verdict: allow/pass set the accept/pass mark then RETURN; deny sets the
+  drop mark then applies the filter deny action; log is a single non-terminal
+  LOG rule.  Trailing RETURN rules are stripped from the chain, and the first
+  rule carries the chain comment (``GlobalNetworkPolicy name ingress``…).
+
+felixpy addition: a rule field that cannot be rendered (bad port range, ports
+without a port-bearing protocol, ICMP fields without the family's ICMP
+protocol, malformed CIDR, set ID or protocol) drops just that rule for that
+family, with a warning naming the policy and rule index; Felix would panic or
+write a ruleset the kernel rejects.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import structlog
+
+from felixpy.drivers.generictables.model import (
+    Chain,
+    ClearMark,
+    Log,
+    Match,
+    Nflog,
+    PortRange,
+    Return,
+    Rule,
+    SetMark,
+    SetMaskedMark,
+)
+from felixpy.rules import nflog
+from felixpy.rules.names import (
+    POLICY_INBOUND_PFX,
+    POLICY_OUTBOUND_PFX,
+    PROFILE_INBOUND_PFX,
+    PROFILE_OUTBOUND_PFX,
+    PolicyID,
+    ProfileID,
+    policy_chain_name,
+    profile_chain_name,
+)
+
+if TYPE_CHECKING:
+    from felixpy.proto import felixbackend_pb2 as pb
+    from felixpy.rules.context import RenderContext
+
+log = structlog.get_logger(__name__)
+
+__all__ = [
+    "PORT_PROTOCOL_NAMES",
+    "PORT_PROTOCOL_NUMBERS",
+    "Ident",
+    "check_rule",
+    "generate_log_prefix",
+    "policy_chains",
+    "profile_chains",
+    "render_proto_rule",
+    "render_proto_rules",
+    "split_port_list",
+]
+
+Ident = PolicyID | ProfileID
+
+MULTIPORT_SLOTS = 15
+# Protocols whose packets carry ports that iptables' multiport (and nft's ``th``) can match.
+PORT_PROTOCOL_NAMES = frozenset({"tcp", "udp", "sctp", "udplite", "dccp"})
+PORT_PROTOCOL_NUMBERS = frozenset({6, 17, 132, 136, 33})
+_ICMP = {4: (frozenset({"icmp"}), 1), 6: (frozenset({"icmpv6", "ipv6-icmp", "icmp6"}), 58)}
+_PROTO_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_SET_ID_RE = re.compile(r"^[\w:.+=/@-]+$")
+_ACTIONS = frozenset({"", "allow", "deny", "pass", "next-tier", "log"})
+
+
+# ----------------------------------------------------------------------- rule view
+@dataclass(frozen=True, slots=True)
+class _Proto:
+    name: str | None = None
+    number: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Icmp:
+    type: int
+    code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """The proto rule's matchable fields as plain values (the renderer edits copies of this)."""
+
+    action: str
+    protocol: _Proto | None
+    not_protocol: _Proto | None
+    src_net: tuple[str, ...]
+    not_src_net: tuple[str, ...]
+    dst_net: tuple[str, ...]
+    not_dst_net: tuple[str, ...]
+    src_ports: tuple[PortRange, ...]
+    not_src_ports: tuple[PortRange, ...]
+    dst_ports: tuple[PortRange, ...]
+    not_dst_ports: tuple[PortRange, ...]
+    src_named_ports: tuple[str, ...]
+    not_src_named_ports: tuple[str, ...]
+    dst_named_ports: tuple[str, ...]
+    not_dst_named_ports: tuple[str, ...]
+    src_ip_sets: tuple[str, ...]
+    not_src_ip_sets: tuple[str, ...]
+    dst_ip_sets: tuple[str, ...]
+    not_dst_ip_sets: tuple[str, ...]
+    dst_ip_port_sets: tuple[str, ...]
+    icmp: _Icmp | None
+    not_icmp: _Icmp | None
+    annotations: tuple[tuple[str, str], ...]
+
+
+def _proto_of(rule: pb.Rule, field: str) -> _Proto | None:
+    if not rule.HasField(field):
+        return None
+    p = getattr(rule, field)
+    which = p.WhichOneof("number_or_name")
+    if which == "number":
+        return _Proto(number=p.number)
+    if which == "name":
+        return _Proto(name=p.name)
+    return _Proto()  # present but empty: rejected by check_rule
+
+
+def _icmp_of(rule: pb.Rule, oneof: str) -> _Icmp | None:
+    which = rule.WhichOneof(oneof)
+    if which is None:
+        return None
+    value = getattr(rule, which)
+    if isinstance(value, int):
+        return _Icmp(value)
+    return _Icmp(value.type, value.code)
+
+
+def _ports(ranges: Iterable[pb.PortRange]) -> tuple[tuple[int, int], ...]:
+    out = tuple((r.first, r.last) for r in ranges)
+    if any(a < 0 or b < 0 for a, b in out):  # -1 would read as "single port" to PortRange
+        raise ValueError("negative port")
+    return out
+
+
+def _view(rule: pb.Rule) -> _View:
+    def pr(raw: tuple[tuple[int, int], ...]) -> tuple[PortRange, ...]:
+        return tuple(PortRange(a, b) for a, b in raw)
+
+    return _View(
+        action=rule.action,
+        protocol=_proto_of(rule, "protocol"),
+        not_protocol=_proto_of(rule, "not_protocol"),
+        src_net=tuple(rule.src_net), not_src_net=tuple(rule.not_src_net),
+        dst_net=tuple(rule.dst_net), not_dst_net=tuple(rule.not_dst_net),
+        src_ports=pr(_ports(rule.src_ports)), not_src_ports=pr(_ports(rule.not_src_ports)),
+        dst_ports=pr(_ports(rule.dst_ports)), not_dst_ports=pr(_ports(rule.not_dst_ports)),
+        src_named_ports=tuple(rule.src_named_port_ip_set_ids),
+        not_src_named_ports=tuple(rule.not_src_named_port_ip_set_ids),
+        dst_named_ports=tuple(rule.dst_named_port_ip_set_ids),
+        not_dst_named_ports=tuple(rule.not_dst_named_port_ip_set_ids),
+        src_ip_sets=tuple(rule.src_ip_set_ids), not_src_ip_sets=tuple(rule.not_src_ip_set_ids),
+        dst_ip_sets=tuple(rule.dst_ip_set_ids), not_dst_ip_sets=tuple(rule.not_dst_ip_set_ids),
+        dst_ip_port_sets=tuple(rule.dst_ip_port_set_ids),
+        icmp=_icmp_of(rule, "icmp"), not_icmp=_icmp_of(rule, "not_icmp"),
+        annotations=tuple(sorted(rule.metadata.annotations.items())) if rule.HasField("metadata") else (),
+    )
+
+
+# ----------------------------------------------------------------------- validation
+def _check_protocol(p: _Proto | None, what: str) -> str | None:
+    if p is None:
+        return None
+    if p.number is not None:
+        if not 0 <= p.number <= 255:
+            return f"{what} number {p.number} out of range 0-255"
+        return None
+    if p.name is None:
+        return f"{what} has neither a name nor a number"
+    if not _PROTO_NAME_RE.match(p.name):
+        return f"{what} name {p.name!r} is not a protocol name"
+    return None
+
+
+def _bears_ports(p: _Proto | None) -> bool:
+    if p is None:
+        return False
+    if p.number is not None:
+        return p.number in PORT_PROTOCOL_NUMBERS
+    return (p.name or "").lower() in PORT_PROTOCOL_NAMES
+
+
+def _is_family_icmp(p: _Proto | None, ip_version: int) -> bool:
+    if p is None:
+        return False
+    names, number = _ICMP[ip_version]
+    if p.number is not None:
+        return p.number == number
+    return (p.name or "").lower() in names
+
+
+def check_rule(rule: pb.Rule, ip_version: int) -> str | None:
+    """Why this rule cannot be rendered for ``ip_version`` (None when it can)."""
+    try:
+        v = _view(rule)
+    except ValueError as exc:  # PortRange validates 0 <= first <= last <= 65535
+        return f"bad port range ({exc})"
+    if v.action not in _ACTIONS:
+        return f"unknown action {v.action!r}"
+    for p, what in ((v.protocol, "protocol"), (v.not_protocol, "not_protocol")):
+        if (reason := _check_protocol(p, what)) is not None:
+            return reason
+    for field in ("src_net", "not_src_net", "dst_net", "not_dst_net"):
+        for cidr in getattr(v, field):
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                return f"{field} {cidr!r} is not a CIDR"
+    for field in ("src_named_ports", "not_src_named_ports", "dst_named_ports", "not_dst_named_ports",
+                  "src_ip_sets", "not_src_ip_sets", "dst_ip_sets", "not_dst_ip_sets", "dst_ip_port_sets"):
+        for set_id in getattr(v, field):
+            if not _SET_ID_RE.match(set_id):
+                return f"{field} has a malformed IP set ID {set_id!r}"
+    if (v.src_ports or v.dst_ports or v.not_src_ports or v.not_dst_ports) and not _bears_ports(v.protocol):
+        return "ports need protocol tcp, udp, sctp, udplite or dccp"
+    for icmp, what in ((v.icmp, "icmp"), (v.not_icmp, "not_icmp")):
+        if icmp is None:
+            continue
+        if not 0 <= icmp.type <= 255 or (icmp.code is not None and not 0 <= icmp.code <= 255):
+            return f"{what} type/code out of range 0-255"
+        if not _is_family_icmp(v.protocol, ip_version):
+            return f"{what} type/code needs protocol {'icmp' if ip_version == 4 else 'icmpv6'} in an IPv{ip_version} rule"
+    return None
+
+
+def _icmp_rule_for_other_family(rule: pb.Rule, ip_version: int) -> bool:
+    """A family-less rule with the other family's ICMP protocol and type is simply not for us."""
+    if rule.ip_version != 0 or (rule.WhichOneof("icmp") is None and rule.WhichOneof("not_icmp") is None):
+        return False
+    other = 6 if ip_version == 4 else 4
+    return _is_family_icmp(_proto_of(rule, "protocol"), other)
+
+
+def _is_catch_all(cidr: str, ip_version: int) -> bool:
+    return (ip_version == 4 and cidr == "0.0.0.0/0") or (ip_version == 6 and cidr == "::/0")
+
+
+def _filter_nets(cidrs: tuple[str, ...], ip_version: int, negated: bool) -> tuple[tuple[str, ...], str | None]:
+    """Felix's filterNets: (CIDRs of this family, reason the whole rule must go, or None)."""
+    if not cidrs:
+        return (), None
+    want_v6 = ip_version == 6
+    kept: list[str] = []
+    for cidr in cidrs:
+        if (":" in cidr) != want_v6:
+            continue
+        if negated and _is_catch_all(cidr, ip_version):
+            return (), f"negated catch-all CIDR {cidr}"
+        kept.append(cidr)
+    return tuple(kept), (None if kept else "no CIDR of this IP version")
+
+
+# ----------------------------------------------------------------------- port splits
+def split_port_list(ports: Sequence[PortRange]) -> list[tuple[PortRange, ...]]:
+    """Pack ports in order into groups of at most 15 multiport slots (a range takes two)."""
+    splits: list[tuple[PortRange, ...]] = []
+    current: list[PortRange] = []
+    free = MULTIPORT_SLOTS
+    for p in ports:
+        if free < p.slots:
+            splits.append(tuple(current))
+            current, free = [], MULTIPORT_SLOTS
+        current.append(p)
+        free -= p.slots
+    if current:
+        splits.append(tuple(current))
+    return splits
+
+
+def _protocol_match(m: Match, p: _Proto | None) -> Match:
+    if p is None:
+        return m
+    if p.number is not None:
+        return m.protocol_num(p.number)
+    return m.protocol(p.name or "")
+
+
+# ----------------------------------------------------------------------- match blocks
+class _MatchBlocks:
+    def __init__(self, all_pass: int, this_pass: int) -> None:
+        self.all_pass = all_pass
+        self.this_pass = this_pass
+        self.using = False
+        self._done_first_positive = False
+        self.rules: list[Rule] = []
+
+    def _initial(self, initial_bits: int) -> None:
+        if self.using:
+            return
+        self.rules.append(Rule(Match(), SetMaskedMark(initial_bits, self.all_pass | self.this_pass)))
+        self.using = True
+
+    def _mark_to_set(self) -> int:
+        return self.this_pass if self._done_first_positive else self.all_pass
+
+    def _finish_positive(self) -> None:
+        if not self._done_first_positive:
+            self._done_first_positive = True
+            return
+        self.rules.append(Rule(Match().mark_clear(self.this_pass), ClearMark(self.all_pass)))
+
+    def ports(self, ctx: RenderContext, protocol: _Proto | None, splits: list[tuple[PortRange, ...]],
+              named_port_ids: tuple[str, ...], src: bool) -> None:
+        self._initial(0)
+        mark = self._mark_to_set()
+        for split in splits:
+            m = _protocol_match(Match(), protocol)
+            m = m.source_ports(*split) if src else m.dest_ports(*split)
+            self.rules.append(Rule(m, SetMark(mark)))
+        for set_id in named_port_ids:
+            name = ctx.ipset(set_id)
+            m = Match().source_ip_port_set(name) if src else Match().dest_ip_port_set(name)
+            self.rules.append(Rule(m, SetMark(mark)))
+        self._finish_positive()
+
+    def cidrs(self, cidrs: tuple[str, ...], src: bool) -> None:
+        self._initial(0)
+        mark = self._mark_to_set()
+        for cidr in cidrs:
+            m = Match().source_net(cidr) if src else Match().dest_net(cidr)
+            self.rules.append(Rule(m, SetMark(mark)))
+        self._finish_positive()
+
+    def negated_cidrs(self, cidrs: tuple[str, ...], src: bool) -> None:
+        self._initial(self.all_pass)
+        for cidr in cidrs:
+            m = Match().source_net(cidr) if src else Match().dest_net(cidr)
+            self.rules.append(Rule(m, ClearMark(self.all_pass)))
+
+
+# ----------------------------------------------------------------------- single rule
+def _rule_match(ctx: RenderContext, v: _View) -> Match:
+    """Felix's CalculateRuleMatch: positive criteria, then the negations, in Felix's order."""
+    ip = ctx.ip_version
+    m = _protocol_match(Match(), v.protocol)
+    if v.src_net:
+        m = m.source_net(v.src_net[0])
+    for s in v.src_ip_sets:
+        m = m.source_ip_set(ctx.ipset(s))
+    if v.src_ports:
+        m = m.source_ports(*v.src_ports)
+    for s in v.src_named_ports:
+        m = m.source_ip_port_set(ctx.ipset(s))
+    if v.dst_net:
+        m = m.dest_net(v.dst_net[0])
+    for s in v.dst_ip_sets:
+        m = m.dest_ip_set(ctx.ipset(s))
+    for s in v.dst_ip_port_sets:
+        m = m.dest_ip_port_set(ctx.ipset(s))
+    if v.dst_ports:
+        m = m.dest_ports(*v.dst_ports)
+    for s in v.dst_named_ports:
+        m = m.dest_ip_port_set(ctx.ipset(s))
+    if v.icmp is not None:
+        m = _icmp_match(m, v.icmp, ip, negate=False)
+
+    if v.not_protocol is not None:
+        if v.not_protocol.number is not None:
+            m = m.not_protocol_num(v.not_protocol.number)
+        else:
+            m = m.not_protocol(v.not_protocol.name or "")
+    if v.not_src_net:
+        m = m.not_source_net(v.not_src_net[0])
+    for s in v.not_src_ip_sets:
+        m = m.not_source_ip_set(ctx.ipset(s))
+    for split in split_port_list(v.not_src_ports):
+        m = m.not_source_ports(*split)
+    for s in v.not_src_named_ports:
+        m = m.not_source_ip_port_set(ctx.ipset(s))
+    if v.not_dst_net:
+        m = m.not_dest_net(v.not_dst_net[0])
+    for s in v.not_dst_ip_sets:
+        m = m.not_dest_ip_set(ctx.ipset(s))
+    for split in split_port_list(v.not_dst_ports):
+        m = m.not_dest_ports(*split)
+    for s in v.not_dst_named_ports:
+        m = m.not_dest_ip_port_set(ctx.ipset(s))
+    if v.not_icmp is not None:
+        m = _icmp_match(m, v.not_icmp, ip, negate=True)
+    return m
+
+
+def _icmp_match(m: Match, icmp: _Icmp, ip_version: int, negate: bool) -> Match:
+    if ip_version == 4:
+        if icmp.code is None:
+            return m.not_icmp_type(icmp.type) if negate else m.icmp_type(icmp.type)
+        return (m.not_icmp_type_and_code(icmp.type, icmp.code) if negate
+                else m.icmp_type_and_code(icmp.type, icmp.code))
+    if icmp.code is None:
+        return m.not_icmpv6_type(icmp.type) if negate else m.icmpv6_type(icmp.type)
+    return (m.not_icmpv6_type_and_code(icmp.type, icmp.code) if negate
+            else m.icmpv6_type_and_code(icmp.type, icmp.code))
+
+
+_LOG_PREFIX_RE = re.compile(r"%[tknp]")
+
+
+def generate_log_prefix(configured: str, ident: Ident, tier: str) -> str:
+    """LogPrefix with ``%t`` tier, ``%k`` kind short name, ``%n`` name, ``%p`` [ns/]name."""
+    prefix = configured or "calico-packet"
+    if "%" not in prefix:
+        return prefix
+    if isinstance(ident, PolicyID):
+        kind, name, namespace = ident.kind_short_name, ident.name, ident.namespace
+    else:
+        kind, name, namespace = "pro", ident.name, ""
+
+    def sub(m: re.Match[str]) -> str:
+        spec = m.group(0)
+        if spec == "%k":
+            return kind
+        if spec == "%p":
+            return f"{namespace}/{name}" if namespace else name
+        if spec == "%n":
+            return name
+        return tier
+
+    return _LOG_PREFIX_RE.sub(sub, prefix)
+
+
+def _combine_match_and_actions(ctx: RenderContext, action: str, match: Match, owner: str, direction: str,
+                               index: int, ident: Ident, tier: str, untracked: bool) -> list[Rule]:
+    """Felix's CombineMatchAndActionsForProtoRule."""
+    marks = ctx.marks
+    group = nflog.NFLOG_INBOUND_GROUP if direction == nflog.DIR_INGRESS else nflog.NFLOG_OUTBOUND_GROUP
+    action_rules: list[Rule] = []
+    mark = 0
+    if action == "log":
+        log_match = Match()
+        if ctx.config.LogActionRateLimit:
+            log_match = log_match.limit(ctx.config.LogActionRateLimit, ctx.config.LogActionRateLimitBurst)
+        action_rules.append(Rule(log_match, Log(generate_log_prefix(ctx.config.LogPrefix, ident, tier))))
+    elif action in ("", "allow", "next-tier", "pass"):
+        allow = action in ("", "allow")
+        mark = marks.accept if allow else marks.pass_
+        if not untracked and ctx.flow_logs:
+            code = nflog.ACTION_ALLOW if allow else nflog.ACTION_PASS
+            action_rules.append(Rule(Match(), Nflog(group, nflog.rule_prefix(code, owner, direction, index,
+                                                                              ident.id()))))
+        action_rules.append(Rule(Match(), Return()))
+    else:  # deny
+        mark = marks.drop
+        if not untracked and ctx.flow_logs:
+            action_rules.append(Rule(Match(), Nflog(group, nflog.rule_prefix(nflog.ACTION_DENY, owner, direction,
+                                                                              index, ident.id()))))
+        action_rules.append(Rule(Match(), ctx.deny))
+
+    out: list[Rule] = []
+    if mark:
+        out.append(Rule(match, SetMark(mark)))
+        match = Match().mark_single_bit_set(mark)
+    for r in action_rules:
+        out.append(replace(r, match=Match(r.match.criteria + match.criteria)))
+    return out
+
+
+def render_proto_rule(ctx: RenderContext, rule: pb.Rule, *, owner: str, direction: str, index: int,
+                      ident: Ident, tier: str = "", untracked: bool = False) -> list[Rule]:
+    """One proto rule to its rules for ``ctx.ip_version``; [] if it doesn't apply or can't render."""
+    ip = ctx.ip_version
+    if rule.ip_version not in (0, ip):
+        return []
+    if _icmp_rule_for_other_family(rule, ip):
+        log.debug("Skipping ICMP rule of the other IP version", policy=_describe(ident), rule_index=index)
+        return []
+    reason = check_rule(rule, ip)
+    if reason is not None:
+        log.warning("Dropping policy rule that cannot be rendered for this IP version",
+                    policy=_describe(ident), rule_index=index, direction=direction, ip_version=ip, reason=reason)
+        return []
+    v = _view(rule)
+    filtered: dict[str, tuple[str, ...]] = {}
+    for field, negated in (("src_net", False), ("not_src_net", True), ("dst_net", False), ("not_dst_net", True)):
+        kept, why = _filter_nets(getattr(v, field), ip, negated)
+        if why is not None:
+            # Normal for a family-less rule written for the other family; bad input otherwise.
+            bad = rule.ip_version == ip or why.startswith("negated")
+            (log.warning if bad else log.debug)(
+                "Dropping policy rule for this IP version", policy=_describe(ident), rule_index=index,
+                direction=direction, ip_version=ip, reason=f"{field}: {why}")
+            return []
+        filtered[field] = kept
+    v = replace(v, src_net=filtered["src_net"], not_src_net=filtered["not_src_net"], dst_net=filtered["dst_net"],
+                not_dst_net=filtered["not_dst_net"])
+
+    blocks = _MatchBlocks(ctx.marks.scratch0, ctx.marks.scratch1)
+    src_splits = split_port_list(v.src_ports)
+    if len(src_splits) + len(v.src_named_ports) > 1:
+        blocks.ports(ctx, v.protocol, src_splits, v.src_named_ports, src=True)
+        v = replace(v, src_ports=(), src_named_ports=())
+    dst_splits = split_port_list(v.dst_ports)
+    if len(dst_splits) + len(v.dst_named_ports) > 1:
+        blocks.ports(ctx, v.protocol, dst_splits, v.dst_named_ports, src=False)
+        v = replace(v, dst_ports=(), dst_named_ports=())
+    if len(v.src_net) > 1:
+        blocks.cidrs(v.src_net, src=True)
+        v = replace(v, src_net=())
+    if len(v.dst_net) > 1:
+        blocks.cidrs(v.dst_net, src=False)
+        v = replace(v, dst_net=())
+    if len(v.src_net) + len(v.not_src_net) > 1:
+        blocks.negated_cidrs(v.not_src_net, src=True)
+        v = replace(v, not_src_net=())
+    if len(v.dst_net) + len(v.not_dst_net) > 1:
+        blocks.negated_cidrs(v.not_dst_net, src=False)
+        v = replace(v, not_dst_net=())
+
+    match = _rule_match(ctx, v)
+    if blocks.using:
+        match = match.mark_single_bit_set(blocks.all_pass)
+    rules = blocks.rules + _combine_match_and_actions(ctx, v.action, match, owner, direction, index, ident,
+                                                      tier, untracked)
+    if v.annotations:
+        extra = tuple(f"{k}={val}" for k, val in v.annotations)
+        rules = [replace(r, comments=r.comments + extra) for r in rules]
+    return rules
+
+
+def _describe(ident: Ident) -> str:
+    return ident.describe()
+
+
+def render_proto_rules(ctx: RenderContext, rules: Sequence[pb.Rule], *, owner: str, direction: str,
+                       ident: Ident, tier: str = "", untracked: bool = False,
+                       chain_comment: str | None = None) -> tuple[Rule, ...]:
+    """Felix's ProtoRulesToIptablesRules: all rules, trailing RETURNs stripped, chain comment first."""
+    out: list[Rule] = []
+    for i, r in enumerate(rules):
+        out.extend(render_proto_rule(ctx, r, owner=owner, direction=direction, index=i, ident=ident, tier=tier,
+                                     untracked=untracked))
+    while out and isinstance(out[-1].action, Return):
+        out.pop()
+    if chain_comment is not None:
+        if not out:
+            out.append(Rule())
+        out[0] = replace(out[0], comments=out[0].comments + (chain_comment,))
+    return tuple(out)
+
+
+def policy_chains(ctx: RenderContext, policy_id: PolicyID, policy: pb.Policy) -> list[Chain]:
+    """``cali-pi-<id>`` and ``cali-po-<id>``; nothing for staged policies (never programmed)."""
+    if policy_id.staged:
+        return []
+    limit = ctx.max_name_length
+    return [
+        Chain(policy_chain_name(POLICY_INBOUND_PFX, policy_id, limit),
+              render_proto_rules(ctx, policy.inbound_rules, owner=nflog.OWNER_POLICY, direction=nflog.DIR_INGRESS,
+                                 ident=policy_id, tier=policy.tier, untracked=policy.untracked,
+                                 chain_comment=f"{policy_id.describe()} ingress")),
+        Chain(policy_chain_name(POLICY_OUTBOUND_PFX, policy_id, limit),
+              render_proto_rules(ctx, policy.outbound_rules, owner=nflog.OWNER_POLICY, direction=nflog.DIR_EGRESS,
+                                 ident=policy_id, tier=policy.tier, untracked=policy.untracked,
+                                 chain_comment=f"{policy_id.describe()} egress")),
+    ]
+
+
+def profile_chains(ctx: RenderContext, profile_id: ProfileID, profile: pb.Profile) -> tuple[Chain, Chain]:
+    """(``cali-pri-<name>``, ``cali-pro-<name>``)."""
+    limit = ctx.max_name_length
+    inbound = Chain(profile_chain_name(PROFILE_INBOUND_PFX, profile_id, limit),
+                    render_proto_rules(ctx, profile.inbound_rules, owner=nflog.OWNER_PROFILE,
+                                       direction=nflog.DIR_INGRESS, ident=profile_id,
+                                       chain_comment=f"Profile {profile_id.name} ingress"))
+    outbound = Chain(profile_chain_name(PROFILE_OUTBOUND_PFX, profile_id, limit),
+                     render_proto_rules(ctx, profile.outbound_rules, owner=nflog.OWNER_PROFILE,
+                                        direction=nflog.DIR_EGRESS, ident=profile_id,
+                                        chain_comment=f"Profile {profile_id.name} egress"))
+    return inbound, outbound
