@@ -39,7 +39,7 @@ from felixpy import metrics as metricsmod
 from felixpy.config import Config
 from felixpy.dataplane.clock import Clock, SystemClock
 from felixpy.dataplane.core import InternalDataplane
-from felixpy.errors import FatalDataplaneError
+from felixpy.errors import ConfigError, FatalDataplaneError, UnsupportedFeature
 from felixpy.managers.base import EndpointStatus, IfaceAddrsUpdate, IfaceStateUpdate
 from felixpy.messages import from_dataplane, payload_of
 from felixpy.proto import felixbackend_pb2 as pb
@@ -271,8 +271,13 @@ class Daemon:
                 return
         s.config = cfg
         self.health.register("InternalDataplaneMainLoop", max(20.0, cfg.DataplaneWatchdogTimeout))
-        dp = self._build(cfg, clock=self._clock, status_sink=lambda ups: self._send_statuses(s, ups),
-                         on_first_sync=lambda secs: self._on_first_sync(s, secs), metrics=self.metrics)
+        try:
+            dp = self._build(cfg, clock=self._clock, status_sink=lambda ups: self._send_statuses(s, ups),
+                             on_first_sync=lambda secs: self._on_first_sync(s, secs), metrics=self.metrics)
+        except (UnsupportedFeature, ConfigError) as exc:
+            log.critical("Cannot build the dataplane for this configuration", error=str(exc))
+            self.exit_code = EXIT_USAGE
+            return
         s.dataplane = dp
         for update in self._iface_cache.values():
             dp.on_iface_update(update)

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Generic, TypeVar
 
+_ABSENT = object()  # distinct from any stored value, None included
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -50,7 +52,7 @@ class DeltaTracker(Generic[K, V]):
             self._pending_updates[key] = None
 
     def delete_desired(self, key: K) -> None:
-        if self._desired.pop(key, None) is None and key not in self._dataplane:
+        if self._desired.pop(key, _ABSENT) is _ABSENT and key not in self._dataplane:
             return
         self._pending_updates.pop(key, None)
         if key in self._dataplane:

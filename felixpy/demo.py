@@ -11,9 +11,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
+from typing import Any
 
 from felixpy.feed.client import connect
 from felixpy.feed.scenario import bundled_scenario_path, load_scenario
@@ -42,6 +44,24 @@ def _workloads(initial: tuple[pb.ToDataplane, ...]) -> list[tuple[str, str, str]
             v6 = ep.ipv6_nets[0].split("/")[0] if ep.ipv6_nets else ""
             out.append((ep.name, v4, v6))
     return out
+
+
+def with_real_macs(sc: Any, macs: dict[str, str]) -> Any:
+    """Report each workload's real MAC, as the CNI plugin does (it is used for static ARP)."""
+
+    def fix(msgs: tuple[pb.ToDataplane, ...]) -> tuple[pb.ToDataplane, ...]:
+        out = []
+        for m in msgs:
+            if m.HasField("workload_endpoint_update") and m.workload_endpoint_update.endpoint.name in macs:
+                m2 = pb.ToDataplane()
+                m2.CopyFrom(m)
+                m2.workload_endpoint_update.endpoint.mac = macs[m2.workload_endpoint_update.endpoint.name]
+                m = m2
+            out.append(m)
+        return tuple(out)
+
+    return dataclasses.replace(sc, initial=fix(sc.initial),
+                               steps=tuple(dataclasses.replace(st, messages=fix(st.messages)) for st in sc.steps))
 
 
 def _show(title: str, eps: list[cc.Endpoint]) -> None:
@@ -79,12 +99,15 @@ def main(mode: str = "iptables-legacy", scenario: str = "demo") -> int:
         servers = cc.Servers()
         try:
             eps = []
+            macs = {}
             for iface, v4, v6 in _workloads(sc.initial):
                 short = iface.removeprefix("cali-")
                 wl = n.add_workload(short, v4, v6, iface=iface)
                 servers.start(wl.netns)
                 eps.append(cc.Endpoint(short, wl.netns, v4, v6))
-                say(f"workload {short:6} {iface:12} {v4:12} {v6}")
+                macs[iface] = wl.mac
+                say(f"workload {short:6} {iface:12} {v4:12} {v6:14} mac {wl.mac}")
+            sc = with_real_macs(sc, macs)
             _show("Before felixpy: plain routing, no policy", eps)
             d = start_daemon(n.netns, env=MODES[mode])
             try:

@@ -69,3 +69,10 @@ def test_pending_lists_always_equal_a_from_scratch_diff(seq: list[tuple[str, int
         want_deletes = {k2 for k2 in dataplane if k2 not in desired}
         assert dict(t.pending_updates()) == want_updates
         assert set(t.pending_deletions()) == want_deletes
+
+
+def test_none_is_an_ordinary_value() -> None:
+    t: DeltaTracker[str, None] = DeltaTracker()
+    t.set_desired("a", None)
+    t.delete_desired("a")
+    assert t.pending_updates() == [] and t.in_sync()

@@ -1,0 +1,21 @@
+"""The ipset driver (iptables mode): Calico IP sets as kernel ``ipset`` sets.
+
+* :mod:`.driver` — :class:`IPSets`, one per IP family (the IPSetsDataplane).
+* :mod:`.naming` — Felix's set names and ownership prefixes.
+* :mod:`.members` — member validation and canonical forms.
+* :mod:`.parse` — parsers of ``ipset list`` / ``ipset save`` output.
+* :mod:`.resync_queue` — the two-tier re-read queue of the incremental refresh.
+* :mod:`.cmdshim` — the command runner the driver is given.
+* :mod:`.fake` — a stateful fake ``ipset`` for tests.
+* :mod:`.metrics` — Felix's ipset metrics.
+"""
+
+from felixpy.drivers.ipsets.cmdshim import CommandResult, CommandRunner, SubprocessRunner
+from felixpy.drivers.ipsets.driver import (MAX_IPSET_DELETIONS_PER_ITERATION, MAX_RETRY_ATTEMPTS, DataplaneMeta,
+                                           IPSets)
+from felixpy.drivers.ipsets.naming import IPVersionConfig
+
+__all__ = [
+    "MAX_IPSET_DELETIONS_PER_ITERATION", "MAX_RETRY_ATTEMPTS", "CommandResult", "CommandRunner",
+    "DataplaneMeta", "IPSets", "IPVersionConfig", "SubprocessRunner",
+]

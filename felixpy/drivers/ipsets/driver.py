@@ -1,0 +1,734 @@
+"""The ipset driver: one IP family's Calico IP sets, reconciled with the kernel.
+
+A port of Felix's ``felix/ipsets/ipsets.go``, implementing
+:class:`felixpy.drivers.ipsets_api.IPSetsDataplane`.
+
+API model
+    The update methods (:meth:`IPSets.add_or_replace_ip_set`, ``add_members``,
+    ``remove_members``, ``remove_ip_set``, ``queue_resync``) only record desired
+    state, by Calico set ID.  The loop calls :meth:`IPSets.apply_updates` before
+    the tables are written (creates and member changes) and
+    :meth:`IPSets.apply_deletions` after them (destroys), so a rule never
+    references a set that does not exist and a set is never destroyed while a
+    rule still uses it.  Single-threaded: call everything from the loop thread.
+
+What it owns, and how it recognises its own after a restart
+    Every set whose name matches :class:`.naming.IPVersionConfig` (``cali4…`` /
+    ``felix-4…`` and the two legacy names for IPv4, ``cali6…`` / ``felix-6…``
+    for IPv6).  The first apply reads the kernel back (``ipset save``, falling
+    back to ``ipset list -name`` + ``ipset list NAME`` per set, as Felix, if a
+    foreign set makes the full dump fail), keeps what is wanted, rewrites only
+    differing members and, after the tables, destroys the rest (mark and sweep).
+
+Writes
+    One ``ipset restore`` session per apply holds every dirty set: ``create``
+    for a missing set, ``del NAME MEMBER --exist`` / ``add NAME MEMBER`` for only
+    the members that differ, then ``COMMIT``.  A set whose kernel metadata
+    differs (maxelem, or unreadable) is rebuilt in a temporary set
+    ``cali4t<N>`` and ``swap``-ped in — never flushed in place, since an empty
+    set is a security hole.  The kernel refuses to swap sets of different types
+    or families, so a *type* change is finished by renaming instead (main →
+    fresh temp name, temp → main) in a separate session; the kernel also
+    refuses to rename a set a rule references, so that step waits (the old set
+    keeps its old contents) until no rule uses it, retried after every table
+    write.  Felix has no answer for this case (its swap fails and it panics);
+    see docs/ipsets.md.
+
+Deletions
+    At most ``MAX_IPSET_DELETIONS_PER_ITERATION`` (1) ``ipset destroy`` per
+    :meth:`IPSets.apply_deletions` call, which returns True while more remain
+    (or while a background resync is still draining), for the loop to call again
+    in about 100 ms.  A destroy that fails (in use by a foreign rule) is not
+    retried until the set is next read back.
+
+Resync
+    Start of day and persistent failures force a *full* resync, drained before
+    any write.  :meth:`IPSets.queue_resync` (the periodic refresh) is
+    incremental: one cheap ``ipset list -name``; sets that vanished are recreated
+    and unexpected ones are marked for deletion in the same apply; the surviving
+    sets' contents are re-read from a two-tier queue (:mod:`.resync_queue`) within
+    a time budget (100 ms) per apply.  A set whose write failed is re-read at
+    *must* priority before it is written again.
+
+Failures
+    ``apply_updates`` retries up to 10 times with 1 ms doubling backoff; the
+    first half re-read only the sets the failed session touched, later ones
+    force a full resync; then it logs the state and raises
+    :class:`felixpy.errors.FatalDataplaneError` (Felix panics).
+
+Bad input
+    Members that are malformed or not of this family are logged with the set ID
+    and skipped; a set with more members than its ``max_size`` is logged and
+    left unwritten (an existing kernel copy keeps its last contents) until it
+    shrinks.  Everything else is programmed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import structlog
+
+from felixpy.deltatracker import DeltaTracker
+from felixpy.drivers.ipsets import metrics
+from felixpy.drivers.ipsets.cmdshim import CommandResult, CommandRunner
+from felixpy.drivers.ipsets.members import BadMembers, canonicalise_members
+from felixpy.drivers.ipsets.naming import IPVersionConfig
+from felixpy.drivers.ipsets.parse import (ListedSet, is_not_found, parse_list, parse_list_names,
+                                          parse_save, restore_error_line)
+from felixpy.drivers.ipsets.resync_queue import ResyncPriority, ResyncQueue
+from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
+from felixpy.errors import CommandError, DataplaneError, FatalDataplaneError
+
+log = structlog.get_logger(__name__)
+
+MAX_IPSET_DELETIONS_PER_ITERATION = 1
+MAX_RETRY_ATTEMPTS = 10
+BACKGROUND_RESYNC_TIME_BUDGET = 0.100  # seconds of per-set listing per apply_updates call
+RETRY_INITIAL_DELAY = 0.001
+_MAX_BAD_MEMBERS_LOGGED = 5
+_KNOWN_TYPES = frozenset(t.value for t in IPSetType)
+
+
+@dataclass(frozen=True, slots=True)
+class DataplaneMeta:
+    """A set's metadata, desired or as read from the kernel (Felix's dataplaneMetadata)."""
+
+    type: str
+    family: str
+    max_size: int
+    list_failed: bool = False
+    delete_failed: bool = False
+
+    def swappable_with(self, other: DataplaneMeta) -> bool:
+        """Whether the kernel will ``swap`` these: only sets of the same type and family.
+
+        A set we could not read (``list_failed``: typically made by a newer
+        ipset, a newer *revision* of the same type) is assumed swappable, as
+        Felix assumes; if it is not, the swap fails and the retries escalate.
+        """
+        if self.list_failed:
+            return True
+        return self.type == other.type and self.family == other.family and self.type in _KNOWN_TYPES
+
+
+# A set seen in a name listing but not read yet.
+UNREAD = DataplaneMeta("", "", 0)
+
+
+def _excerpt(stdin: str, line_no: int | None, context: int = 2) -> str:
+    lines = stdin.splitlines()
+    if line_no is None:
+        return "\n".join(lines[:5])
+    lo = max(0, line_no - 1 - context)
+    return "\n".join(f"{i + 1}: {lines[i]}" for i in range(lo, min(len(lines), line_no + context)))
+
+
+class IPSets:
+    """All the IP sets of one IP family (Felix's ``IPSets``)."""
+
+    def __init__(self, ip_version: int, runner: CommandRunner, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep,
+                 background_budget: float = BACKGROUND_RESYNC_TIME_BUDGET,
+                 full_resync_via_save: bool = True) -> None:
+        self.ip_version = ip_version
+        self.names = IPVersionConfig(ip_version)
+        self._runner = runner
+        self._clock = clock
+        self._sleep = sleep
+        self._bg_budget = background_budget
+        self._full_resync_via_save = full_resync_via_save
+        self._log = log.bind(ip_version=ip_version)
+
+        # Main set name -> Calico set ID, for every desired set.
+        self._set_ids: dict[str, str] = {}
+        # Desired: main sets we want.  Dataplane: every owned set we believe the
+        # kernel holds (main, temporary and unwanted ones).
+        self._sets: DeltaTracker[str, DataplaneMeta] = DeltaTracker()
+        # Members of each main set that is desired or still in the kernel.
+        self._members: dict[str, DeltaTracker[str, bool]] = {}
+        # Main sets whose member trackers are out of sync.
+        self._dirty: dict[str, None] = {}
+        self._oversized: set[str] = set()
+        # Type changes waiting to rename their rebuilt temp set into place: main -> temp.
+        self._pending_renames: dict[str, str] = {}
+        self._rename_blocked_logged: set[str] = set()
+        self._next_temp_idx = 0
+
+        self._queue = ResyncQueue()
+        self._full_resync_required = True
+        self._bg_resync_requested = False
+
+    # ------------------------------------------------------------------ update API
+    def add_or_replace_ip_set(self, meta: IPSetMetadata, members: Iterable[str]) -> None:
+        name = self.names.name_for_main(meta.set_id)
+        desired = DataplaneMeta(meta.type.value, self.names.family, meta.max_size)
+        canon = self._canonicalise(meta.set_id, meta.type, members)
+        previous = self._sets.get_desired(name)
+        if previous is None:
+            self._log.info("Queueing IP set for creation", set_id=meta.set_id, set_type=meta.type.value)
+        if previous is not None and previous != desired:
+            self._abandon_rename(name)
+        dp = self._sets.get_dataplane(name)
+        if dp is not None and dp.delete_failed:
+            # Wanted again: a failed destroy is no reason to rebuild it.
+            self._sets.set_dataplane(name, dataclasses.replace(dp, delete_failed=False))
+        self._set_ids[name] = meta.set_id
+        self._sets.set_desired(name, desired)
+        tracker = self._members.get(name)
+        if tracker is None:
+            tracker = self._members[name] = DeltaTracker()
+            if dp is not None:
+                # In the kernel but its members were never read (it was unwanted):
+                # read them before writing, or every add would be a duplicate.
+                self._queue.add(name, ResyncPriority.MUST)
+        tracker.replace_all_desired(dict.fromkeys(canon, True))
+        self._update_dirtiness(name)
+
+    def add_members(self, set_id: str, members: Iterable[str]) -> None:
+        name = self.names.name_for_main(set_id)
+        meta = self._sets.get_desired(name)
+        if meta is None:
+            self._log.warning("Member update for an unknown IP set; ignored", set_id=set_id)
+            return
+        canon = self._canonicalise(set_id, IPSetType(meta.type), members)
+        if not canon:
+            return
+        tracker = self._members[name]
+        for m in canon:
+            tracker.set_desired(m, True)
+        self._update_dirtiness(name)
+
+    def remove_members(self, set_id: str, members: Iterable[str]) -> None:
+        name = self.names.name_for_main(set_id)
+        meta = self._sets.get_desired(name)
+        if meta is None:
+            self._log.warning("Member update for an unknown IP set; ignored", set_id=set_id)
+            return
+        canon = self._canonicalise(set_id, IPSetType(meta.type), members)
+        if not canon:
+            return
+        tracker = self._members[name]
+        for m in canon:
+            tracker.delete_desired(m)
+        self._update_dirtiness(name)
+
+    def remove_ip_set(self, set_id: str) -> None:
+        name = self.names.name_for_main(set_id)
+        self._set_ids.pop(name, None)
+        self._oversized.discard(name)
+        self._abandon_rename(name)
+        self._sets.delete_desired(name)
+        if self._sets.get_dataplane(name) is not None:
+            # Keep the member view until the set is really gone, in case it comes back.
+            self._log.info("Queueing IP set for removal", set_id=set_id)
+            tracker = self._members.get(name)
+            if tracker is not None:
+                tracker.replace_all_desired({})
+        else:
+            self._members.pop(name, None)
+        self._update_dirtiness(name)
+
+    def get_type_of(self, set_id: str) -> IPSetType | None:
+        meta = self._sets.get_desired(self.names.name_for_main(set_id))
+        return None if meta is None else IPSetType(meta.type)
+
+    def get_desired_members(self, set_id: str) -> frozenset[str] | None:
+        name = self.names.name_for_main(set_id)
+        if self._sets.get_desired(name) is None:
+            return None
+        return frozenset(k for k, _ in self._members[name].desired_items())
+
+    def queue_resync(self) -> None:
+        self._bg_resync_requested = True
+
+    # ------------------------------------------------------------------ introspection
+    def in_sync(self) -> bool:
+        """Nothing left to write, delete or re-read (for tests and the benchmark)."""
+        return (not self._full_resync_required and not self._bg_resync_requested and not self._queue
+                and not self._dirty and self._sets.in_sync() and not self._pending_renames)
+
+    def resync_queue_len(self) -> int:
+        return len(self._queue)
+
+    # ------------------------------------------------------------------ apply
+    def apply_updates(self) -> None:
+        delay = RETRY_INITIAL_DELAY
+        budget = [self._bg_budget]  # shared by every attempt of this call
+        last_error: DataplaneError | None = None
+        for attempt in range(MAX_RETRY_ATTEMPTS):
+            if attempt:
+                self._log.info("Retrying after an ipsets update failure", attempt=attempt)
+            transient = attempt < MAX_RETRY_ATTEMPTS // 2
+            resync_err: DataplaneError | None = None
+            if self._full_resync_required or self._bg_resync_requested or self._queue:
+                try:
+                    self._try_resync(budget)
+                except DataplaneError as exc:
+                    resync_err = last_error = exc
+                    self._log.warning("Failed to resync with the dataplane", error=str(exc), attempt=attempt)
+                    if transient:
+                        self._sleep(delay)
+                        delay *= 2
+                        continue
+                    # Persistent: fall through; the writes below rebuild whatever
+                    # could not be read (temp set and swap).
+            self._try_temp_deletions()
+            update_err: DataplaneError | None = None
+            try:
+                self._try_updates()
+            except DataplaneError as exc:
+                update_err = last_error = exc
+                metrics.ipset_errors.inc()
+                if transient:
+                    self._log.warning("Failed to update IP sets; re-reading the touched sets",
+                                      error=str(exc), attempt=attempt)
+                else:
+                    self._log.warning("Persistently failed to update IP sets; full resync",
+                                      error=str(exc), attempt=attempt)
+                    self._full_resync_required = True
+            if resync_err is not None or update_err is not None:
+                self._sleep(delay)
+                delay *= 2
+                continue
+            self._full_resync_required = False
+            self._try_pending_renames()
+            metrics.ipsets_total.set(self._sets.dataplane_len())
+            return
+        self._dump_state()
+        raise FatalDataplaneError(
+            f"IPv{self.ip_version} IP sets: failed to update after {MAX_RETRY_ATTEMPTS} attempts: {last_error}")
+
+    def apply_deletions(self) -> bool:
+        self._try_pending_renames()
+        deleted = self._delete_some(temp_only=False)
+        metrics.ipsets_calico.labels(ip_version=str(self.ip_version)).set(self._sets.dataplane_len())
+        if self._queue:
+            return True  # Let the reschedule timer pace the background drain.
+        if deleted == 0:
+            return False
+        return any(self._deletable(n) for n in self._sets.pending_deletions())
+
+    # ------------------------------------------------------------------ members
+    def _canonicalise(self, set_id: str, set_type: IPSetType, members: Iterable[str]) -> list[str]:
+        canon, bad = canonicalise_members(set_type, self.ip_version, members)
+        if bad:
+            self._log_bad_members(set_id, bad)
+        return canon
+
+    def _log_bad_members(self, set_id: str, bad: BadMembers) -> None:
+        self._log.warning("Skipping bad IP set members", set_id=set_id, num_bad=len(bad),
+                          examples=[f"{m!r}: {why}" for m, why in bad[:_MAX_BAD_MEMBERS_LOGGED]])
+
+    def _update_dirtiness(self, name: str) -> None:
+        tracker = self._members.get(name)
+        if tracker is None or tracker.in_sync():
+            self._dirty.pop(name, None)
+        else:
+            self._dirty[name] = None
+
+    # ------------------------------------------------------------------ resync
+    def _try_resync(self, budget: list[float]) -> None:
+        if self._full_resync_required:
+            self._begin_full_resync()
+        elif self._bg_resync_requested:
+            self._begin_background_resync()
+        self._drain_queue(budget)
+
+    def _begin_full_resync(self) -> None:
+        self._log.debug("Full resync of IP sets")
+        self._queue.clear()
+        self._pending_renames.clear()
+        if self._full_resync_via_save:
+            result = self._run(["ipset", "save"])
+            if result.ok:
+                self._load_full_dump(parse_save(result.stdout, self._wants_members))
+                self._bg_resync_requested = False
+                return
+            self._log.warning("'ipset save' failed; re-reading Calico sets one by one",
+                              stderr=result.stderr.strip()[:300])
+        listed = self._list_owned_names()
+        self._sets.replace_dataplane({n: UNREAD for n in listed})
+        for name in listed:
+            self._queue.add(name, ResyncPriority.MUST)
+        self._sweep_missing(set(listed))
+        # The full resync subsumes a pending background one.
+        self._bg_resync_requested = False
+
+    def _load_full_dump(self, dumped: list[ListedSet]) -> None:
+        owned = [s for s in dumped if self.names.owns(s.name)]
+        self._sets.replace_dataplane({s.name: DataplaneMeta(s.type, s.family, s.max_size) for s in owned})
+        for s in owned:
+            if s.members is not None:
+                self._load_members(s.name, s.members)
+        self._sweep_missing({s.name for s in owned})
+        self._log.info("Resynced IP sets with the dataplane", owned=len(owned),
+                       to_create_or_rebuild=self._sets.num_pending_updates(),
+                       with_dirty_members=len(self._dirty), to_delete=self._sets.num_pending_deletions())
+
+    def _begin_background_resync(self) -> None:
+        self._log.debug("Background resync of IP sets")
+        listed = self._list_owned_names()  # on failure the request stays set
+        self._sweep_missing(set(listed))
+        for name in listed:
+            if self._sets.get_dataplane(name) is None:
+                # Appeared behind our back.
+                if self._sets.get_desired(name) is not None:
+                    self._queue.add(name, ResyncPriority.MUST)  # read it before writing it
+                else:
+                    self._log.info("Found unexpected Calico IP set; will delete it", set_name=name)
+                    self._sets.set_dataplane(name, UNREAD)
+                    continue
+            self._queue.add(name, ResyncPriority.BACKGROUND)
+        self._bg_resync_requested = False
+
+    def _drain_queue(self, budget: list[float]) -> None:
+        failed: list[str] = []
+
+        def resync(name: str) -> None:
+            try:
+                self._resync_set(name)
+            except DataplaneError as exc:
+                if self._sets.get_desired(name) is not None:
+                    failed.append(name)
+                    self._queue.add(name, ResyncPriority.MUST)
+                    self._log.warning("Failed to read a needed Calico IP set; will recreate it if this persists",
+                                      set_name=name, error=str(exc))
+                else:
+                    self._log.warning("Failed to read an unneeded Calico IP set; it is queued for deletion",
+                                      set_name=name, error=str(exc))
+
+        for name in self._queue.pop_all_must():
+            resync(name)
+        # A pending full resync re-reads everything anyway.
+        if not self._full_resync_required:
+            last = self._clock()
+            while budget[0] > 0:
+                bg_name = self._queue.pop(ResyncPriority.BACKGROUND)
+                if bg_name is None:
+                    break
+                resync(bg_name)
+                now = self._clock()
+                budget[0] -= now - last
+                last = now
+        if failed:
+            raise DataplaneError(f"failed to read IP sets {','.join(failed)}")
+
+    def _resync_set(self, name: str) -> None:
+        if name in self._pending_renames:
+            # Our member view describes the temp set, not this one.
+            self._abandon_rename(name, requeue=False)
+        result = self._run(["ipset", "list", name])
+        if not result.ok:
+            if is_not_found(result.stderr):
+                self._on_missing(name)
+                return
+            # Unreadable (e.g. made by a newer ipset): mark it so that it is rebuilt.
+            self._sets.set_dataplane(name, DataplaneMeta("", "", 0, list_failed=True))
+            raise CommandError(["ipset", "list", name], result.returncode, result.stderr)
+        listed = parse_list(result.stdout, self._wants_members)
+        if not listed:
+            self._sets.set_dataplane(name, DataplaneMeta("", "", 0, list_failed=True))
+            raise DataplaneError(f"no set in 'ipset list {name}' output")
+        s = listed[0]
+        self._sets.set_dataplane(name, DataplaneMeta(s.type, s.family, s.max_size))
+        if s.members is not None:
+            self._load_members(name, s.members)
+
+    def _wants_members(self, name: str) -> bool:
+        # Only sets we want: unwanted ones are only ever destroyed, temp ones too.
+        return name in self._members and self.names.owns(name) and not self.names.is_temp(name)
+
+    def _load_members(self, name: str, members: list[str]) -> None:
+        tracker = self._members.get(name)
+        if tracker is None:
+            return
+        extras_before = tracker.num_pending_deletions()
+        tracker.replace_dataplane(dict.fromkeys(members, True))
+        missing = tracker.num_pending_updates()
+        extras = tracker.num_pending_deletions() - extras_before
+        if missing or extras > 0:
+            self._log.info("Resync found IP set members out of sync", set_name=name,
+                           set_id=self._set_ids.get(name), num_missing=missing, num_extra=max(extras, 0))
+        self._update_dirtiness(name)
+
+    def _list_owned_names(self) -> list[str]:
+        """Our sets' names, in the kernel's (creation) order."""
+        result = self._run(["ipset", "list", "-name"])
+        if not result.ok:
+            raise CommandError(["ipset", "list", "-name"], result.returncode, result.stderr)
+        return [n for n in parse_list_names(result.stdout) if self.names.owns(n)]
+
+    def _sweep_missing(self, listed: set[str]) -> None:
+        candidates = set(self._members)
+        candidates.update(n for n, _ in self._sets.dataplane_items())
+        candidates.update(n for n, _ in self._sets.desired_items())
+        for name in candidates - listed:
+            self._on_missing(name)
+
+    def _on_missing(self, name: str) -> None:
+        """A set we track is not in the kernel: a wanted one becomes a pending create."""
+        self._sets.delete_dataplane(name)
+        for main, temp in list(self._pending_renames.items()):
+            if name in (main, temp):
+                self._abandon_rename(main)
+        tracker = self._members.get(name)
+        if tracker is not None:
+            if self._sets.get_desired(name) is not None:
+                if tracker.dataplane_len():
+                    self._log.info("Calico IP set missing from the dataplane; recreating it", set_name=name,
+                                   set_id=self._set_ids.get(name))
+                tracker.replace_dataplane({})
+            else:
+                del self._members[name]
+        self._update_dirtiness(name)
+        self._queue.remove(name)
+
+    # ------------------------------------------------------------------ writes
+    def _sets_to_write(self) -> list[str]:
+        names = [n for n in self._dirty if self._sets.get_desired(n) is not None]
+        seen = set(names)
+        # A set waiting for its type-change rename differs from its kernel copy
+        # until then; it needs writing only when its members change (dirty).
+        names += [n for n, _ in self._sets.pending_updates() if n not in seen and n not in self._pending_renames]
+        out = []
+        for name in names:
+            meta = self._sets.get_desired(name)
+            assert meta is not None
+            size = self._members[name].desired_len()
+            if size > meta.max_size:
+                if name not in self._oversized:
+                    self._oversized.add(name)
+                    self._log.error("IP set is larger than its maximum size; not programming it",
+                                    set_id=self._set_ids.get(name), set_name=name, size=size,
+                                    max_size=meta.max_size)
+                continue
+            if name in self._oversized:
+                self._oversized.discard(name)
+                self._log.info("IP set is within its maximum size again", set_id=self._set_ids.get(name))
+            out.append(name)
+        return out
+
+    def _try_updates(self) -> None:
+        names = self._sets_to_write()
+        if not names:
+            return
+        lines: list[str] = []
+        new_temps: list[str] = []
+        new_renames: dict[str, str] = {}
+        written: list[tuple[DeltaTracker[str, bool], list[str], list[str]]] = []
+        for name in names:
+            self._write_set(name, lines, new_temps, new_renames, written)
+        if not lines:
+            for name in names:
+                self._update_dirtiness(name)
+            return
+        lines.append("COMMIT\n")
+        stdin = "".join(lines)
+        num_lines = stdin.count("\n")
+        metrics.ipset_calls.inc()
+        metrics.ipset_lines_executed.inc(num_lines)
+        start = self._clock()
+
+        def record_written() -> None:
+            # Optimistic, and overlapped with ipset's own work: on failure the
+            # touched sets are re-read before anything is written again.
+            for tracker, dels, adds in written:
+                self._mark_written(tracker, dels, adds)
+
+        result = self._run(["ipset", "restore"], stdin, while_running=record_written)
+        if not result.ok:
+            line_no = restore_error_line(result.stderr)
+            # ipset restore is not atomic: re-read what we touched before writing again.
+            for name in [*names, *new_temps]:
+                self._queue.add(name, ResyncPriority.MUST)
+            self._log.warning("Failed to complete ipset restore; IP sets may be out of sync",
+                              stderr=result.stderr.strip()[:500], input=_excerpt(stdin, line_no))
+            raise CommandError(["ipset", "restore"], result.returncode, result.stderr, _excerpt(stdin, line_no))
+        for name in names:
+            if self._members[name].in_sync():
+                self._dirty.pop(name, None)
+        self._pending_renames.update(new_renames)
+        self._log.debug("Updated IP sets", num_sets=len(names), num_lines=num_lines,
+                        secs=round(self._clock() - start, 4))
+
+    def _write_set(self, name: str, lines: list[str], new_temps: list[str], new_renames: dict[str, str],
+                   written: list[tuple[DeltaTracker[str, bool], list[str], list[str]]]) -> None:
+        desired = self._sets.get_desired(name)
+        assert desired is not None
+        dp = self._sets.get_dataplane(name)
+        tracker = self._members[name]
+        swap_with: str | None = None
+        target = self._pending_renames.get(name)
+        if target is not None:
+            pass  # A rebuilt set waits under its temp name; our member view describes it.
+        elif dp is None:
+            target = name
+            lines.append(self._create_line(name, desired))
+            self._sets.set_dataplane(name, desired)
+        elif dp != desired:
+            target = self._next_free_temp_name()
+            new_temps.append(target)
+            self._log.info("IP set metadata changed; rebuilding it in a temporary set", set_name=name,
+                           set_id=self._set_ids.get(name), temp=target, dataplane=str(dp), desired=str(desired))
+            tracker.replace_dataplane({})  # the temp set starts empty
+            lines.append(self._create_line(target, desired))
+            if dp.swappable_with(desired):
+                swap_with = target
+            else:
+                self._sets.set_dataplane(target, desired)
+                new_renames[name] = target
+        else:
+            target = name
+
+        if tracker.dataplane_len() == 0:
+            # New or rebuilt set: everything goes in (cheaper than pending_updates()).
+            dels: list[str] = []
+            adds = [m for m, _ in tracker.desired_items()]
+        else:
+            dels = tracker.pending_deletions()
+            adds = [m for m, _ in tracker.pending_updates()]
+        # One C-level join per set rather than one string per member; an entry of
+        # *lines* may hold many lines (count_lines counts them for the metric).
+        if dels:
+            lines.append(f"del {target} " + f" --exist\ndel {target} ".join(dels) + " --exist\n")
+        if adds:
+            lines.append(f"add {target} " + f"\nadd {target} ".join(adds) + "\n")
+        if swap_with is not None:
+            lines.append(f"swap {name} {swap_with}\n")
+            assert dp is not None
+            self._sets.set_dataplane(swap_with, dp)  # the temp now holds the old set
+            self._sets.set_dataplane(name, desired)
+        if dels or adds:
+            written.append((tracker, dels, adds))
+
+    @staticmethod
+    def _mark_written(tracker: DeltaTracker[str, bool], dels: list[str], adds: list[str]) -> None:
+        if not dels and tracker.dataplane_len() == 0:
+            tracker.replace_dataplane(dict.fromkeys(adds, True))
+        else:
+            for m in dels:
+                tracker.delete_dataplane(m)
+            for m in adds:
+                tracker.set_dataplane(m, True)
+
+    def _create_line(self, name: str, meta: DataplaneMeta) -> str:
+        return f"create {name} {meta.type} family {meta.family} maxelem {meta.max_size}\n"
+
+    def _next_free_temp_name(self) -> str:
+        while True:
+            candidate = self.names.name_for_temp(self._next_temp_idx)
+            self._next_temp_idx += 1
+            if self._sets.get_dataplane(candidate) is None:
+                return candidate
+            self._log.warning("Skipping in-use temporary IP set name", candidate=candidate)
+
+    # ------------------------------------------------------------------ type changes
+    def _abandon_rename(self, name: str, requeue: bool = True) -> None:
+        """Give up a waiting type change: the temp set becomes an ordinary unwanted one."""
+        temp = self._pending_renames.pop(name, None)
+        self._rename_blocked_logged.discard(name)
+        if temp is None:
+            return
+        self._log.info("Abandoning waiting IP set type change", set_name=name, temp=temp)
+        # Our member view described the temp set: forget it, and re-read the main
+        # set before writing it again.
+        tracker = self._members.get(name)
+        if tracker is not None:
+            tracker.replace_dataplane({})
+            self._update_dirtiness(name)
+        if requeue and self._sets.get_dataplane(name) is not None:
+            self._queue.add(name, ResyncPriority.MUST)
+
+    def _try_pending_renames(self) -> None:
+        for main, temp in list(self._pending_renames.items()):
+            old_meta = self._sets.get_dataplane(main)
+            new_meta = self._sets.get_dataplane(temp)
+            if old_meta is None or new_meta is None:
+                self._abandon_rename(main)
+                continue
+            parked = self._next_free_temp_name()
+            stdin = f"rename {main} {parked}\nrename {temp} {main}\nCOMMIT\n"
+            metrics.ipset_calls.inc()
+            result = self._run(["ipset", "restore"], stdin)
+            if result.ok:
+                self._sets.delete_dataplane(temp)
+                self._sets.set_dataplane(parked, old_meta)
+                self._sets.set_dataplane(main, new_meta)
+                del self._pending_renames[main]
+                self._rename_blocked_logged.discard(main)
+                self._log.info("Replaced IP set with one of a new type", set_name=main,
+                               set_id=self._set_ids.get(main), new_type=new_meta.type)
+                continue
+            line_no = restore_error_line(result.stderr)
+            if line_no == 2:
+                # main was parked but the new set did not move in: put the old one back now.
+                undo = self._run(["ipset", "rename", parked, main])
+                if not undo.ok:
+                    self._log.error("Failed to restore IP set after a failed rename; full resync",
+                                    set_name=main, stderr=undo.stderr.strip())
+                    self._full_resync_required = True
+                    self._pending_renames.pop(main, None)
+                    continue
+            if main not in self._rename_blocked_logged:
+                self._rename_blocked_logged.add(main)
+                self._log.warning("IP set type change waits: the kernel cannot swap sets of different "
+                                  "types and refuses to rename a set a rule still references",
+                                  set_name=main, set_id=self._set_ids.get(main), stderr=result.stderr.strip())
+
+    # ------------------------------------------------------------------ deletions
+    def _deletable(self, name: str) -> bool:
+        dp = self._sets.get_dataplane(name)
+        return not (dp is not None and dp.delete_failed) and name not in self._pending_renames.values()
+
+    def _try_temp_deletions(self) -> None:
+        self._delete_some(temp_only=True)
+
+    def _delete_some(self, temp_only: bool) -> int:
+        deleted = 0
+        for name in self._sets.pending_deletions():
+            if deleted >= MAX_IPSET_DELETIONS_PER_ITERATION:
+                break
+            if temp_only and not self.names.is_temp(name):
+                continue
+            if not self._deletable(name):
+                continue
+            self._log.info("Deleting IP set", set_name=name)
+            result = self._run(["ipset", "destroy", name])
+            if not result.ok and not is_not_found(result.stderr):
+                # In use by someone else's rule, typically: wait for the next read-back.
+                self._log.warning("Failed to delete IP set; will retry after the next resync",
+                                  set_name=name, stderr=result.stderr.strip())
+                dp = self._sets.get_dataplane(name) or UNREAD
+                self._sets.set_dataplane(name, dataclasses.replace(dp, delete_failed=True))
+                continue
+            deleted += 1
+            self._queue.remove(name)
+            self._sets.delete_dataplane(name)
+            if self._sets.get_desired(name) is None:
+                self._members.pop(name, None)
+                self._dirty.pop(name, None)
+            else:  # pragma: no cover - desired sets are never pending deletion
+                self._members[name].replace_dataplane({})
+        return deleted
+
+    # ------------------------------------------------------------------ plumbing
+    def _run(self, argv: list[str], stdin: str | None = None,
+             while_running: Callable[[], None] | None = None) -> CommandResult:
+        start = time.perf_counter()
+        result = self._runner.run(argv, stdin, while_running) if while_running else self._runner.run(argv, stdin)
+        metrics.exec_time_micros.observe((time.perf_counter() - start) * 1e6)
+        return result
+
+    def _dump_state(self) -> None:
+        result = self._run(["ipset", "list", "-name"])
+        names = sorted(n for n in parse_list_names(result.stdout) if self.names.owns(n)) if result.ok else []
+        self._log.error("IP sets state after repeated failures", kernel_sets=names,
+                        list_error=None if result.ok else result.stderr.strip())
+        for name in names[:50]:
+            terse = self._run(["ipset", "list", "-terse", name])
+            self._log.info("IP set", set_name=name, listing=terse.stdout if terse.ok else terse.stderr)

@@ -1,0 +1,157 @@
+"""Pure parsers for the text ``ipset`` prints (tested with captured output).
+
+* ``ipset list -name`` — one set name per line.
+* ``ipset list [NAME]`` — blocks of ``Name:``/``Type:``/``Revision:``/
+  ``Header:``/…/``Members:`` followed by one member per line, blocks separated
+  by a blank line::
+
+      Name: cali40s:abc
+      Type: hash:net
+      Revision: 7
+      Header: family inet hashsize 1024 maxelem 1048576 bucketsize 12 initval 0x98a5359e
+      Size in memory: 600
+      References: 0
+      Number of entries: 2
+      Members:
+      10.0.1.0/24
+      10.0.0.1
+
+* ``ipset save [NAME]`` — ``create NAME TYPE OPTIONS…`` then ``add NAME MEMBER``
+  lines.
+* ``ipset restore`` errors — ``ipset v7.17: Error in line N: message``.
+
+Members are returned exactly as printed: the kernel's text *is* our canonical
+form (see :mod:`.members`).  Callers choose, per set name, whether members are
+wanted at all (``want_members``), so foreign and temporary sets cost almost
+nothing to skip.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+NOT_FOUND_MSG = "The set with the given name does not exist"
+_RESTORE_ERR_LINE = re.compile(r"Error in line (\d+):")
+
+
+@dataclass(slots=True)
+class ListedSet:
+    """One set as ``ipset list``/``ipset save`` describes it."""
+
+    name: str
+    type: str = ""
+    family: str = ""
+    max_size: int = 0
+    revision: int | None = None
+    references: int | None = None
+    members: list[str] | None = field(default=None)  # None: not parsed (not wanted)
+
+
+def parse_list_names(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line]
+
+
+def _parse_header_options(tokens: list[str], s: ListedSet) -> None:
+    """Fill family/maxelem from ``family inet hashsize 1024 maxelem 65536 …`` tokens."""
+    for i in range(len(tokens) - 1):
+        key = tokens[i]
+        if key == "family":
+            s.family = tokens[i + 1]
+        elif key == "maxelem":
+            try:
+                s.max_size = int(tokens[i + 1])
+            except ValueError:
+                raise ValueError(f"bad maxelem {tokens[i + 1]!r} for set {s.name}") from None
+
+
+def parse_list(text: str, want_members: Callable[[str], bool] = lambda _n: True) -> list[ListedSet]:
+    """Parse ``ipset list`` output (one or many sets)."""
+    out: list[ListedSet] = []
+    lines = text.split("\n")
+    n = len(lines)
+    i = 0
+    cur: ListedSet | None = None
+    while i < n:
+        line = lines[i]
+        i += 1
+        if line.startswith("Name: "):
+            cur = ListedSet(line[6:].strip())
+            out.append(cur)
+        elif cur is None:
+            continue
+        elif line.startswith("Type: "):
+            cur.type = line[6:].strip()
+        elif line.startswith("Revision: "):
+            cur.revision = int(line[10:])
+        elif line.startswith("Header: "):
+            _parse_header_options(line[8:].split(), cur)
+        elif line.startswith("References: "):
+            cur.references = int(line[12:])
+        elif line.startswith("Members:"):
+            # Members run to the next blank line (or the end of the output).
+            end = i
+            while end < n and lines[end]:
+                end += 1
+            if want_members(cur.name):
+                cur.members = lines[i:end]
+            i = end
+            cur = None
+    return out
+
+
+def parse_save(text: str, want_members: Callable[[str], bool] = lambda _n: True) -> list[ListedSet]:
+    """Parse ``ipset save`` output: create lines, then that set's add lines."""
+    out: list[ListedSet] = []
+    by_name: dict[str, ListedSet] = {}
+    lines = text.split("\n")
+    n = len(lines)
+    i = 0
+    while i < n:
+        line = lines[i]
+        i += 1
+        if line.startswith("create "):
+            tokens = line.split()
+            if len(tokens) < 3:
+                raise ValueError(f"bad create line {line!r}")
+            s = ListedSet(tokens[1], type=tokens[2])
+            _parse_header_options(tokens[3:], s)
+            out.append(s)
+            by_name[s.name] = s
+            # ipset save emits a set's members right after its create line: take
+            # the whole run in one slice when we want them, else skip it.
+            prefix = f"add {s.name} "
+            end = i
+            while end < n and lines[end].startswith(prefix):
+                end += 1
+            if want_members(s.name):
+                plen = len(prefix)
+                s.members = [m[plen:] for m in lines[i:end]]
+            i = end
+        elif line.startswith("add "):
+            # An add line out of order: attach it to its set.
+            _, name, member = line.split(" ", 2)
+            s2 = by_name.get(name)
+            if s2 is not None and want_members(name):
+                if s2.members is None:
+                    s2.members = []
+                s2.members.append(member)
+    for s in out:
+        if s.members is None and want_members(s.name):
+            s.members = []
+    return out
+
+
+def restore_error_line(stderr: str) -> int | None:
+    """The 1-based input line an ``ipset restore`` failure names, if any."""
+    m = _RESTORE_ERR_LINE.search(stderr)
+    return int(m.group(1)) if m else None
+
+
+def is_not_found(stderr: str) -> bool:
+    return NOT_FOUND_MSG in stderr
+
+
+def is_in_use(stderr: str) -> bool:
+    return "in use" in stderr

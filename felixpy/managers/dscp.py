@@ -1,0 +1,55 @@
+"""DSCP manager (per IP family): workloads' egress DSCP → ``dscp-src-net`` and ``cali-egress-dscp``.
+
+Felix's ``dscpManager``: a workload whose QoS policies carry a DSCP value has
+its addresses of this family put in ``dscp-src-net`` (hash:net) and gets a
+``-s <addr> → DSCP <value>`` rule in mangle ``cali-egress-dscp``, which
+mangle POSTROUTING jumps to for traffic leaving the cluster.  The set and the
+chain exist from the start (possibly empty) because the static chain refers to
+them.  Only records into the IP sets and the mangle table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from felixpy.drivers.generictables.table import Table
+from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetsDataplane, IPSetType
+from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.rules import RuleRenderer
+
+DSCP_SET = "dscp-src-net"
+
+
+class DSCPManager:
+    def __init__(self, ip_version: int, ipsets: IPSetsDataplane, mangle: Table, renderer: RuleRenderer,
+                 max_size: int) -> None:
+        self.ip_version = ip_version
+        self._ipsets, self._mangle, self._r, self._max = ipsets, mangle, renderer, max_size
+        self._by_endpoint: dict[tuple[str, str, str], dict[str, int]] = {}
+        self._dirty = True
+
+    def on_update(self, msg: Any) -> None:
+        if isinstance(msg, pb.WorkloadEndpointUpdate):
+            key = (msg.id.orchestrator_id, msg.id.workload_id, msg.id.endpoint_id)
+            dscp = next((q.dscp for q in msg.endpoint.qos_policies if q.dscp), None)
+            nets = msg.endpoint.ipv4_nets if self.ip_version == 4 else msg.endpoint.ipv6_nets
+            new = {n: dscp for n in nets} if dscp is not None else {}
+            if self._by_endpoint.get(key, {}) != new:
+                if new:
+                    self._by_endpoint[key] = new
+                else:
+                    self._by_endpoint.pop(key, None)
+                self._dirty = True
+        elif isinstance(msg, pb.WorkloadEndpointRemove):
+            key = (msg.id.orchestrator_id, msg.id.workload_id, msg.id.endpoint_id)
+            if self._by_endpoint.pop(key, None) is not None:
+                self._dirty = True
+
+    def complete_deferred_work(self) -> None:
+        if not self._dirty:
+            return
+        rules = sorted({(net, v) for ep in self._by_endpoint.values() for net, v in ep.items()})
+        self._ipsets.add_or_replace_ip_set(IPSetMetadata(DSCP_SET, IPSetType.HASH_NET, self._max),
+                                           [net for net, _ in rules])
+        self._mangle.update_chain(self._r.egress_dscp_chain(rules))
+        self._dirty = False

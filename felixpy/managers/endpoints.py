@@ -1,0 +1,343 @@
+"""Endpoint manager (per IP family): workload endpoints → endpoint chains, dispatch, routes, sysctls, status.
+
+Felix's ``endpointManager`` for workloads (host endpoints have room here but
+arrive in a later issue):
+
+* ``on_update`` only records: pending endpoint updates/removals, interface
+  states, and each active policy's selector (for policy groups).
+* ``resolve_update_batch`` moves interface states into the active set and marks
+  workload interfaces that came up for reconfiguration.
+* ``complete_deferred_work`` resolves endpoints — two endpoints with one
+  interface name: the lower ID wins and the other is shadowed until it is
+  removed — renders ``cali-tw-``/``cali-fw-`` chains (and the policy-group
+  chains they reference, refcounted, released when no endpoint uses them),
+  rebuilds the fail-closed dispatch chains (or nftables verdict maps) when the
+  endpoint set changed, the rpf-skip chain for workloads allowed to spoof,
+  sets the LocalWorkload routes (only while admin-up; static ARP from the MAC),
+  applies the /proc/sys settings to workload interfaces that are oper-up (an
+  endpoint whose interface does not exist yet is remembered and configured when
+  it appears), and reports each changed endpoint's status for this family to the
+  status combiner: ``up`` (admin-up, oper-up, configured), ``down``, ``error``
+  (interface configuration keeps failing), ``""`` (removed).
+
+Kernel I/O happens only in ``complete_deferred_work`` (sysctls) and in the
+drivers' ``apply()``; tables and route tables only record here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from felixpy.drivers.generictables.model import Chain
+from felixpy.drivers.generictables.table import MapsDataplane, Table
+from felixpy.drivers.procsys import SysctlWriter, apply_settings, workload_iface_settings
+from felixpy.drivers.routetable.defs import Target
+from felixpy.managers.base import IfaceState, IfaceStateUpdate
+from felixpy.managers.routeclass import RouteClass
+from felixpy.managers.status import EndpointStatusCombiner
+from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.rules import PolicyGroup, PolicyID, RuleRenderer, TierPolicyGroups, tiers_from_proto
+
+log = structlog.get_logger(__name__)
+
+WlKey = tuple[str, str, str]
+
+
+def wl_key(wid: pb.WorkloadEndpointID) -> WlKey:
+    return (wid.orchestrator_id, wid.workload_id, wid.endpoint_id)
+
+
+class RouteSetter:
+    """What the endpoint manager needs from a route table."""
+
+    def set_routes(self, route_class: RouteClass, iface: str | None, targets: Any) -> None: ...
+
+
+@dataclass
+class _Active:
+    endpoint: pb.WorkloadEndpoint
+    proto_id: pb.WorkloadEndpointID
+    chains: list[str]
+    groups: list[PolicyGroup]
+
+
+class EndpointManager:
+    def __init__(self, ip_version: int, renderer: RuleRenderer, *, raw: Table, mangle: Table, filter: Table,
+                 route_table: RouteSetter | None, sysctls: SysctlWriter, status: EndpointStatusCombiner,
+                 maps: MapsDataplane | None = None, route_priority: int = 0,
+                 default_rp_filter: Callable[[], str] | None = None) -> None:
+        self.ip_version = ip_version
+        self._r = renderer
+        self._raw, self._mangle, self._filter = raw, mangle, filter
+        self._routes = route_table
+        self._sysctls = sysctls
+        self._status = status
+        self._maps = maps
+        self._route_priority = route_priority
+        self._default_rp_filter = default_rp_filter or (lambda: sysctls.read("net/ipv4/conf/default/rp_filter") or "1")
+        status.register_family(ip_version)
+
+        self._pending: dict[WlKey, tuple[pb.WorkloadEndpointID, pb.WorkloadEndpoint | None]] = {}
+        self._pending_ifaces: dict[str, IfaceState] = {}
+        self._active: dict[WlKey, _Active] = {}
+        self._iface_to_key: dict[str, WlKey] = {}
+        self._shadowed: dict[WlKey, tuple[pb.WorkloadEndpointID, pb.WorkloadEndpoint]] = {}
+        self._up_ifaces: set[str] = set()
+        self._to_reconfigure: set[str] = set()
+        self._status_dirty: set[WlKey] = set()
+        self._removed_ids: dict[WlKey, pb.WorkloadEndpointID] = {}
+        self._spoofing: dict[str, tuple[str, ...]] = {}
+        self._rpf_dirty = True
+        self._dispatch_dirty = True  # start-of-day: program the (empty, fail-closed) dispatch chains
+        self._dispatch_chains: dict[str, Chain] = {}
+        self._dispatch_maps: set[str] = set()
+        self._selectors: dict[PolicyID, str] = {}
+        self._group_refs: dict[str, int] = {}
+        self._host_dispatch_dirty = True  # host endpoints arrive later; their dispatch chains exist now
+
+    # ----------------------------------------------------------------------- updates
+    def on_update(self, msg: Any) -> None:
+        if isinstance(msg, pb.WorkloadEndpointUpdate):
+            self._pending[wl_key(msg.id)] = (msg.id, msg.endpoint)
+        elif isinstance(msg, pb.WorkloadEndpointRemove):
+            self._pending[wl_key(msg.id)] = (msg.id, None)
+        elif isinstance(msg, IfaceStateUpdate):
+            self._pending_ifaces[msg.name] = msg.state
+        elif isinstance(msg, pb.ActivePolicyUpdate):
+            self._selectors[PolicyID.from_proto(msg.id)] = msg.policy.original_selector
+        elif isinstance(msg, pb.ActivePolicyRemove):
+            self._selectors.pop(PolicyID.from_proto(msg.id), None)
+
+    def resolve_update_batch(self) -> None:
+        for name, state in self._pending_ifaces.items():
+            if state == IfaceState.UP:
+                self._up_ifaces.add(name)
+                if name in self._iface_to_key or self._r.ctx.config.InterfacePrefix and \
+                        name.startswith(self._r.ctx.workload_prefixes):
+                    self._to_reconfigure.add(name)
+            else:
+                self._up_ifaces.discard(name)
+            key = self._iface_to_key.get(name)
+            if key is not None:
+                self._status_dirty.add(key)
+        self._pending_ifaces.clear()
+
+    # ------------------------------------------------------------------------- work
+    def complete_deferred_work(self) -> None:
+        self._resolve_workloads()
+        if self._dispatch_dirty:
+            self._update_dispatch()
+            self._dispatch_dirty = False
+        if self._rpf_dirty:
+            self._raw.update_chain(self._r.rpf_skip_chain(self._spoofing))
+            self._rpf_dirty = False
+        if self._host_dispatch_dirty:
+            self._update_host_dispatch()
+            self._host_dispatch_dirty = False
+        failed = self._configure_interfaces()
+        self._report_status(failed)
+
+    def _resolve_workloads(self) -> None:
+        if self._pending:
+            self._dispatch_dirty = True
+        while self._pending:
+            key, (pid, ep) = self._pending.popitem()
+            if ep is not None:
+                self._upsert(key, pid, ep)
+            else:
+                self._remove(key, pid)
+            self._status_dirty.add(key)
+
+    def _upsert(self, key: WlKey, pid: pb.WorkloadEndpointID, ep: pb.WorkloadEndpoint) -> None:
+        holder = self._iface_to_key.get(ep.name)
+        if holder is not None and holder != key:
+            if holder < key:
+                log.info("Endpoint shares an interface with an existing one; existing wins", iface=ep.name,
+                         endpoint=key, existing=holder)
+                self._shadowed[key] = (pid, ep)
+                return
+            log.info("Endpoint shares an interface with an existing one; new one wins", iface=ep.name,
+                     endpoint=key, existing=holder)
+            old = self._active[holder]
+            self._shadowed[holder] = (old.proto_id, old.endpoint)
+            self._deactivate(holder)
+            self._status_dirty.add(holder)
+        old = self._active.get(key)
+        if old is not None and old.endpoint.name != ep.name:
+            self._deactivate(key)
+        tiers = tiers_from_proto(ep.tiers, self._selectors)
+        new_groups = self._groups_to_program(tiers)
+        self._incref_groups(new_groups)
+        try:
+            chains = self._r.workload_endpoint_chains(ep, tiers)
+        except Exception:
+            self._decref_groups(new_groups)
+            log.exception("Failed to render endpoint chains; endpoint left as it was", endpoint=key,
+                          iface=ep.name)
+            return
+        old = self._active.get(key)
+        names = [c.name for c in chains]
+        if old is not None:
+            for stale in old.chains:
+                if stale not in names:
+                    self._filter.remove_chain_by_name(stale)
+            self._decref_groups(old.groups)
+        self._filter.update_chains(chains)
+        self._active[key] = _Active(ep, pid, names, new_groups)
+        self._iface_to_key[ep.name] = key
+        self._shadowed.pop(key, None)
+        spoof = tuple(ep.allow_spoofed_source_prefixes)
+        if spoof != self._spoofing.get(ep.name, ()):
+            if spoof:
+                self._spoofing[ep.name] = spoof
+            else:
+                self._spoofing.pop(ep.name, None)
+            self._rpf_dirty = True
+        self._set_routes(ep)
+        self._to_reconfigure.add(ep.name)
+
+    def _set_routes(self, ep: pb.WorkloadEndpoint) -> None:
+        if self._routes is None:
+            return
+        targets = []
+        if ep.state == "active":
+            nets = ep.ipv4_nets if self.ip_version == 4 else ep.ipv6_nets
+            for net in nets:
+                cidr = net if "/" in net else f"{net}/{32 if self.ip_version == 4 else 128}"
+                try:
+                    targets.append(Target(cidr=cidr, dest_mac=ep.mac or None,
+                                          priority=self._route_priority or None))
+                except (ValueError, TypeError) as exc:
+                    log.error("Skipping bad workload address", iface=ep.name, cidr=net, error=str(exc))
+        self._routes.set_routes(RouteClass.LOCAL_WORKLOAD, ep.name, targets)
+
+    def _remove(self, key: WlKey, pid: pb.WorkloadEndpointID) -> None:
+        self._shadowed.pop(key, None)
+        if key not in self._active:
+            self._removed_ids[key] = pid
+            return
+        iface = self._active[key].endpoint.name
+        self._removed_ids[key] = pid
+        self._deactivate(key)
+        # A shadowed endpoint with the same interface takes over (lowest ID first).
+        candidates = sorted(k for k, (_, ep) in self._shadowed.items() if ep.name == iface)
+        if candidates:
+            best = candidates[0]
+            self._pending[best] = self._shadowed.pop(best)
+
+    def _deactivate(self, key: WlKey) -> None:
+        act = self._active.pop(key)
+        for name in act.chains:
+            self._filter.remove_chain_by_name(name)
+        self._decref_groups(act.groups)
+        iface = act.endpoint.name
+        if self._iface_to_key.get(iface) == key:
+            del self._iface_to_key[iface]
+        if self._routes is not None:
+            self._routes.set_routes(RouteClass.LOCAL_WORKLOAD, iface, [])
+        self._to_reconfigure.discard(iface)
+        if self._spoofing.pop(iface, None) is not None:
+            self._rpf_dirty = True
+        self._dispatch_dirty = True
+
+    # --------------------------------------------------------------------- groups
+    @staticmethod
+    def _groups_to_program(tiers: tuple[TierPolicyGroups, ...]) -> list[PolicyGroup]:
+        return [g for t in tiers for g in (*t.ingress, *t.egress) if not g.should_be_inlined()]
+
+    def _incref_groups(self, groups: list[PolicyGroup]) -> None:
+        for g in groups:
+            name = g.chain_name()
+            n = self._group_refs.get(name, 0)
+            if n == 0:
+                self._filter.update_chain(self._r.policy_group_chain(g))
+            self._group_refs[name] = n + 1
+
+    def _decref_groups(self, groups: list[PolicyGroup]) -> None:
+        for g in groups:
+            name = g.chain_name()
+            n = self._group_refs.get(name, 0) - 1
+            if n <= 0:
+                self._group_refs.pop(name, None)
+                self._filter.remove_chain_by_name(name)
+            else:
+                self._group_refs[name] = n
+
+    # ------------------------------------------------------------------- dispatch
+    def _update_dispatch(self) -> None:
+        names = sorted(self._iface_to_key)
+        new = {c.name: c for c in self._r.workload_dispatch_chains(names)}
+        for name, chain in new.items():
+            if self._dispatch_chains.get(name) != chain:
+                self._filter.update_chain(chain)
+        for name in [n for n in self._dispatch_chains if n not in new]:
+            self._filter.remove_chain_by_name(name)
+        self._dispatch_chains = new
+        if self._maps is not None:
+            seen = set()
+            for meta, members in self._r.workload_dispatch_maps(names):
+                self._maps.add_or_replace_map(meta, members)
+                seen.add(meta.name)
+            for stale in self._dispatch_maps - seen:
+                self._maps.remove_map(stale)
+            self._dispatch_maps = seen
+
+    def _update_host_dispatch(self) -> None:
+        """Felix's host-endpoint dispatch chains; with no host endpoints they let traffic fall
+        through, but the static chains jump to them, so they must exist."""
+        host_ifaces: list[str] = []
+        self._raw.update_chains(self._r.host_dispatch_chains(host_ifaces))
+        self._filter.update_chains(self._r.host_dispatch_chains(host_ifaces, "", apply_on_forward=True))
+        self._mangle.update_chains([*self._r.from_host_dispatch_chains(host_ifaces),
+                                    *self._r.to_host_dispatch_chains(host_ifaces)])
+
+    def route_table_syncers(self) -> list[Any]:
+        return [self._routes] if self._routes is not None else []
+
+    # ------------------------------------------------------------- interfaces, status
+    def _configure_interfaces(self) -> set[str]:
+        failed: set[str] = set()
+        for iface in sorted(self._to_reconfigure):
+            if iface not in self._up_ifaces:
+                continue  # configured when it comes up (Felix skips oper-down interfaces)
+            rp = "0" if iface in self._spoofing else self._default_rp_filter()
+            try:
+                if apply_settings(self._sysctls, workload_iface_settings(iface, self.ip_version, rp)):
+                    self._to_reconfigure.discard(iface)
+                else:
+                    log.debug("Interface vanished before it could be configured", iface=iface)
+            except OSError as exc:
+                log.warning("Failed to configure workload interface; will retry", iface=iface, error=str(exc))
+                failed.add(iface)
+        return failed
+
+    def _report_status(self, failed: set[str]) -> None:
+        for key in list(self._status_dirty):
+            act = self._active.get(key)
+            if act is None:
+                pid = self._removed_ids.pop(key, None)
+                if pid is not None:
+                    self._status.on_endpoint_status(self.ip_version, "workload", key, pid, "")
+                continue
+            iface = act.endpoint.name
+            if iface in failed:
+                status = "error"
+            elif act.endpoint.state == "active" and iface in self._up_ifaces and iface not in self._to_reconfigure:
+                status = "up"
+            else:
+                status = "down"
+            self._status.on_endpoint_status(self.ip_version, "workload", key, act.proto_id, status)
+        self._status_dirty.clear()
+        # An interface still waiting to be configured will be retried; keep its status fresh.
+        for iface in self._to_reconfigure:
+            key = self._iface_to_key.get(iface)
+            if key is not None and iface in self._up_ifaces:
+                self._status_dirty.add(key)
+
+    # For tests and observability.
+    def active_ifaces(self) -> Mapping[str, WlKey]:
+        return dict(self._iface_to_key)
