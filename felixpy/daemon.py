@@ -106,6 +106,8 @@ class Daemon:
         self._exit_when_feed_closes = exit_when_feed_closes
         self.metrics = metricsmod.DataplaneMetrics()
         self.health = healthmod.HealthAggregator(self._clock.monotonic)
+        # Registered from the start: an aggregator with no reporters would claim readiness.
+        self.health.register("InternalDataplaneMainLoop", 0)
         self._process_config: Config | None = None
         self._servers: list[Any] = []
         self._session: Session | None = None
