@@ -68,6 +68,7 @@ class KernelDeps:
     conntrack_runner: Any = None
     sysctls: SysctlWriter = field(default_factory=ProcSys)
     iptables_backend: str | None = None  # skip detection (tests)
+    nft_shim_factory: Callable[[], Any] | None = None  # libnftables by default
 
     def __post_init__(self) -> None:
         if self.iptables_runner is None:
@@ -92,15 +93,14 @@ def build_dataplane(config: Config, *, clock: Clock, status_sink: Any = None, on
                     metrics: Any = None, deps: KernelDeps | None = None) -> InternalDataplane:
     if config.BPFEnabled:
         raise UnsupportedFeature("BPF dataplane mode", "the BPF endpoint manager is not wired into the daemon yet")
-    if config.nftables_enabled:
-        raise UnsupportedFeature("nftables dataplane mode", "not wired into the daemon yet")
     deps = deps or KernelDeps()
     dp = InternalDataplane(config, clock, status_sink=status_sink, on_first_sync=on_first_sync, metrics=metrics)
     dp.register_manager(FeedSummaryManager())
     status = EndpointStatusCombiner()
     families = [4, 6] if config.Ipv6Support else [4]
-    backend = deps.iptables_backend or _detect_backend(config, deps)
-    log.info("Building dataplane", mode=f"iptables-{backend}", families=families)
+    backend = "nftables" if config.nftables_enabled else (deps.iptables_backend or _detect_backend(config, deps))
+    log.info("Building dataplane", mode=backend if backend == "nftables" else f"iptables-{backend}",
+             families=families)
     for v in families:
         _build_family(dp, config, v, backend, deps, status)
     dp.register_manager(status)
@@ -113,7 +113,7 @@ def _detect_backend(config: Config, deps: KernelDeps) -> str:
     return detect_backend(deps.iptables_runner, config.IptablesBackend)
 
 
-def _iptables_tables(config: Config, v: int, backend: str, deps: KernelDeps) -> dict[str, Table]:
+def _iptables_tables(config: Config, v: int, backend: str, deps: KernelDeps) -> dict[str, Any]:
     from felixpy.drivers.iptables.detect import FeatureDetector
     from felixpy.drivers.iptables.table import IptablesTable
 
@@ -154,7 +154,21 @@ def _build_family(dp: InternalDataplane, config: Config, v: int, backend: str, d
     from felixpy.managers.ipsets import IPSetsManager
 
     renderer = RuleRenderer(config, v, options=RendererOptions())
-    tables = _iptables_tables(config, v, backend, deps)
+    maps: Any = None
+    if backend == "nftables":
+        # One `calico` table per family: the root is the transaction, the IP-set dataplane
+        # and the verdict-map owner; the rules layer sees per-layer views of it.
+        from felixpy.drivers.nftables import LibNftables, new_nftables_tables
+
+        root, tables = new_nftables_tables(v, (deps.nft_shim_factory or LibNftables)(),
+                                           refresh_interval=config.NftablesRefreshInterval)
+        ipsets: Any = root
+        maps = tables["filter"]  # the dispatch maps live in the filter layer (names get its prefix)
+        apply_tables: list[Any] = [root]
+    else:
+        tables = _iptables_tables(config, v, backend, deps)
+        ipsets = IPSets(v, deps.ipset_runner)
+        apply_tables = list(tables.values())
     # Start of day: static chains and the hooks into the kernel chains (recorded only).
     for name, table in tables.items():
         table.update_chains(renderer.static_chains(name))
@@ -169,7 +183,6 @@ def _build_family(dp: InternalDataplane, config: Config, v: int, backend: str, d
     tables["nat"].update_chains([renderer.fip_dnat_chain({}), renderer.fip_snat_chain({})])
     tables["filter"].update_chain(renderer.cidr_block_chain([]))
 
-    ipsets = IPSets(v, deps.ipset_runner)
     dp.register_ipsets(ipsets)
     dp.register_manager(IPSetsManager(f"ipv{v}", ipsets, config.MaxIpsetSize))
     dp.register_manager(HostIPManager(v, ipsets, config.InterfacePrefix, config.MaxIpsetSize))
@@ -178,8 +191,9 @@ def _build_family(dp: InternalDataplane, config: Config, v: int, backend: str, d
     priority = config.IPv4NormalRoutePriority if v == 4 else config.IPv6NormalRoutePriority
     dp.register_manager(EndpointManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"],
                                         filter=tables["filter"], route_table=_route_table(config, v, deps),
-                                        sysctls=deps.sysctls, status=status, route_priority=priority))
+                                        sysctls=deps.sysctls, status=status, route_priority=priority,
+                                        maps=maps))
     dp.register_manager(MasqManager(v, ipsets, tables["nat"], renderer, config.MaxIpsetSize))
     dp.register_manager(DSCPManager(v, ipsets, tables["mangle"], renderer, config.MaxIpsetSize))
-    for table in tables.values():
+    for table in apply_tables:
         dp.register_table(table)

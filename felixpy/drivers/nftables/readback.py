@@ -1,0 +1,135 @@
+"""Parse a listed ``calico`` table into what identifies our state (pure functions).
+
+Only what the reconciliation needs is kept: per chain its base-chain shape and
+the ``cali:`` hash of each rule (``""`` for a rule without one — not ours);
+per set its kind and members (canonical strings, see :mod:`.members`); per
+verdict map its key type and elements; and any other object, which is not ours
+and will be deleted.  Rule bodies are never parsed: as in Felix, the hash in
+the comment is the identity of a rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from felixpy.drivers.nftables.members import SetKind, member_from_element
+from felixpy.drivers.nftables.names import BaseChainSpec
+from felixpy.drivers.nftables.render import hash_from_comment
+
+Verdict = tuple[str, ...]  # ("goto", chain) / ("jump", chain) / ("return",) ...
+
+
+@dataclass(slots=True)
+class ChainSnapshot:
+    base: BaseChainSpec | None = None
+    hashes: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SetSnapshot:
+    kind: SetKind | None            # None: flags or type we never write
+    members: set[str]
+    unparsed: int = 0               # elements we could not read back
+
+
+@dataclass(slots=True)
+class MapSnapshot:
+    key_type: str
+    data_type: str
+    elements: dict[str, Verdict]
+    unparsed: int = 0
+
+
+@dataclass(slots=True)
+class TableSnapshot:
+    chains: dict[str, ChainSnapshot] = field(default_factory=dict)
+    sets: dict[str, SetSnapshot] = field(default_factory=dict)
+    maps: dict[str, MapSnapshot] = field(default_factory=dict)
+    others: list[tuple[str, str]] = field(default_factory=list)   # (kind, name)
+
+    @property
+    def num_rules(self) -> int:
+        return sum(len(c.hashes) for c in self.chains.values())
+
+
+_OBJECT_KINDS_WE_DELETE = ("flowtable", "counter", "quota", "limit", "ct helper", "ct timeout",
+                           "ct expectation", "secmark", "synproxy")
+
+
+def _set_kind(obj: dict[str, Any]) -> SetKind | None:
+    typ = obj.get("type")
+    types = tuple(typ) if isinstance(typ, list) else (typ,) if isinstance(typ, str) else ()
+    flags = set(obj.get("flags", ()))
+    if not types or flags - {"interval"} or any(k in obj for k in ("timeout", "gc-interval", "size")):
+        return None
+    return SetKind(types, "interval" in flags)
+
+
+def verdict_from_json(v: Any) -> Verdict | None:
+    if not isinstance(v, dict) or len(v) != 1:
+        return None
+    (kind, arg), = v.items()
+    if kind in ("goto", "jump") and isinstance(arg, dict) and isinstance(arg.get("target"), str):
+        return (kind, arg["target"])
+    if kind in ("accept", "drop", "return", "continue") and arg is None:
+        return (kind,)
+    return None
+
+
+def verdict_json(v: Verdict) -> dict[str, Any]:
+    if len(v) == 2:
+        return {v[0]: {"target": v[1]}}
+    return {v[0]: None}
+
+
+def parse_table(objs: Iterable[dict[str, Any]], ip_version: int) -> TableSnapshot:
+    snap = TableSnapshot()
+    chains = snap.chains
+    for obj in objs:
+        if "rule" in obj:
+            r = obj["rule"]
+            chain = chains.get(r["chain"])
+            if chain is None:
+                chain = chains[r["chain"]] = ChainSnapshot()
+            chain.hashes.append(hash_from_comment(r.get("comment")))
+        elif "chain" in obj:
+            c = obj["chain"]
+            base = None
+            if "hook" in c:
+                base = BaseChainSpec(c.get("type", ""), c["hook"], int(c.get("prio", 0)), c.get("policy", "accept"))
+            existing = chains.get(c["name"])
+            if existing is None:
+                chains[c["name"]] = ChainSnapshot(base)
+            else:
+                existing.base = base
+        elif "set" in obj:
+            s = obj["set"]
+            members: set[str] = set()
+            unparsed = 0
+            for e in s.get("elem", ()):
+                mem = member_from_element(e, ip_version)
+                if mem is None:
+                    unparsed += 1
+                else:
+                    members.add(mem)
+            snap.sets[s["name"]] = SetSnapshot(_set_kind(s), members, unparsed)
+        elif "map" in obj:
+            mp = obj["map"]
+            elements: dict[str, Verdict] = {}
+            unparsed = 0
+            for e in mp.get("elem", ()):
+                verdict = verdict_from_json(e[1]) if isinstance(e, list) and len(e) == 2 else None
+                if verdict is None or not isinstance(e[0], str):
+                    unparsed += 1
+                else:
+                    elements[e[0]] = verdict
+            key = mp.get("type")
+            snap.maps[mp["name"]] = MapSnapshot(key if isinstance(key, str) else repr(key),
+                                                str(mp.get("map")), elements, unparsed)
+        else:
+            for kind in _OBJECT_KINDS_WE_DELETE:
+                if kind in obj:
+                    snap.others.append((kind, obj[kind]["name"]))
+    return snap

@@ -1,0 +1,235 @@
+"""Desired nft sets of one family, and the transaction fragments that reconcile them.
+
+This is the IP-set half of the root table (Felix's ``nftables/ipsets.go``):
+managers address sets by Calico set ID; the set lives in the ``calico`` table
+as ``cali40<id>`` (``:`` → ``-``).  Nothing here talks to the kernel: the root
+table asks for a :class:`SetPlan` against its view of the dataplane, puts the
+fragments into its one transaction (creates and member changes before the
+rules, recreations after the referencing chains are flushed, deletions last)
+and calls :meth:`SetPlan.commit` once the kernel accepted it.
+
+Bad input never fails the table: a member that is malformed or of the other
+family is skipped, a set whose type is unknown is skipped, a set that would
+exceed its ``max_size`` keeps its previous contents (or is created empty so
+that rules referencing it stay valid); each is logged with the set ID.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
+from felixpy.drivers.nftables.members import (
+    BadMember, SetKind, canonicalise, element_json, is_prefix, kind_for, reduce_nets,
+)
+from felixpy.drivers.nftables.names import TABLE_NAME, family_for, set_name_for_id
+from felixpy.drivers.nftables.readback import SetSnapshot
+
+log = structlog.get_logger(__name__)
+
+MAX_SET_DELETIONS_PER_APPLY = 500   # Felix's nftables IPSets.ApplyDeletions cap
+_MAX_LOGGED_BAD = 5
+
+
+@dataclass(slots=True)
+class _SetState:
+    meta: IPSetMetadata
+    kind: SetKind
+    desired: set[str]
+    n_prefixes: int = 0
+
+    def effective(self, ip_version: int) -> set[str]:
+        """What to write: nets covered by another member are left out (interval sets refuse overlaps)."""
+        if self.kind.interval and self.n_prefixes:
+            return reduce_nets(self.desired, ip_version)
+        return self.desired
+
+
+@dataclass(slots=True)
+class SetPlan:
+    create: list[dict[str, Any]] = field(default_factory=list)      # new sets + members, member deltas
+    recreate: list[dict[str, Any]] = field(default_factory=list)    # delete + add (+ members)
+    delete: list[dict[str, Any]] = field(default_factory=list)
+    written: dict[str, SetSnapshot] = field(default_factory=dict)
+    deleted: list[str] = field(default_factory=list)
+    deferred: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.create or self.recreate or self.delete)
+
+
+class NftSets:
+    def __init__(self, ip_version: int) -> None:
+        self.ip_version = ip_version
+        self._family = family_for(ip_version)
+        self._sets: dict[str, _SetState] = {}
+        self.dirty: set[str] = set()
+        self._log = log.bind(table=TABLE_NAME, ip_version=ip_version)
+
+    # -- desired state ---------------------------------------------------------------
+    def name_for(self, set_id: str) -> str:
+        return set_name_for_id(set_id, self.ip_version)
+
+    def _canon(self, set_id: str, set_type: IPSetType, members: Iterable[str]) -> set[str]:
+        out: set[str] = set()
+        bad: list[str] = []
+        v = self.ip_version
+        for mem in members:
+            try:
+                out.add(canonicalise(set_type, v, mem))
+            except BadMember:
+                bad.append(mem)
+        if bad:
+            self._log.warning("Skipping invalid IP set members", set_id=set_id, num_skipped=len(bad),
+                              examples=bad[:_MAX_LOGGED_BAD])
+        return out
+
+    def add_or_replace(self, meta: IPSetMetadata, members: Iterable[str]) -> None:
+        try:
+            kind = kind_for(meta.type, self.ip_version)
+        except BadMember as e:
+            self._log.error("Skipping IP set of unsupported type", set_id=meta.set_id, error=str(e))
+            return
+        name = self.name_for(meta.set_id)
+        canon = self._canon(meta.set_id, meta.type, members)
+        old = self._sets.get(name)
+        if len(canon) > meta.max_size:
+            self._log.error("IP set exceeds its maximum size; not updating it", set_id=meta.set_id,
+                            size=len(canon), max_size=meta.max_size)
+            if old is not None and old.kind == kind:
+                return
+            canon = set()
+        self._sets[name] = _SetState(meta, kind, canon, sum(1 for m in canon if is_prefix(m)))
+        self.dirty.add(name)
+
+    def add_members(self, set_id: str, members: Iterable[str]) -> None:
+        name = self.name_for(set_id)
+        st = self._sets.get(name)
+        if st is None:
+            self._log.warning("Members added to an unknown IP set; ignoring", set_id=set_id)
+            return
+        new = self._canon(set_id, st.meta.type, members) - st.desired
+        if len(st.desired) + len(new) > st.meta.max_size:
+            self._log.error("IP set would exceed its maximum size; skipping the additions", set_id=set_id,
+                            size=len(st.desired) + len(new), max_size=st.meta.max_size)
+            return
+        if new:
+            st.desired |= new
+            st.n_prefixes += sum(1 for m in new if is_prefix(m))
+            self.dirty.add(name)
+
+    def remove_members(self, set_id: str, members: Iterable[str]) -> None:
+        name = self.name_for(set_id)
+        st = self._sets.get(name)
+        if st is None:
+            self._log.warning("Members removed from an unknown IP set; ignoring", set_id=set_id)
+            return
+        gone = self._canon(set_id, st.meta.type, members) & st.desired
+        if gone:
+            st.desired -= gone
+            st.n_prefixes -= sum(1 for m in gone if is_prefix(m))
+            self.dirty.add(name)
+
+    def remove(self, set_id: str) -> None:
+        name = self.name_for(set_id)
+        if self._sets.pop(name, None) is not None:
+            self.dirty.add(name)
+
+    def get_type_of(self, set_id: str) -> IPSetType | None:
+        st = self._sets.get(self.name_for(set_id))
+        return st.meta.type if st else None
+
+    def get_desired_members(self, set_id: str) -> frozenset[str] | None:
+        st = self._sets.get(self.name_for(set_id))
+        return frozenset(st.desired) if st else None
+
+    def is_desired(self, name: str) -> bool:
+        return name in self._sets
+
+    def names(self) -> Iterable[str]:
+        return self._sets.keys()
+
+    def __len__(self) -> int:
+        return len(self._sets)
+
+    # -- reconciliation --------------------------------------------------------------------
+    def resync(self, dp: dict[str, SetSnapshot]) -> None:
+        """After a listing: dirty is exactly what differs from the dataplane."""
+        self.dirty = {n for n in dp if n not in self._sets}
+        for name, st in self._sets.items():
+            snap = dp.get(name)
+            if snap is None or snap.kind != st.kind or snap.unparsed or snap.members != st.effective(self.ip_version):
+                self.dirty.add(name)
+
+    def needs_recreate(self, dp: dict[str, SetSnapshot], full: bool) -> list[str]:
+        """Desired, dirty sets that exist in the dataplane with another kind (type change)."""
+        if full:
+            return []
+        out = []
+        for name in self.dirty:
+            st, snap = self._sets.get(name), dp.get(name)
+            if st is not None and snap is not None and (snap.kind != st.kind or snap.unparsed):
+                out.append(name)
+        return out
+
+    def _add_set(self, name: str, st: _SetState, tbl: dict[str, str]) -> list[dict[str, Any]]:
+        spec: dict[str, Any] = {**tbl, "name": name,
+                                "type": st.kind.type[0] if len(st.kind.type) == 1 else list(st.kind.type)}
+        if st.kind.interval:
+            spec["flags"] = ["interval"]
+        cmds: list[dict[str, Any]] = [{"add": {"set": spec}}]
+        eff = st.effective(self.ip_version)
+        if eff:
+            cmds.append({"add": {"element": {**tbl, "name": name, "elem": [element_json(m) for m in eff]}}})
+        return cmds
+
+    def plan(self, dp: dict[str, SetSnapshot], full: bool,
+             still_referenced: Callable[[str], bool]) -> SetPlan:
+        """Fragments for the dirty sets (all desired sets if *full*: the table is being recreated)."""
+        plan = SetPlan()
+        tbl = {"family": self._family, "table": TABLE_NAME}
+        v = self.ip_version
+        names = list(self._sets) if full else list(self.dirty)
+        recreate = set(self.needs_recreate(dp, full))
+        for name in names:
+            st = self._sets.get(name)
+            snap = None if full else dp.get(name)
+            if st is None:
+                continue
+            eff = st.effective(v)
+            if snap is None:
+                plan.create.extend(self._add_set(name, st, tbl))
+            elif name in recreate:
+                plan.recreate.append({"delete": {"set": {**tbl, "name": name}}})
+                plan.recreate.extend(self._add_set(name, st, tbl))
+            else:
+                dels = snap.members - eff
+                adds = eff - snap.members
+                if dels:  # deletions first: a net may be replaced by one it overlaps
+                    plan.create.append({"delete": {"element": {**tbl, "name": name,
+                                                               "elem": [element_json(m) for m in dels]}}})
+                if adds:
+                    plan.create.append({"add": {"element": {**tbl, "name": name,
+                                                            "elem": [element_json(m) for m in adds]}}})
+            plan.written[name] = SetSnapshot(st.kind, set(eff))
+        if not full:
+            for name in sorted(n for n in self.dirty if n not in self._sets and n in dp):
+                if still_referenced(name):
+                    self._log.warning("IP set still referenced by a rule; deferring its deletion", set=name)
+                    plan.deferred.append(name)
+                elif len(plan.deleted) >= MAX_SET_DELETIONS_PER_APPLY:
+                    plan.deferred.append(name)
+                else:
+                    plan.delete.append({"delete": {"set": {**tbl, "name": name}}})
+                    plan.deleted.append(name)
+        return plan
+
+    def commit(self, plan: SetPlan, full: bool) -> None:
+        """The transaction carrying *plan* succeeded: only deferred deletions stay dirty."""
+        self.dirty = set(plan.deferred)
+        if full:
+            self.dirty = set()

@@ -1,0 +1,97 @@
+"""The narrow shim between the nftables table and libnftables (Debian's ``nftables`` module).
+
+Two calls, both in libnftables' JSON dialect, plus a text one:
+
+* :meth:`NftShim.run` executes a list of commands as **one** transaction
+  (libnftables batches a whole buffer: all or nothing) and raises
+  :class:`NftError` if the kernel refused any of it;
+* :meth:`NftShim.list_table` lists one table as the list of JSON objects
+  (``table``, ``set``, ``map``, ``chain``, ``rule``…) or returns None when the
+  table does not exist;
+* :meth:`LibNftables.run_script` (optional, :class:`NftScriptShim`) runs an
+  nft script as one transaction — faster for very large ones, see
+  :mod:`.script`.
+
+libnftables acts on the network namespace of the *calling thread*, through a
+context that is not thread safe: one shim per table, used from one thread at a
+time.  :class:`~felixpy.drivers.nftables.fake.FakeNft` implements the same
+protocol for unit tests.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from felixpy.errors import CommandError
+
+_ARGV = ["libnftables", "json"]
+
+
+class NftError(CommandError):
+    """libnftables refused a command; ``stderr`` carries its message."""
+
+    def __init__(self, returncode: int, stderr: str, excerpt: str = "") -> None:
+        super().__init__(list(_ARGV), returncode, stderr, excerpt)
+
+    @property
+    def not_found(self) -> bool:
+        return "No such file or directory" in self.stderr
+
+
+@runtime_checkable
+class NftShim(Protocol):
+    def run(self, commands: Sequence[dict[str, Any]]) -> None: ...
+
+    def list_table(self, family: str, name: str) -> list[dict[str, Any]] | None: ...
+
+
+@runtime_checkable
+class NftScriptShim(NftShim, Protocol):
+    """A shim that can also run an nft script (text) as one transaction: the large-transaction path."""
+
+    def run_script(self, script: str) -> None: ...
+
+
+class LibNftables:
+    """The real shim: an ``nftables.Nftables`` context with JSON output."""
+
+    def __init__(self) -> None:
+        import nftables  # Debian's python3-nftables (ctypes over libnftables.so.1)
+
+        self._nft = nftables.Nftables()
+        self._nft.set_json_output(True)
+        self._nft.set_handle_output(False)
+
+    def _cmd(self, text: str) -> tuple[int, str, str]:
+        rc, out, err = self._nft.cmd(text)
+        return int(rc), str(out), str(err)
+
+    def run(self, commands: Sequence[dict[str, Any]]) -> None:
+        if not commands:
+            return
+        text = json.dumps({"nftables": list(commands)}, separators=(",", ":"))
+        rc, _out, err = self._cmd(text)
+        if rc != 0:
+            raise NftError(rc, err, text[:2000])
+
+    def run_script(self, script: str) -> None:
+        self._nft.set_json_output(False)
+        try:
+            rc, _out, err = self._cmd(script)
+        finally:
+            self._nft.set_json_output(True)
+        if rc != 0:
+            raise NftError(rc, err, script[:2000])
+
+    def list_table(self, family: str, name: str) -> list[dict[str, Any]] | None:
+        cmd = {"nftables": [{"list": {"table": {"family": family, "name": name}}}]}
+        rc, out, err = self._cmd(json.dumps(cmd))
+        if rc != 0:
+            error = NftError(rc, err)
+            if error.not_found:
+                return None
+            raise error
+        objs: list[dict[str, Any]] = json.loads(out)["nftables"] if out else []
+        return objs

@@ -1,0 +1,612 @@
+"""The root nftables table: one ``calico`` table per IP family, one transaction per apply.
+
+What it owns
+    The whole ``ip calico`` (or ``ip6 calico``) table: every chain, rule, set
+    and map in it.  Anything found there that is not desired is deleted;
+    anything desired and missing or different is rewritten.  It is the family's
+    :class:`~felixpy.drivers.ipsets_api.IPSetsDataplane` (nft sets, see
+    :mod:`.sets`) and :class:`~felixpy.drivers.generictables.table.MapsDataplane`
+    (verdict maps, :mod:`.maps`).  The rules layer never sees it directly: it
+    talks to :class:`~felixpy.drivers.nftables.layer.NftablesLayer` views
+    (``filter``/``nat``/``mangle``/``raw``) that namespace names and forward
+    here.
+
+How it recognises its own state after a restart
+    The table is ours entirely.  Each rule carries ``cali:<hash>;`` in its
+    comment, the hash chain of Felix (:mod:`felixpy.drivers.generictables.hashing`
+    over the rule's nft text, :func:`.render.rule_text`); a fresh instance lists
+    the table once, compares hashes per chain and rewrites only chains that
+    differ.  Sets and maps are compared member by member.
+
+Apply contract
+    Update methods only record.  :meth:`NftablesTable.apply` builds one JSON
+    transaction, in this order: table; base chains; new sets and set member
+    changes; new maps; new chains created and dirty chains flushed; sets/maps
+    whose type changed recreated (their referencing chains were flushed just
+    before); rules; map elements; unwanted maps, chains, sets deleted.  Because
+    libnftables applies a transaction atomically, a set is never missing or
+    empty while a rule uses it, and a failed attempt changes nothing.
+
+    State committed by a successful transaction is kept in memory; the kernel
+    is listed only at start, every ``NftablesRefreshInterval`` and after a
+    failure.  A transaction is retried up to 11 times with 1 ms doubling
+    backoff, re-listing before each retry; from the 6th consecutive failure the
+    transaction starts ``add table; delete table; add table`` followed by a full
+    rewrite of everything, so an incompatible table is rebuilt in one atomic
+    step (a failure of that still leaves the old table and its base chains in
+    place).  The 11th failure raises :class:`~felixpy.errors.FatalDataplaneError`
+    after logging what was tried and the table as listed.
+
+Thread safety
+    None: call from one thread (the dataplane loop), and only one instance per
+    family.  libnftables acts on the calling thread's network namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from felixpy.drivers.generictables import model as m
+from felixpy.drivers.generictables.table import MapMetadata
+from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
+from felixpy.drivers.nftables import metrics
+from felixpy.drivers.nftables.maps import MapPlan, NftMaps
+from felixpy.drivers.nftables.names import BASE_CHAINS, LAYERS, TABLE_NAME, family_for
+from felixpy.drivers.nftables.readback import ChainSnapshot, MapSnapshot, SetSnapshot, parse_table
+from felixpy.drivers.nftables.render import chain_rule_hashes, referenced_names
+from felixpy.drivers.nftables.script import Command, RuleCmd, to_json, to_script
+from felixpy.drivers.nftables.sets import NftSets, SetPlan
+from felixpy.drivers.nftables.shim import NftScriptShim, NftShim
+from felixpy.errors import DataplaneError, FatalDataplaneError
+
+log = structlog.get_logger(__name__)
+
+MAX_ATTEMPTS = 11           # 1 try + 10 retries
+RECREATE_FROM_FAILURE = 6   # the 6th consecutive failure onwards rebuilds the table
+LIST_ATTEMPTS = 4           # 1 try + 3 retries, 100 ms doubling (Felix panics after)
+SET_DELETION_RESCHEDULE = 0.1
+TEXT_THRESHOLD = 2000       # rules in one transaction from which it is sent as an nft script
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC while building or parsing large, acyclic JSON structures.
+
+    A cold apply allocates hundreds of thousands of small dicts; without this
+    the collector runs repeatedly over everything the process holds (measured:
+    about a third of the apply time for 10,000 rules).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _targets(rules: Iterable[m.Rule]) -> list[str]:
+    return [r.action.target for r in rules if isinstance(r.action, (m.Jump, m.Goto))]
+
+
+@dataclass(slots=True)
+class _Plan:
+    commands: list[Command] = field(default_factory=list)
+    num_rules: int = 0
+    chains_written: dict[str, ChainSnapshot] = field(default_factory=dict)
+    chains_deleted: list[str] = field(default_factory=list)
+    set_plan: SetPlan = field(default_factory=SetPlan)
+    map_plan: MapPlan = field(default_factory=MapPlan)
+    full: bool = False
+
+    def summary(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for cmd in self.commands:
+            if isinstance(cmd, RuleCmd):
+                counts["add rule"] = counts.get("add rule", 0) + 1
+                continue
+            (verb, body), = cmd.items()
+            (kind, _), = body.items()
+            counts[f"{verb} {kind}"] = counts.get(f"{verb} {kind}", 0) + 1
+        return counts
+
+
+class NftablesTable:
+    """Root of one family's ``calico`` table; Table (prefixed names), IPSetsDataplane and MapsDataplane."""
+
+    name = TABLE_NAME
+
+    def __init__(
+        self,
+        ip_version: int,
+        shim: NftShim,
+        *,
+        refresh_interval: float = 180.0,
+        fully_random: bool = True,
+        text_threshold: int = TEXT_THRESHOLD,
+        sleep: Callable[[float], None] = time.sleep,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ip_version = ip_version
+        self._family = family_for(ip_version)
+        self._shim = shim
+        self._refresh_interval = refresh_interval
+        self._fully_random = fully_random
+        self._text_threshold = text_threshold
+        self._sleep, self._now = sleep, now
+        self._log = log.bind(table=TABLE_NAME, ip_version=ip_version)
+        self._tbl = {"family": self._family, "table": TABLE_NAME}
+
+        # Desired state.
+        self._chains: dict[str, m.Chain] = {}
+        self._inserts: dict[str, tuple[m.Rule, ...]] = {n: () for n in BASE_CHAINS}
+        self._appends: dict[str, tuple[m.Rule, ...]] = {n: () for n in BASE_CHAINS}
+        self._refcounts: dict[str, int] = {n: 1 for n in BASE_CHAINS}
+        self._hashes_by_chain: dict[str, list[str]] = {n: [] for n in BASE_CHAINS}
+        self._obj_refs: dict[str, set[str]] = {}   # set/map name -> chains whose rules use it
+        self._chain_objs: dict[str, tuple[str, ...]] = {}
+        self._dirty_chains: set[str] = set(BASE_CHAINS)
+        self.sets = NftSets(ip_version)
+        self.maps = NftMaps(ip_version, self._incref, self._decref)
+
+        # What we believe the kernel holds.
+        self._in_sync = False
+        self._table_present = False
+        self._dp_chains: dict[str, ChainSnapshot] = {}
+        self._dp_sets: dict[str, SetSnapshot] = {}
+        self._dp_maps: dict[str, MapSnapshot] = {}
+        self._dp_others: list[tuple[str, str]] = []
+        self._last_read = 0.0
+        self._reason = "start of day"
+
+        labels = (str(ip_version), TABLE_NAME)
+        self._g_chains = metrics.NFT_CHAINS.labels(*labels)
+        self._g_rules = metrics.NFT_RULES.labels(*labels)
+        self._c_lines = metrics.NFT_LINES.labels(*labels)
+        self._g_sets = metrics.NFT_SETS.labels(str(ip_version))
+        self._g_maps = metrics.NFT_MAPS.labels(str(ip_version))
+
+    # ================================================================== chains (Table protocol)
+    def _chain_rules(self, name: str) -> tuple[m.Rule, ...] | None:
+        if name in BASE_CHAINS:
+            return self._inserts[name] + self._appends[name]
+        chain = self._chains.get(name)
+        return chain.rules if chain is not None else None
+
+    def _is_referenced(self, name: str) -> bool:
+        return self._refcounts.get(name, 0) > 0
+
+    def _desired_rules(self, name: str) -> tuple[m.Rule, ...] | None:
+        """The chain's rules if it should be programmed (defined and referenced), else None."""
+        return self._chain_rules(name) if self._is_referenced(name) else None
+
+    def _incref(self, name: str) -> None:
+        self._refcounts[name] = self._refcounts.get(name, 0) + 1
+        if self._refcounts[name] == 1:
+            self._dirty_chains.add(name)
+            chain = self._chains.get(name)
+            if chain is not None:
+                for target in _targets(chain.rules):
+                    self._incref(target)
+
+    def _decref(self, name: str) -> None:
+        count = self._refcounts.get(name, 0)
+        if count <= 1:
+            self._refcounts.pop(name, None)
+            self._dirty_chains.add(name)
+            chain = self._chains.get(name)
+            if count == 1 and chain is not None:
+                for target in _targets(chain.rules):
+                    self._decref(target)
+        else:
+            self._refcounts[name] = count - 1
+
+    def _hashes(self, name: str, rules: Sequence[m.Rule], appends: Sequence[m.Rule] = ()) -> list[str]:
+        """The chain's rule hashes; rendering them also validates every rule (RuleRenderError)."""
+        if name in BASE_CHAINS:
+            # Felix hashes inserts/appends with its IPv4 renderer whatever the family.
+            return chain_rule_hashes(name, rules, 4, self._fully_random) + \
+                chain_rule_hashes(name + "*appends*", appends, 4, self._fully_random)
+        return chain_rule_hashes(name, rules, self.ip_version, self._fully_random)
+
+    def _set_content(self, name: str, old_rules: Sequence[m.Rule], new_rules: Sequence[m.Rule],
+                     hashes: list[str]) -> None:
+        """Bookkeeping common to every content change of chain *name* (already validated)."""
+        if self._is_referenced(name):
+            for target in _targets(new_rules):   # incref first: a kept target stays referenced
+                self._incref(target)
+            for target in _targets(old_rules):
+                self._decref(target)
+        self._hashes_by_chain[name] = hashes
+        for obj in self._chain_objs.pop(name, ()):
+            refs = self._obj_refs.get(obj)
+            if refs is not None:
+                refs.discard(name)
+                if not refs:
+                    del self._obj_refs[obj]
+        objs: set[str] = set()
+        for rule in new_rules:
+            sets, maps = referenced_names(rule)
+            objs.update(sets)
+            objs.update(maps)
+        if objs:
+            self._chain_objs[name] = tuple(objs)
+            for obj in objs:
+                self._obj_refs.setdefault(obj, set()).add(name)
+        self._dirty_chains.add(name)
+
+    def _check_base(self, chain_name: str) -> None:
+        if chain_name not in BASE_CHAINS:
+            raise ValueError(f"{chain_name!r} is not one of the base chains {sorted(BASE_CHAINS)}")
+
+    def insert_or_append_rules(self, chain_name: str, rules: Sequence[m.Rule]) -> None:
+        """Our rules at the top of base chain *chain_name*; raises RuleRenderError for a bad rule."""
+        self._check_base(chain_name)
+        inserts, appends = tuple(rules), self._appends[chain_name]
+        hashes = self._hashes(chain_name, inserts, appends)
+        old = self._inserts[chain_name] + appends
+        self._inserts[chain_name] = inserts
+        self._set_content(chain_name, old, inserts + appends, hashes)
+
+    def append_rules(self, chain_name: str, rules: Sequence[m.Rule]) -> None:
+        """Our rules after the inserts of base chain *chain_name*; raises RuleRenderError for a bad rule."""
+        self._check_base(chain_name)
+        inserts, appends = self._inserts[chain_name], tuple(rules)
+        hashes = self._hashes(chain_name, inserts, appends)
+        old = inserts + self._appends[chain_name]
+        self._appends[chain_name] = appends
+        self._set_content(chain_name, old, inserts + appends, hashes)
+
+    def update_chain(self, chain: m.Chain) -> None:
+        """Record *chain*'s desired contents; raises RuleRenderError (nothing recorded) for a bad rule."""
+        if chain.name in BASE_CHAINS:
+            raise ValueError(f"{chain.name!r} is a base chain: use insert_or_append_rules/append_rules")
+        old = self._chains.get(chain.name)
+        if old is not None and old == chain:
+            return
+        hashes = self._hashes(chain.name, chain.rules)
+        self._chains[chain.name] = chain
+        self._set_content(chain.name, old.rules if old else (), chain.rules, hashes)
+
+    def update_chains(self, chains: Iterable[m.Chain]) -> None:
+        for chain in chains:
+            self.update_chain(chain)
+
+    def remove_chains(self, chains: Iterable[m.Chain]) -> None:
+        for chain in chains:
+            self.remove_chain_by_name(chain.name)
+
+    def remove_chain_by_name(self, name: str) -> None:
+        old = self._chains.get(name)
+        if old is None:
+            return
+        self._set_content(name, old.rules, (), [])
+        del self._chains[name]
+        del self._hashes_by_chain[name]
+
+    def invalidate_dataplane_cache(self, reason: str) -> None:
+        if self._in_sync:
+            self._log.debug("Invalidating dataplane cache", reason=reason)
+        self._in_sync = False
+        self._reason = reason
+
+    # ====================================================================== IPSetsDataplane
+    def add_or_replace_ip_set(self, meta: IPSetMetadata, members: Iterable[str]) -> None:
+        self.sets.add_or_replace(meta, members)
+
+    def add_members(self, set_id: str, members: Iterable[str]) -> None:
+        self.sets.add_members(set_id, members)
+
+    def remove_members(self, set_id: str, members: Iterable[str]) -> None:
+        self.sets.remove_members(set_id, members)
+
+    def remove_ip_set(self, set_id: str) -> None:
+        self.sets.remove(set_id)
+
+    def get_type_of(self, set_id: str) -> IPSetType | None:
+        return self.sets.get_type_of(set_id)
+
+    def get_desired_members(self, set_id: str) -> frozenset[str] | None:
+        return self.sets.get_desired_members(set_id)
+
+    def queue_resync(self) -> None:
+        self.invalidate_dataplane_cache("IP set resync")
+
+    def apply_updates(self) -> None:
+        """nft sets go in the table's transaction: this runs that transaction (apply() then has nothing to do)."""
+        self.apply()
+
+    def apply_deletions(self) -> bool:
+        """Set deletions already ran, last in the transaction; True while some were deferred."""
+        return bool(self.sets.dirty)
+
+    # ======================================================================== MapsDataplane
+    def add_or_replace_map(self, meta: MapMetadata, members: Mapping[str, m.Action]) -> None:
+        self.maps.add_or_replace(meta, members)
+
+    def remove_map(self, name: str) -> None:
+        self.maps.remove(name)
+
+    # ============================================================================== apply
+    def apply(self) -> float | None:
+        start = self._now()
+        if self._in_sync and self._refresh_interval > 0 and start - self._last_read > self._refresh_interval:
+            self.invalidate_dataplane_cache("refresh timer")
+        with _gc_paused():
+            self._apply_with_retries()
+        elapsed = self._now() - start
+        if elapsed > 1.0:
+            self._log.info("Updating nftables took >1s", seconds=round(elapsed, 3), reason=self._reason)
+        delay: float | None = None
+        if self._refresh_interval > 0:
+            delay = max(0.0, self._refresh_interval - (self._now() - self._last_read))
+        if self.sets.dirty:
+            delay = SET_DELETION_RESCHEDULE if delay is None else min(delay, SET_DELETION_RESCHEDULE)
+        return delay
+
+    def _apply_with_retries(self) -> None:
+        failures = 0
+        backoff = 0.001
+        while True:
+            if not self._in_sync:
+                self._load_dataplane_state()
+            full = failures >= RECREATE_FROM_FAILURE - 1
+            plan = self._build_plan(full)
+            try:
+                self._run(plan, allow_text=failures == 0)   # after a failure, JSON only
+            except DataplaneError as e:
+                failures += 1
+                self._log.warning("nftables transaction failed", attempt=failures, recreate=full,
+                                  error=str(e), commands=plan.summary())
+                if failures >= MAX_ATTEMPTS:
+                    self._give_up(plan, e)
+                self.invalidate_dataplane_cache("transaction failure")
+                self._sleep(backoff)
+                backoff *= 2
+                continue
+            self._commit(plan)
+            if failures:
+                self._log.warning("nftables transaction succeeded after retries", failures=failures)
+            return
+
+    def _run(self, plan: _Plan, allow_text: bool) -> None:
+        if not plan.commands:
+            return
+        metrics.NFT_CALLS.inc()
+        if plan.set_plan:
+            metrics.NFT_SET_CALLS.inc()
+        self._c_lines.inc(len(plan.commands))
+        v, fr = self.ip_version, self._fully_random
+        try:
+            if allow_text and plan.num_rules >= self._text_threshold and isinstance(self._shim, NftScriptShim):
+                self._shim.run_script(to_script(plan.commands, v, fr))
+            else:
+                self._shim.run(to_json(plan.commands, v, fr))
+        except DataplaneError:
+            metrics.NFT_ERRORS.inc()
+            if plan.set_plan:
+                metrics.NFT_SET_ERRORS.inc()
+            raise
+
+    def _give_up(self, plan: _Plan, err: DataplaneError) -> None:
+        listing: Any
+        try:
+            listing = self._shim.list_table(self._family, TABLE_NAME)
+        except DataplaneError as e:
+            listing = f"<list failed: {e}>"
+        self._log.error("Failed to program nftables after retries, giving up", attempts=MAX_ATTEMPTS,
+                        error=str(err), commands=plan.summary(),
+                        first_commands=to_json(plan.commands[:20], self.ip_version, self._fully_random),
+                        table=str(listing)[:20000])
+        raise FatalDataplaneError(f"nftables {self._family} {TABLE_NAME}: {MAX_ATTEMPTS} attempts failed: {err}") \
+            from err
+
+    # ----------------------------------------------------------------------- read back
+    def _load_dataplane_state(self) -> None:
+        delay = 0.1
+        for attempt in range(1, LIST_ATTEMPTS + 1):
+            metrics.NFT_LIST_CALLS.inc()
+            try:
+                objs = self._shim.list_table(self._family, TABLE_NAME)
+                break
+            except DataplaneError as e:
+                metrics.NFT_LIST_ERRORS.inc()
+                self._log.warning("Listing the nftables table failed", attempt=attempt, error=str(e))
+                if attempt == LIST_ATTEMPTS:
+                    raise FatalDataplaneError(f"cannot list nftables {self._family} {TABLE_NAME}: {e}") from e
+                self._sleep(delay)
+                delay *= 2
+        self._last_read = self._now()
+        snap = parse_table(objs or (), self.ip_version)
+        self._table_present = objs is not None
+        self._dp_chains, self._dp_sets, self._dp_maps = snap.chains, snap.sets, snap.maps
+        self._dp_others = snap.others
+        self._resync_dirty()
+        self._in_sync = True
+        self._log.debug("Loaded nftables state", reason=self._reason, chains=len(snap.chains),
+                        rules=snap.num_rules, sets=len(snap.sets), maps=len(snap.maps),
+                        dirty_chains=len(self._dirty_chains))
+
+    def _expected_hashes(self, name: str) -> list[str]:
+        return self._hashes_by_chain[name]
+
+    def _chain_in_sync(self, name: str, snap: ChainSnapshot | None) -> bool:
+        if snap is None or snap.base != BASE_CHAINS.get(name):
+            return False
+        return snap.hashes == self._expected_hashes(name)
+
+    def _resync_dirty(self) -> None:
+        dirty = set()
+        for name, snap in self._dp_chains.items():
+            if self._desired_rules(name) is None:
+                self._log.info("Found unexpected chain, marking for cleanup", chain=name)
+                dirty.add(name)
+            elif not self._chain_in_sync(name, snap):
+                dirty.add(name)
+        for name in list(self._chains) + list(BASE_CHAINS):
+            if name not in self._dp_chains and self._desired_rules(name) is not None:
+                dirty.add(name)
+        if dirty - set(BASE_CHAINS):
+            self._log.info("Resync found chains to fix", num=len(dirty))
+        self._dirty_chains = dirty
+        self.sets.resync(self._dp_sets)
+        self.maps.resync(self._dp_maps)
+
+    # --------------------------------------------------------------------- transaction
+    def _add_chain_cmd(self, name: str) -> dict[str, Any]:
+        spec = BASE_CHAINS.get(name)
+        body: dict[str, Any] = {**self._tbl, "name": name}
+        if spec is not None:
+            body.update(type=spec.type, hook=spec.hook, prio=spec.prio, policy=spec.policy)
+        return {"add": {"chain": body}}
+
+    def _chain_cmd(self, verb: str, name: str) -> dict[str, Any]:
+        return {verb: {"chain": {**self._tbl, "name": name}}}
+
+    def _rule_cmds(self, name: str) -> list[Command]:
+        if name in BASE_CHAINS:
+            rules = self._inserts[name] + self._appends[name]
+        else:
+            rules = self._chains[name].rules
+        fam = self._family
+        return [RuleCmd(fam, TABLE_NAME, name, r, h) for r, h in zip(rules, self._expected_hashes(name))]
+
+    def _build_plan(self, full: bool) -> _Plan:
+        """The one transaction that takes the kernel from the dataplane view to the desired state.
+
+        *full*: start with ``add table; delete table; add table`` and rewrite everything.
+        """
+        plan = _Plan(full=full)
+        cmds = plan.commands
+        dp_chains = {} if full else self._dp_chains
+        dp_sets: dict[str, SetSnapshot] = {} if full else self._dp_sets
+        dp_maps: dict[str, MapSnapshot] = {} if full else self._dp_maps
+
+        # Which chains to write, delete or leave alone.
+        if full:
+            candidates = {n for n in list(self._chains) + list(BASE_CHAINS) if self._desired_rules(n) is not None}
+        else:
+            candidates = set(self._dirty_chains)
+        # A set or map whose type changed is deleted and re-added: flush its users first.
+        forced = {user for obj in self.sets.needs_recreate(dp_sets, full) + self.maps.needs_recreate(dp_maps, full)
+                  for user in self._obj_refs.get(obj, ()) if user in dp_chains}
+        candidates |= forced
+        to_write: list[str] = []
+        to_flush: list[str] = []
+        to_delete: list[str] = []
+        for name in sorted(candidates):
+            snap = dp_chains.get(name)
+            if self._desired_rules(name) is None:
+                if name in self._refcounts and name not in self._chains:
+                    self._log.warning("Chain is referenced but not defined", chain=name)
+                if snap is not None:
+                    to_flush.append(name)
+                    to_delete.append(name)
+                continue
+            if snap is not None and name not in forced and self._chain_in_sync(name, snap):
+                continue
+            to_write.append(name)
+            if snap is not None:
+                to_flush.append(name)
+
+        # 1. The table.
+        if full:
+            cmds.append({"add": {"table": {"family": self._family, "name": TABLE_NAME}}})
+            cmds.append({"delete": {"table": {"family": self._family, "name": TABLE_NAME}}})
+            cmds.append({"add": {"table": {"family": self._family, "name": TABLE_NAME}}})
+        elif not self._table_present:
+            cmds.append({"add": {"table": {"family": self._family, "name": TABLE_NAME}}})
+        # 2. Missing base chains.  (A chain hooked differently from what we want is
+        #    flushed, deleted and re-added in step 4, inside this same transaction.)
+        recreate_chains = [n for n in to_write if n in dp_chains and dp_chains[n].base != BASE_CHAINS.get(n)]
+        for name in to_write:
+            if name in BASE_CHAINS and dp_chains.get(name) is None:
+                cmds.append(self._add_chain_cmd(name))
+        # 3. New sets and member changes; new maps.
+        plan.set_plan = self.sets.plan(dp_sets, full, self._set_still_referenced)
+        plan.map_plan = self.maps.plan(dp_maps, full)
+        cmds.extend(plan.set_plan.create)
+        cmds.extend(plan.map_plan.create)
+        # 4. New regular chains created empty; chains to rewrite or delete flushed.
+        for name in to_write:
+            if name not in BASE_CHAINS and dp_chains.get(name) is None:
+                cmds.append(self._add_chain_cmd(name))
+        for name in to_flush:
+            cmds.append(self._chain_cmd("flush", name))
+        for name in recreate_chains:
+            cmds.append(self._chain_cmd("delete", name))
+            cmds.append(self._add_chain_cmd(name))
+        # 5. Sets and maps whose type changed.
+        cmds.extend(plan.set_plan.recreate)
+        cmds.extend(plan.map_plan.recreate)
+        # 6. Rules.
+        for name in to_write:
+            rule_cmds = self._rule_cmds(name)
+            plan.num_rules += len(rule_cmds)
+            cmds.extend(rule_cmds)
+            plan.chains_written[name] = ChainSnapshot(BASE_CHAINS.get(name), list(self._expected_hashes(name)))
+            for obj in self._chain_objs.get(name, ()):
+                if not self.sets.is_desired(obj) and not self.maps.is_desired(obj) and \
+                        obj not in dp_sets and obj not in dp_maps:
+                    self._log.warning("Rule refers to a set or map that does not exist", chain=name, set=obj)
+        # 7. Map elements (their target chains exist by now).
+        cmds.extend(plan.map_plan.elements)
+        # 8. Deletions, after every reference to them is gone: maps, chains, sets, anything else.
+        cmds.extend(plan.map_plan.delete)
+        for name in to_delete:
+            cmds.append(self._chain_cmd("delete", name))
+        plan.chains_deleted = to_delete
+        cmds.extend(plan.set_plan.delete)
+        if not full:
+            for kind, name in self._dp_others:
+                cmds.append({"delete": {kind: {**self._tbl, "name": name}}})
+        return plan
+
+    def _set_still_referenced(self, set_name: str) -> bool:
+        return any(self._desired_rules(c) is not None for c in self._obj_refs.get(set_name, ()))
+
+    def _commit(self, plan: _Plan) -> None:
+        if plan.full:
+            self._dp_chains, self._dp_sets, self._dp_maps = {}, {}, {}
+        if plan.commands:
+            self._table_present = True
+            self._dp_others = []
+        for name in plan.chains_deleted:
+            self._dp_chains.pop(name, None)
+        self._dp_chains.update(plan.chains_written)
+        for name in plan.set_plan.deleted:
+            self._dp_sets.pop(name, None)
+        self._dp_sets.update(plan.set_plan.written)
+        for name in plan.map_plan.deleted:
+            self._dp_maps.pop(name, None)
+        self._dp_maps.update(plan.map_plan.written)
+        self.sets.commit(plan.set_plan, plan.full)
+        self.maps.commit()
+        self._dirty_chains = set()
+        self._g_chains.set(len(self._dp_chains))
+        self._g_rules.set(sum(len(c.hashes) for c in self._dp_chains.values()))
+        self._g_sets.set(len(self._dp_sets))
+        self._g_maps.set(len(self._dp_maps))
+
+
+def new_nftables_tables(
+    ip_version: int, shim: NftShim, *, refresh_interval: float = 180.0, fully_random: bool = True,
+) -> tuple[NftablesTable, dict[str, Any]]:
+    """The root table of a family plus its four layer views, keyed by layer name.
+
+    ``refresh_interval`` is Felix's ``NftablesRefreshInterval`` (0 disables the refresh).
+    """
+    from felixpy.drivers.nftables.layer import NftablesLayer
+
+    root = NftablesTable(ip_version, shim, refresh_interval=refresh_interval, fully_random=fully_random)
+    return root, {layer: NftablesLayer(layer, root) for layer in LAYERS}
+
+
+__all__ = ["NftablesTable", "new_nftables_tables"]

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from nft_helpers import Clock, Harness, inside_netns
+
+from felixpy.drivers.nftables.fake import FakeNft
+from felixpy.drivers.nftables.shim import NftShim
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def fake() -> FakeNft:
+    return FakeNft()
+
+
+@pytest.fixture
+def make(clock: Clock) -> Callable[..., Harness]:
+    def _make(shim: NftShim, ip_version: int = 4, **kw: Any) -> Harness:
+        return Harness(ip_version, shim, clock, **kw)
+    return _make
+
+
+@pytest.fixture
+def kernel_nft(in_netns: str) -> Iterator[NftShim]:
+    """A real libnftables shim, with this thread inside a throwaway network namespace."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    assert inside_netns(in_netns), "refusing to touch nftables outside the throwaway namespace"
+    from felixpy.drivers.nftables.shim import LibNftables
+    yield LibNftables()
