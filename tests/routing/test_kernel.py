@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import time
+from typing import Any
 
 import pytest
 
 from felixpy.config import Config
+from felixpy.drivers.netlink.errors import LinkNotFound
 from felixpy.drivers.netlink.pyroute import PyrouteNetlink
-from felixpy.drivers.netlink.types import AF_INET, AF_INET6
+from felixpy.drivers.netlink.types import (
+    AF_INET,
+    AF_INET6,
+    RTN_BLACKHOLE,
+    RTN_THROW,
+    RTN_UNREACHABLE,
+    Neigh,
+    Route,
+)
 from felixpy.drivers.routerule import RouteRules, make_rule
 from felixpy.drivers.routetable import MainTableOwnershipPolicy, RouteTable, Target, TargetType
 from felixpy.drivers.routetable.defs import canonical_cidr
@@ -242,21 +253,188 @@ def test_missing_namespace_is_an_error() -> None:
     assert AF_INET and AF_INET6
 
 
-def test_raw_link_decoder_matches_pyroute2(netns: str) -> None:
+def test_ip_link_dump_matches_pyroute2(netns: str) -> None:
     ns = netns
     veth(ns, "eth0", "eth0p")
+    ip(ns, "link", "add", "cali1", "type", "veth", "peer", "name", "cali1p")
+    ip(ns, "link", "set", "cali1", "up")  # peer down: NO-CARRIER, not oper-up
     ip(ns, "addr", "add", "192.168.70.1/24", "dev", "eth0")
     ip(ns, "link", "add", "vxlan.calico", "address", "66:00:00:00:00:07", "type", "vxlan", "id", "4096",
        "dstport", "4789", "local", "192.168.70.1", "dev", "eth0", "nolearning")
     ip(ns, "-6", "addr", "add", "fd70::1/64", "dev", "eth0", "nodad")
     ip(ns, "link", "add", "vxlan-v6.calico", "type", "vxlan", "id", "4097", "dstport", "4790", "local", "fd70::1",
-       "dev", "eth0")
+       "dev", "eth0", "gbp", "l2miss")
     nl = PyrouteNetlink(ns)
     try:
-        raw = {link.name: link for link in nl.link_list()}
+        got = {link.name: link for link in nl.link_list()}
         ref = {link.name: link for link in nl.link_list_pyroute2()}
-        assert raw == ref
-        assert raw["vxlan.calico"].vxlan is not None and raw["vxlan.calico"].vxlan.port == 4789
+        assert got == ref
+        assert got["cali1"].admin_up and not got["cali1"].oper_up and got["eth0"].oper_up
+        v4, v6 = got["vxlan.calico"].vxlan, got["vxlan-v6.calico"].vxlan
+        assert v4 is not None and (v4.vni, v4.port, v4.local, v4.parent_index) == (4096, 4789, "192.168.70.1",
+                                                                                  got["eth0"].index)
+        assert v6 is not None and (v6.local, v6.gbp, v6.l2miss) == ("fd70::1", True, True)
         assert nl.link_by_name("vxlan-v6.calico") == ref["vxlan-v6.calico"]
+        with pytest.raises(LinkNotFound):
+            nl.link_by_name("nosuch0")
     finally:
         nl.close()
+
+
+def test_route_writes_and_dumps_round_trip(netns: str) -> None:
+    """Every attribute the drivers program reads back equal: what makes a no-drift resync write nothing."""
+    ns = netns
+    veth(ns, "cali1", "cali1p")
+    ip(ns, "addr", "add", "192.168.5.1/24", "dev", "cali1")
+    ip(ns, "-6", "addr", "add", "fd50::1/64", "dev", "cali1", "nodad")
+    nl = PyrouteNetlink(ns)
+    try:
+        c1 = nl.link_by_name("cali1").index
+        v4 = [
+            Route(AF_INET, "10.65.0.1/32", protocol=3, scope=253, oif=c1),
+            Route(AF_INET, "10.70.1.0/26", priority=7, protocol=80, oif=c1, gateway="10.70.1.0",
+                  src="192.168.5.1", onlink=True, mtu=1400),
+            Route(AF_INET, "10.80.0.0/16", tos=0x10, protocol=80, scope=253, oif=c1),
+            Route(AF_INET, "10.66.0.0/26", type=RTN_BLACKHOLE, protocol=80),
+            Route(AF_INET, "10.67.0.0/26", type=RTN_UNREACHABLE, protocol=80),
+            Route(AF_INET, "10.68.0.0/26", table=1000, type=RTN_THROW, protocol=80),
+            Route(AF_INET, "10.69.0.0/26", table=1000, protocol=80, scope=253, oif=c1),
+        ]
+        v6 = [
+            Route(AF_INET6, "fd65::1/128", priority=1024, protocol=3, oif=c1),
+            Route(AF_INET6, "fd70:1::/122", priority=1024, protocol=80, oif=c1, gateway="fd50::9", mtu=1300),
+            Route(AF_INET6, "fd77::/64", priority=1024, type=RTN_BLACKHOLE, protocol=80, oif=1),
+        ]
+        assert nl.routes_replace(v4 + v6) == [0] * len(v4 + v6)
+        assert nl.routes_replace(v4 + v6) == [0] * len(v4 + v6)  # replace: idempotent
+        main4 = [r for r in nl.route_list(AF_INET, 254) if r.protocol != 2]
+        assert sorted(main4, key=str) == sorted([r for r in v4 if r.table == 254], key=str)
+        assert sorted(nl.route_list(AF_INET, 1000), key=str) == sorted(v4[-2:], key=str)
+        main6 = [r for r in nl.route_list(AF_INET6, 254) if r.protocol != 2]
+        assert sorted(main6, key=str) == sorted(v6, key=str)
+        assert nl.route_list(AF_INET, 254, oif=c1) == [r for r in nl.route_list(AF_INET, 254) if r.oif == c1]
+        assert nl.route_list(AF_INET, 4242) == []  # no such table yet: empty, not an error
+        assert nl.routes_delete(v4 + v6) == [0] * len(v4 + v6)
+        assert set(nl.routes_delete(v4[:1])) == {errno.ESRCH}
+        assert [r for r in nl.route_list(AF_INET, 254) if r.protocol != 2] == []
+    finally:
+        nl.close()
+
+
+def test_batch_failures_stay_with_their_item(netns: str) -> None:
+    ns = netns
+    veth(ns, "cali1", "cali1p")
+    ip(ns, "link", "add", "cali2", "type", "veth", "peer", "name", "cali2p")  # left down
+    ip(ns, "link", "add", "cali3", "type", "veth", "peer", "name", "cali3p")
+    ip(ns, "link", "set", "cali3", "up", "mtu", "1200")  # too small for IPv6: the kernel refuses v6 neighbours
+    ip(ns, "link", "set", "cali3p", "up")
+    nl = PyrouteNetlink(ns)
+    try:
+        c1, c2, c3 = (nl.link_by_name(n).index for n in ("cali1", "cali2", "cali3"))
+        batch = [Route(AF_INET, "10.65.0.1/32", scope=253, oif=c1),
+                  Route(AF_INET, "10.65.0.2/32", scope=253, oif=c2),  # down
+                  Route(AF_INET, "10.65.0.3/32", scope=253, oif=9999),  # no such interface
+                  Route(AF_INET, "10.65.0.4/32", scope=253, oif=c1, src="10.9.9.9"),  # not a local address
+                  Route(AF_INET, "10.65.0.5/32", scope=253, oif=c1)]
+        res = nl.routes_replace(batch)
+        assert res[0] == 0 and res[4] == 0
+        assert res[1] == errno.ENETDOWN and res[2] == errno.ENODEV and res[3] == errno.EINVAL
+        assert routes(ns) >= {"10.65.0.1/32", "10.65.0.5/32"}
+        # ip neigh exits at the first kernel error even with -force: the shim finds the line and carries on.
+        neighs = [Neigh(AF_INET6, c1, "fd00::1", "ee:ee:ee:ee:ee:01"),
+                  Neigh(AF_INET6, c3, "fd00::3", "ee:ee:ee:ee:ee:03"),
+                  Neigh(AF_INET6, c1, "fd00::4", "ee:ee:ee:ee:ee:04"),
+                  Neigh(AF_INET6, c3, "fd00::5", "ee:ee:ee:ee:ee:05"),
+                  Neigh(AF_INET6, c1, "fd00::6", "ee:ee:ee:ee:ee:06")]
+        assert nl.neighs_replace(neighs) == [0, errno.EINVAL, 0, errno.EINVAL, 0]
+        got = {(n.dst, n.lladdr) for n in nl.neigh_list(c1, AF_INET6) if n.state & 0x80}
+        assert got == {("fd00::1", "ee:ee:ee:ee:ee:01"), ("fd00::4", "ee:ee:ee:ee:ee:04"),
+                       ("fd00::6", "ee:ee:ee:ee:ee:06")}
+        assert {n.dst for n in nl.neigh_list(None, AF_INET6) if n.state & 0x80} == {"fd00::1", "fd00::4", "fd00::6"}
+    finally:
+        nl.close()
+
+
+class CountingHandle:
+    """A real handle that counts the items it was asked to write."""
+
+    def __init__(self, inner: PyrouteNetlink, counts: dict[str, int]) -> None:
+        self.inner = inner
+        self.counts = counts
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name in ("routes_replace", "routes_delete", "neighs_replace"):
+            def counted(items: Any) -> Any:
+                self.counts[name] = self.counts.get(name, 0) + len(items)
+                return attr(items)
+            return counted
+        return attr
+
+
+def test_restart_without_drift_writes_nothing(netns: str) -> None:
+    ns = netns
+    for i in range(3):
+        veth(ns, f"cali{i}", f"cali{i}p")
+    counts: dict[str, int] = {}
+
+    def new_table() -> RouteTable:
+        rt = RouteTable(ip_version=4, new_handle=lambda: CountingHandle(PyrouteNetlink(ns), counts),  # type: ignore
+                        static_arp=True, clock=FakeClock(),
+                        ownership=MainTableOwnershipPolicy(workload_iface_prefixes=["cali"], device_route_protocol=3,
+                                                           remove_external_routes=True))
+        for i in range(3):
+            rt.set_routes(LW, f"cali{i}", [Target(f"10.65.{i}.{k}/32", dest_mac=f"ee:ee:00:00:{i:02x}:{k:02x}")
+                                           for k in range(1, 11)])
+        rt.set_routes(RouteClass.BLACKHOLE_VXLAN, None, [Target("10.66.0.0/26", TargetType.BLACKHOLE, protocol=80)])
+        return rt
+
+    first = new_table()
+    first.apply()
+    first.close()
+    assert counts == {"routes_replace": 31, "neighs_replace": 30}
+    counts.clear()
+    second = new_table()
+    second.apply()
+    assert counts == {} and second.in_sync()
+    # One ARP entry drifted (another MAC) and one route went missing: only those two are written.
+    ip(ns, "neigh", "replace", "10.65.1.1", "lladdr", "ee:ee:ee:00:00:00", "dev", "cali1", "nud", "permanent")
+    ip(ns, "route", "del", "10.65.2.2/32", "dev", "cali2")
+    second.close()
+    third = new_table()
+    third.apply()
+    assert counts == {"routes_replace": 1, "neighs_replace": 1}
+    assert "10.65.1.1 lladdr ee:ee:00:00:01:01 PERMANENT" in ip(ns, "neigh", "show", "dev", "cali1")
+    third.close()
+
+
+def test_v6_restart_without_drift_writes_nothing(netns: str) -> None:
+    ns = netns
+    veth(ns, "eth0", "eth0p")
+    ip(ns, "-6", "addr", "add", "fd50::1/64", "dev", "eth0", "nodad")
+    veth(ns, "cali1", "cali1p")
+    counts: dict[str, int] = {}
+
+    def new_table() -> RouteTable:
+        rt = RouteTable(ip_version=6, new_handle=lambda: CountingHandle(PyrouteNetlink(ns), counts),  # type: ignore
+                        clock=FakeClock(), device_route_source_address="fd50::1",
+                        ownership=MainTableOwnershipPolicy(workload_iface_prefixes=["cali"], device_route_protocol=3,
+                                                           remove_external_routes=True))
+        rt.set_routes(LW, "cali1", [Target(f"fd65::{k}/128") for k in range(1, 6)])
+        rt.set_routes(RouteClass.NO_ENCAP, "eth0", [Target("fd70:1::/122", TargetType.NOENCAP, gw="fd50::9",
+                                                           protocol=80, mtu=1400)])
+        rt.set_routes(RouteClass.BLACKHOLE_VXLAN, None, [Target("fd66::/122", TargetType.BLACKHOLE, protocol=80)])
+        return rt
+
+    first = new_table()
+    first.apply()
+    first.close()
+    assert counts == {"routes_replace": 7}
+    got = ip(ns, "-6", "route")
+    assert "fd70:1::/122 via fd50::9 dev eth0 proto 80 src fd50::1 metric 1024 onlink mtu 1400" in got
+    assert "blackhole fd66::/122 dev lo proto 80" in got and "fd65::5 dev cali1 src fd50::1 metric 1024" in got
+    counts.clear()
+    second = new_table()
+    second.apply()
+    assert counts == {} and second.in_sync()
+    second.close()

@@ -7,7 +7,7 @@ import errno
 import pytest
 
 from felixpy.drivers.netlink.fake import FailFlags, FakeNetlink
-from felixpy.drivers.netlink.types import AF_INET, AF_INET6, RTN_BLACKHOLE, Route
+from felixpy.drivers.netlink.types import AF_INET, AF_INET6, RTN_BLACKHOLE, Neigh, Route
 from felixpy.drivers.routetable import ExclusiveOwnershipPolicy, RouteTable, Target, TargetType
 from felixpy.errors import DataplaneError
 from felixpy.managers.base import IfaceState
@@ -249,6 +249,38 @@ def test_static_arp_entries(fake: FakeNetlink) -> None:
     rt.apply()
     neighs = {(n.dst, n.lladdr) for n in fake.neighs.values()}
     assert neighs == {("10.0.0.1", "ee:ee:ee:ee:ee:01")}  # only workload interfaces get ARP
+
+
+def test_resync_skips_static_arp_entries_the_kernel_already_has(fake: FakeNetlink) -> None:
+    cali1 = fake._by_name("cali1").index
+    fake.neighs[(AF_INET, cali1, "10.0.0.1")] = Neigh(AF_INET, cali1, "10.0.0.1", "ee:ee:ee:ee:ee:01")
+    fake.neighs[(AF_INET, cali1, "10.0.0.2")] = Neigh(AF_INET, cali1, "10.0.0.2", "ee:ee:ee:ee:ee:02", state=0x02)
+    fake.neighs[(AF_INET, cali1, "10.0.0.3")] = Neigh(AF_INET, cali1, "10.0.0.3", "ee:ee:ee:ee:ee:99")
+    rt = main_table(fake, FakeClock(), static_arp=True)
+    targets = [Target(f"10.0.0.{i}/32", dest_mac=f"ee:ee:ee:ee:ee:0{i}") for i in (1, 2, 3)]
+    rt.set_routes(LW, "cali1", targets[:1])
+    fake.fail_always = FailFlags.NEIGH_REPLACE  # any neighbour write would now fail the apply
+    rt.apply()  # 10.0.0.1 is already there, permanent, with this MAC: nothing to write
+    assert rt.in_sync()
+    rt.set_routes(LW, "cali1", targets)
+    with pytest.raises(DataplaneError):
+        rt.apply()  # outside a resync pending entries are written without a dump
+    rt.queue_resync()
+    with pytest.raises(DataplaneError):
+        rt.apply()  # reachable (not permanent) and wrong-MAC entries still need writing
+    fake.fail_always = FailFlags.NONE
+    rt.apply()
+    assert {(n.dst, n.lladdr, n.state) for n in fake.neighs.values()} == {
+        ("10.0.0.1", "ee:ee:ee:ee:ee:01", 0x80), ("10.0.0.2", "ee:ee:ee:ee:ee:02", 0x80),
+        ("10.0.0.3", "ee:ee:ee:ee:ee:03", 0x80)}
+
+
+def test_static_arp_written_when_the_neighbour_dump_fails(fake: FakeNetlink) -> None:
+    rt = main_table(fake, FakeClock(), static_arp=True)
+    rt.set_routes(LW, "cali1", [Target("10.0.0.1/32", dest_mac="ee:ee:ee:ee:ee:01")])
+    fake.fail_always = FailFlags.NEIGH_LIST
+    rt.apply()
+    assert {(n.dst, n.lladdr) for n in fake.neighs.values()} == {("10.0.0.1", "ee:ee:ee:ee:ee:01")}
 
 
 def test_exclusive_table_owns_everything_via_its_iface() -> None:

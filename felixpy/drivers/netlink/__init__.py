@@ -2,8 +2,9 @@
 
 * :mod:`.types` — frozen values (Link, Addr, Route, Rule, Neigh, FDBEntry...).
 * :mod:`.api` — the :class:`~.api.Netlink` protocol drivers are written against.
-* :mod:`.pyroute` — the real implementation (pyroute2 plus :mod:`.rtnl`, a raw
-  pipelined rtnetlink codec for bulk routes and neighbours).
+* :mod:`.pyroute` — the real implementation (pyroute2, plus :mod:`.iproute2`:
+  ``ip -batch`` for bulk route/neighbour writes and ``ip -j`` dumps).
+* :mod:`.cmd` — the command-runner shim ``ip`` and ``conntrack`` run through.
 * :mod:`.fake` — a stateful fake kernel with failure flags, for unit tests.
 * :mod:`.devices` — reconciling tunnel devices (VXLAN, IPIP, WireGuard).
 """

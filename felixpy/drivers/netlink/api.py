@@ -1,7 +1,8 @@
 """The netlink handle the routing drivers and managers are written against.
 
 Two implementations: :class:`felixpy.drivers.netlink.pyroute.PyrouteNetlink`
-(the real kernel, via pyroute2 and a raw rtnetlink codec for bulk routes) and
+(the real kernel, via pyroute2, and iproute2's ``ip -batch``/``ip -j`` for bulk
+writes and dumps) and
 :class:`felixpy.drivers.netlink.fake.FakeNetlink` (stateful, with failure
 flags).  Everything crossing this interface is a frozen value from
 :mod:`felixpy.drivers.netlink.types`.
@@ -53,7 +54,7 @@ class Netlink(Protocol):
 
     # neighbours / FDB
     def neighs_replace(self, neighs: Sequence[Neigh]) -> list[int]: ...
-    def neigh_list(self, ifindex: int, family: int) -> list[Neigh]: ...
+    def neigh_list(self, ifindex: int | None, family: int) -> list[Neigh]: ...  # None: all interfaces
     def neigh_del(self, neigh: Neigh) -> None: ...
     def fdb_list(self, ifindex: int) -> list[FDBEntry]: ...
     def fdb_replace(self, entry: FDBEntry) -> None: ...

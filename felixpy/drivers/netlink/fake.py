@@ -304,9 +304,9 @@ class FakeNetlink:
                 out.append(0)
         return out
 
-    def neigh_list(self, ifindex: int, family: int) -> list[Neigh]:
+    def neigh_list(self, ifindex: int | None, family: int) -> list[Neigh]:
         self._check(FailFlags.NEIGH_LIST, "neigh dump")
-        return [n for n in self.neighs.values() if n.ifindex == ifindex and n.family == family]
+        return [n for n in self.neighs.values() if (ifindex is None or n.ifindex == ifindex) and n.family == family]
 
     def neigh_del(self, neigh: Neigh) -> None:
         self._check(FailFlags.NEIGH_DEL, f"neigh del {neigh.dst}")

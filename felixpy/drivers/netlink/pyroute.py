@@ -1,4 +1,4 @@
-"""The real netlink handle: pyroute2 for links/addresses/rules/FDB, raw rtnetlink for bulk.
+"""The real netlink handle: pyroute2 for single operations, iproute2 (``ip``) for bulk and dumps.
 
 ``PyrouteNetlink(netns=None)`` acts on the calling thread's namespace;
 ``PyrouteNetlink(netns="name")`` on a named one, opened with ``flags=0`` so
@@ -6,13 +6,20 @@ that a missing namespace is an error (pyroute2's default would silently
 create it).  pyroute2 messages are converted to :mod:`.types` values here and
 nowhere else; every pyroute2 ``NetlinkError`` becomes a
 :class:`~felixpy.drivers.netlink.errors.NetlinkCallError` carrying the errno.
-Routes and static neighbours go through :class:`~.rtnl.RtnlSocket`
-(pipelined, see that module for why).  Calls are serialised by a lock.
+
+The high-volume paths go through :class:`~.iproute2.IpTool` (see that module
+for why): route and static-neighbour writes (``ip -force -batch``), and the
+route, neighbour and link dumps a resync reads (``ip -j``).  ``ip`` runs through
+an injectable :class:`~.cmd.CommandRunner`; by default a
+:class:`~.cmd.SubprocessRunner` forking it inside ``netns``.  Single links are
+looked up with pyroute2 (one round trip, well under a millisecond, where
+spawning ``ip`` costs a few).  Calls are serialised by a lock.
 """
 
 from __future__ import annotations
 
 import errno as _errno
+import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -21,9 +28,10 @@ from typing import Any, TypeVar
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError as PyNetlinkError
 
+from felixpy.drivers.netlink.cmd import CommandRunner, SubprocessRunner
 from felixpy.drivers.netlink.errors import ConnectFailed, LinkNotFound, NetlinkCallError
+from felixpy.drivers.netlink.iproute2 import IpTool
 from felixpy.drivers.netlink.nsutil import call_in_netns
-from felixpy.drivers.netlink.rtnl import RtnlSocket, dump_links, encode_neigh_replace, encode_route, get_link
 from felixpy.drivers.netlink.types import (
     AF_INET,
     AF_INET6,
@@ -84,22 +92,24 @@ def _link_from_msg(msg: Any) -> Link:
 
 
 class PyrouteNetlink:
-    def __init__(self, netns: str | None = None) -> None:
+    def __init__(self, netns: str | None = None, runner: CommandRunner | None = None) -> None:
         self.netns = netns
         self._lock = threading.Lock()
         try:
             self._ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
         except (OSError, PyNetlinkError) as exc:
             raise ConnectFailed(f"cannot open netlink (netns={netns}): {exc}") from exc
+        self._ip = IpTool(runner if runner is not None else SubprocessRunner(netns), self._names)
+
+    def _names(self) -> dict[int, str]:
+        """index -> name of every interface in the namespace (libc ``if_nameindex``)."""
         try:
-            self._rtnl = RtnlSocket(netns)
-        except BaseException:
-            self._ipr.close()
-            raise
+            return dict(call_in_netns(self.netns, socket.if_nameindex))
+        except OSError as exc:
+            raise NetlinkCallError("interface names", exc.errno or _errno.EIO) from exc
 
     def close(self) -> None:
         with self._lock:
-            self._rtnl.close()
             self._ipr.close()
 
     @contextmanager
@@ -118,20 +128,23 @@ class PyrouteNetlink:
 
     # -- links ------------------------------------------------------------------
     def link_list(self) -> list[Link]:
+        """``ip -j -d link show``: ~6 ms for 200 links where pyroute2 takes 30-50 ms."""
         with self._lock:
-            return dump_links(self._rtnl)
+            return self._ip.link_list()
 
     def link_by_name(self, name: str) -> Link:
         try:
-            with self._lock:
-                return get_link(self._rtnl, name)
+            msgs = self._do(f"link get {name}", lambda: list(self._ipr.link("get", ifname=name)))
         except NetlinkCallError as exc:
             if exc.not_found:
                 raise LinkNotFound(name) from exc
             raise
+        if not msgs:
+            raise LinkNotFound(name)
+        return _link_from_msg(msgs[0])
 
     def link_list_pyroute2(self) -> list[Link]:
-        """The same via pyroute2 (kept for cross-checking the raw decoder in tests)."""
+        """The same as :meth:`link_list` via pyroute2 (tests cross-check the two decoders)."""
         return self._do("link dump", lambda: [_link_from_msg(m) for m in self._ipr.get_links()])
 
     def link_add(self, spec: LinkSpec) -> None:
@@ -182,42 +195,27 @@ class PyrouteNetlink:
         self._do(f"addr del {addr.address}", lambda: self._ipr.addr(
             "del", index=addr.index, address=addr.address, prefixlen=addr.prefixlen, family=addr.family))
 
-    # -- routes (raw, pipelined) ---------------------------------------------------
+    # -- routes (ip -batch / ip -j) --------------------------------------------------
     def route_list(self, family: int, table: int, oif: int | None = None) -> list[Route]:
         with self._lock:
-            return self._rtnl.dump_routes(family, table, oif)
-
-    def _batch(self, encoded: list[tuple[int, bytes]]) -> list[int]:
-        with self._lock:
-            failures = self._rtnl.batch(encoded)
-        return [failures.get(seq, 0) for seq, _ in encoded]
+            return self._ip.route_list(family, table, oif)
 
     def routes_replace(self, routes: Sequence[Route]) -> list[int]:
         with self._lock:
-            encoded = [(seq, encode_route(r, seq)) for r in routes for seq in (self._rtnl.new_seq(),)]
-        return self._batch(encoded)
+            return self._ip.routes_replace(routes)
 
     def routes_delete(self, routes: Sequence[Route]) -> list[int]:
         with self._lock:
-            encoded = [(seq, encode_route(r, seq, delete=True)) for r in routes for seq in (self._rtnl.new_seq(),)]
-        return self._batch(encoded)
+            return self._ip.routes_delete(routes)
 
     # -- neighbours / FDB ------------------------------------------------------------
     def neighs_replace(self, neighs: Sequence[Neigh]) -> list[int]:
         with self._lock:
-            encoded = [(seq, encode_neigh_replace(n, seq)) for n in neighs for seq in (self._rtnl.new_seq(),)]
-        return self._batch(encoded)
+            return self._ip.neighs_replace(neighs)
 
-    def neigh_list(self, ifindex: int, family: int) -> list[Neigh]:
-        msgs = self._do("neigh dump", lambda: list(self._ipr.neigh("dump", ifindex=ifindex, family=family)))
-        out = []
-        for m in msgs:
-            dst = m.get_attr("NDA_DST")
-            if dst is None or int(m["ifindex"]) != ifindex:
-                continue
-            mac = m.get_attr("NDA_LLADDR")
-            out.append(Neigh(int(m["family"]), ifindex, dst, canon_mac(mac) if mac else None, int(m["state"])))
-        return out
+    def neigh_list(self, ifindex: int | None, family: int) -> list[Neigh]:
+        with self._lock:
+            return self._ip.neigh_list(ifindex, family)
 
     def neigh_del(self, neigh: Neigh) -> None:
         self._do(f"neigh del {neigh.dst}", lambda: self._ipr.neigh(

@@ -1,7 +1,7 @@
 """Frozen values for the kernel objects the routing drivers read and write.
 
 These are what the netlink shim hands out and accepts; pyroute2's dict-like
-messages (and our raw rtnetlink frames) are converted to and from them at the
+messages (and ``ip -j`` output) are converted to and from them at the
 shim boundary and never travel further.  Addresses are canonical strings
 (``ipaddress`` formatting: ``10.0.0.1``, ``fd00::1``), CIDRs are canonical
 network strings (``10.0.0.0/26``), MACs are lower-case ``aa:bb:cc:dd:ee:ff``.

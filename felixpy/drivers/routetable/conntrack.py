@@ -16,52 +16,24 @@ held up.  Port of Felix's ``routetable/conntrack_owner_tracker.go`` and
 
 from __future__ import annotations
 
-import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
 
 import structlog
 
 from felixpy.deltatracker import DeltaTracker
-from felixpy.drivers.netlink.nsutil import call_in_netns
+from felixpy.drivers.netlink.cmd import CommandResult, CommandRunner, SubprocessRunner
 from felixpy.drivers.routetable.defs import is_single_address
 from felixpy.managers.routeclass import RouteClass
 
 log = structlog.get_logger(__name__)
 
+__all__ = ["CommandResult", "CommandRunner", "ConntrackCleanupTracker", "ConntrackFlusher", "NoConntrackCleanup",
+           "SubprocessRunner"]
+
 MAX_TRIES = 4
-
-
-@dataclass(frozen=True, slots=True)
-class CommandResult:
-    returncode: int
-    stdout: str = ""
-    stderr: str = ""
-
-
-class CommandRunner(Protocol):
-    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> CommandResult: ...
-
-
-class SubprocessRunner:
-    """Runs commands for real; with ``netns`` the child is forked inside that namespace."""
-
-    def __init__(self, netns: str | None = None, timeout: float = 60.0) -> None:
-        self.netns = netns
-        self.timeout = timeout
-
-    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> CommandResult:
-        def run() -> subprocess.CompletedProcess[str]:
-            return subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=self.timeout)
-
-        try:
-            p = call_in_netns(self.netns, run)
-        except FileNotFoundError as exc:
-            return CommandResult(127, "", str(exc))
-        return CommandResult(p.returncode, p.stdout, p.stderr)
 
 
 class ConntrackFlusher:

@@ -6,7 +6,7 @@ What it owns
     interfaces (``cali*``) and via the VXLAN devices; in a Calico-only table
     (WireGuard), every route via its interfaces.  Also the static ARP entries
     for IPv4 workload routes that carry a MAC (written, never swept: they go
-    with the interface).
+    with the interface; a full resync skips those the kernel already has).
 
 How it recognises them after a restart
     It has no memory.  The first ``apply()`` (and every :meth:`queue_resync`,
@@ -26,7 +26,7 @@ Apply contract
     ifindex; routes via down or unknown interfaces are not programmed.
     ``apply()`` does a full resync when one is queued (always the first time),
     else rescans only flapped interfaces; deletes unwanted routes, then writes
-    the rest in one pipelined batch — one failed route stays pending and does
+    the rest in one batch (``ip -batch``) — one failed route stays pending and does
     not stop the others; failures are retried once inline with a fresh handle
     and then raised as :class:`~felixpy.errors.DataplaneError` (work kept for
     the next apply).  A /32 or /128 that moves between interfaces is deleted
@@ -52,6 +52,7 @@ from felixpy.drivers.netlink.errors import NetlinkCallError
 from felixpy.drivers.netlink.types import (
     AF_INET,
     AF_INET6,
+    NUD_PERMANENT,
     RT_SCOPE_UNIVERSE,
     SPECIAL_ROUTE_TYPES,
     Neigh,
@@ -415,12 +416,37 @@ class RouteTable:
             if key not in owned:
                 self.conntrack.on_dataplane_route_deleted(key[0], old.oif)
         self.kernel.replace_dataplane(owned)
+        if self._pending_arps:
+            self._drop_arps_already_present(nl)
         self._ifaces_to_rescan.clear()
         self._full_resync = False
         self.log.info("route table resynced", owned=len(owned), desired=self.kernel.desired_len(),
                       to_update=self.kernel.num_pending_updates(),
                       to_delete=self.kernel.num_pending_deletions(),
                       seconds=round(time.monotonic() - start, 4))
+
+    def _drop_arps_already_present(self, nl: Netlink) -> None:
+        """Static ARP entries the kernel already has (permanent, same MAC) need no write.
+
+        Only on a full resync (a restart re-feeds every endpoint), so that a
+        restart with nothing to change writes nothing; in steady state the
+        pending entries are for new workloads and are written without a dump.
+        """
+        try:
+            present = {(n.ifindex, n.dst): n.lladdr for n in nl.neigh_list(None, AF_INET)
+                       if n.state & NUD_PERMANENT}
+        except NetlinkCallError as exc:
+            self.log.warning("neighbour dump failed; writing every pending static ARP entry", error=str(exc))
+            return
+        for iface in list(self._pending_arps):
+            ifindex = self._name_to_index.get(iface)
+            if ifindex is None:
+                continue
+            pending = self._pending_arps[iface]
+            for addr in [a for a, mac in pending.items() if present.get((ifindex, a)) == mac]:
+                del pending[addr]
+            if not pending:
+                del self._pending_arps[iface]
 
     def _resync_ifaces(self, nl: Netlink) -> None:
         for name in list(self._ifaces_to_rescan):
