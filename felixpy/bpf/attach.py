@@ -1,0 +1,245 @@
+"""Attaching the preambles: clsact/TC filters, TCX links, XDP.  Netkit is reported unsupported.
+
+What it owns: the direct-action BPF filter named ``cali_tc_preambl`` (the kernel's 15-character
+cut of ``cali_tc_preamble``) at priority :data:`TC_PRIO` on each hook's clsact, TCX links
+(optionally pinned as ``<pin dir>/<iface without dots>_<ingress|egress>``, Felix's naming), and
+XDP programs named ``cali_xdp_preamb``.  A restarted process recognises its objects by those
+names and pin paths and replaces them atomically (TC ``replace``, ``BPF_LINK_UPDATE``).
+
+The attach mechanism is chosen in exactly one place, :func:`resolve_attach_mode` (Felix's
+``ResolveAttachType``/``useNetkitAttach``): ``BPFAttachType`` Netkit (Felix's default) means the
+netkit API on netkit workload devices and TCX elsewhere; TCX falls back to TC where the kernel
+lacks it.  This kernel has no netkit (``CONFIG_NETKIT`` off), so a netkit device, or an explicit
+request to attach with netkit, raises :class:`~felixpy.bpf.errors.UnsupportedAttachType`.
+
+Only the calling thread's network namespace is touched (pyroute2 sockets are opened per call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import errno
+import functools
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from felixpy.bpf import defs
+from felixpy.bpf import syscall as sc
+from felixpy.bpf.errors import BPFSyscallError, UnsupportedAttachType
+
+log = structlog.get_logger(__name__)
+
+TC_PRIO = 1
+TC_HANDLE = 1
+PREAMBLE_NAME = "cali_tc_preambl"
+XDP_FLAGS_SKB_MODE = 1 << 1
+XDP_FLAGS_DRV_MODE = 1 << 2
+ETH_P_ALL = 3
+_PARENT = {defs.HOOK_TC_INGRESS: "ffff:fff2", defs.HOOK_TC_EGRESS: "ffff:fff3"}
+_TCX_TYPE = {defs.HOOK_TC_INGRESS: sc.ATTACH_TCX_INGRESS, defs.HOOK_TC_EGRESS: sc.ATTACH_TCX_EGRESS}
+
+
+def _ipr() -> Any:
+    """A pyroute2 IPRoute in the calling thread's namespace (imported lazily: pyroute2 is only
+    needed by processes that attach)."""
+    from pyroute2 import IPRoute  # type: ignore[import-untyped]
+
+    return IPRoute()
+
+
+def _netlink_error() -> type[Exception]:
+    from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]
+
+    return NetlinkError  # type: ignore[no-any-return]
+
+
+class AttachMode(enum.Enum):
+    TC = "tc"
+    TCX = "tcx"
+    NETKIT = "netkit"
+
+
+def iface_kind(ifname: str) -> str | None:
+    """IFLA_INFO_KIND of an interface in the caller's namespace ("veth", "netkit", ...)."""
+
+    with _ipr() as ipr:
+        links = ipr.link("get", ifname=ifname)
+        for link in links:
+            info = link.get_attr("IFLA_LINKINFO")
+            if info is not None:
+                kind = info.get_attr("IFLA_INFO_KIND")
+                return str(kind) if kind else None
+    return None
+
+
+@functools.cache
+def netkit_supported() -> bool:
+    """The running kernel's netkit support.  felixpy has no netkit attach path yet, and this
+    kernel is built without CONFIG_NETKIT, so this is a fixed answer rather than a probe."""
+    return False
+
+
+@functools.cache
+def tcx_supported() -> bool:
+    """Probe: a TCX program query on loopback succeeds on kernels with TCX (6.6+)."""
+    import ctypes
+    import struct
+
+    a = ctypes.create_string_buffer(64)
+    struct.pack_into("=II", a, 0, 1, sc.ATTACH_TCX_INGRESS)
+    ret = sc._libc.syscall(sc._SYS_BPF, sc.PROG_QUERY, a, len(a))
+    return ret == 0 or ctypes.get_errno() not in (errno.EINVAL, errno.EOPNOTSUPP)
+
+
+def resolve_attach_mode(requested: str, kind: str | None) -> AttachMode:
+    """Choose the mechanism for one interface.  ``requested`` is BPFAttachType
+    ("Netkit"/"TCX"/"TC", case-insensitive); ``kind`` the device's link kind."""
+    req = requested.lower()
+    if req not in ("netkit", "tcx", "tc"):
+        raise ValueError(f"unknown BPFAttachType {requested!r}")
+    if kind == "netkit":
+        if not netkit_supported():
+            raise UnsupportedAttachType(
+                "netkit devices are not supported: this kernel lacks netkit (CONFIG_NETKIT) "
+                "and felixpy has no netkit attach path")
+        return AttachMode.NETKIT
+    if req == "tc":
+        return AttachMode.TC
+    # "netkit" means netkit only for netkit devices; TCX for everything else.
+    return AttachMode.TCX if tcx_supported() else AttachMode.TC
+
+
+def attach(mode: AttachMode, ifindex: int, hook: int, prog_fd: int, *,
+           link_pin: str | None = None) -> int | None:
+    """Attach ``prog_fd`` with ``mode``; returns the TCX link fd (None for TC)."""
+    if mode is AttachMode.TC:
+        attach_tc(ifindex, hook, prog_fd)
+        return None
+    if mode is AttachMode.TCX:
+        return attach_tcx(ifindex, hook, prog_fd, pin_path=link_pin)
+    raise UnsupportedAttachType("netkit attach is not supported on this kernel")
+
+
+# ---------------------------------------------------------------------------------------------
+# clsact / TC
+
+
+def ensure_clsact(ifindex: int) -> None:
+    NetlinkError = _netlink_error()
+
+    with _ipr() as ipr:
+        try:
+            ipr.tc("add", "clsact", ifindex)
+        except NetlinkError as e:
+            if getattr(e, "code", None) != errno.EEXIST:
+                raise
+
+
+def attach_tc(ifindex: int, hook: int, prog_fd: int, *, prio: int = TC_PRIO) -> None:
+    """Attach (or atomically replace) the preamble filter on a clsact hook."""
+
+    ensure_clsact(ifindex)
+    with _ipr() as ipr:
+        ipr.tc("replace-filter", "bpf", ifindex, f":{TC_HANDLE}", fd=prog_fd, name=PREAMBLE_NAME,
+               parent=_PARENT[hook], classid=1, direct_action=True, prio=prio,
+               protocol=ETH_P_ALL)
+
+
+def tc_filters(ifindex: int, hook: int) -> list[str]:
+    """Names of the BPF filters on a clsact hook (only entries that carry options)."""
+
+    out = []
+    with _ipr() as ipr:
+        try:
+            msgs = ipr.get_filters(index=ifindex, parent=int(_PARENT[hook].replace(":", ""), 16))
+        except Exception:
+            return []
+        for m in msgs:
+            opts = m.get_attr("TCA_OPTIONS")
+            if opts is not None:
+                name = opts.get_attr("TCA_BPF_NAME")
+                if name:
+                    out.append(str(name))
+    return out
+
+
+def detach_tc(ifindex: int) -> None:
+    """Remove the clsact qdisc (and so every filter on it).  Absent: not an error."""
+    NetlinkError = _netlink_error()
+
+    with _ipr() as ipr, contextlib.suppress(NetlinkError):
+        ipr.tc("del", "clsact", ifindex)
+
+
+# ---------------------------------------------------------------------------------------------
+# TCX
+
+
+def tcx_pin_path(pin_dir: str, ifname: str, hook: int) -> str:
+    return os.path.join(pin_dir, f"{ifname.replace('.', '')}_"
+                        f"{'ingress' if hook == defs.HOOK_TC_INGRESS else 'egress'}")
+
+
+def attach_tcx(ifindex: int, hook: int, prog_fd: int, *, pin_path: str | None = None) -> int:
+    """Attach through a TCX link; with ``pin_path`` an existing pinned link is updated in place
+    (atomic).  Returns the link fd (the caller owns it)."""
+    if pin_path and os.path.exists(pin_path):
+        link = sc.obj_get(pin_path)
+        try:
+            sc.link_update(link, prog_fd)
+            return link
+        except BPFSyscallError as e:
+            os.close(link)
+            if e.errno != errno.ENOLINK:
+                raise
+            os.unlink(pin_path)  # the link was detached under us: make a new one
+    link = sc.link_create(prog_fd, ifindex, _TCX_TYPE[hook])
+    if pin_path:
+        Path(pin_path).parent.mkdir(parents=True, exist_ok=True)
+        sc.obj_pin(link, pin_path)
+    return link
+
+
+def detach_tcx(link_fd: int | None = None, *, pin_path: str | None = None) -> None:
+    """Detach explicitly (closing the last reference is not relied on), then unlink the pin."""
+    fd = link_fd
+    if fd is None and pin_path and os.path.exists(pin_path):
+        fd = sc.obj_get(pin_path)
+    if fd is not None:
+        with contextlib.suppress(BPFSyscallError):
+            sc.link_detach(fd)
+        if link_fd is None:
+            os.close(fd)
+    if pin_path:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(pin_path)
+
+
+def tcx_programs(ifindex: int, hook: int) -> list[int]:
+    return sc.prog_query_tcx(ifindex, _TCX_TYPE[hook])
+
+
+# ---------------------------------------------------------------------------------------------
+# XDP
+
+
+def attach_xdp(ifindex: int, prog_fd: int, *, mode: int = XDP_FLAGS_SKB_MODE) -> None:
+
+    with _ipr() as ipr:
+        ipr.link("set", index=ifindex,
+                 xdp={"attrs": [("IFLA_XDP_FD", prog_fd), ("IFLA_XDP_FLAGS", mode)]})
+
+
+def detach_xdp(ifindex: int, *, mode: int = XDP_FLAGS_SKB_MODE) -> None:
+
+    with _ipr() as ipr:
+        ipr.link("set", index=ifindex, xdp={"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", mode)]})
+
+
+def ifindex_of(ifname: str) -> int:
+    return socket.if_nametoindex(ifname)

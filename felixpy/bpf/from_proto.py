@@ -1,0 +1,179 @@
+"""Build the policy generator's IR from ``felixbackend`` messages.
+
+Pure functions: given the active policies/profiles (as the calc graph sent them) and an
+endpoint, produce the :class:`~felixpy.bpf.policy_ir.PolicySet` one of its programs enforces.
+Direction is the *policy* direction: ``"ingress"`` (traffic to the endpoint: a workload's
+TC-egress program, a host endpoint's TC-ingress/XDP program) or ``"egress"``.
+
+Mirrors Felix's ``bpf_ep_mgr.go`` ``extractTiers``/``extractProfiles``/``addHostPolicy``:
+tiers without policies for the direction are skipped; staged policies are never enforced;
+the end of a tier drops unless the tier's default action is ``Pass``; pre-DNAT and untracked
+tiers never drop at their end; profiles treat pass as deny.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from felixpy.bpf.policy_ir import (
+    PROTOCOL_NUMBERS,
+    Action,
+    Policy,
+    PolicySet,
+    PortRange,
+    Profile,
+    Rule,
+    Tier,
+)
+
+PolicyKey = tuple[str, str, str]  # (kind, namespace, name)
+
+INGRESS = "ingress"
+EGRESS = "egress"
+
+
+def policy_key(pid: Any) -> PolicyKey:
+    return (pid.kind, pid.namespace, pid.name)
+
+
+def _proto(p: Any) -> int:
+    which = p.WhichOneof("number_or_name")
+    if which == "number":
+        return int(p.number)
+    name = str(p.name).lower()
+    if name in PROTOCOL_NUMBERS:
+        return PROTOCOL_NUMBERS[name]
+    return int(name)
+
+
+def _ports(prs: Iterable[Any]) -> tuple[PortRange, ...]:
+    return tuple(PortRange(int(pr.first), int(pr.last or pr.first)) for pr in prs)
+
+
+def rule_from_proto(r: Any) -> Rule:
+    icmp_type = icmp_code = not_icmp_type = not_icmp_code = None
+    which = r.WhichOneof("icmp")
+    if which == "icmp_type":
+        icmp_type = int(r.icmp_type)
+    elif which == "icmp_type_code":
+        icmp_type, icmp_code = int(r.icmp_type_code.type), int(r.icmp_type_code.code)
+    which = r.WhichOneof("not_icmp")
+    if which == "not_icmp_type":
+        not_icmp_type = int(r.not_icmp_type)
+    elif which == "not_icmp_type_code":
+        not_icmp_type = int(r.not_icmp_type_code.type)
+        not_icmp_code = int(r.not_icmp_type_code.code)
+    return Rule(
+        action=Action.parse(r.action),
+        ip_version=int(r.ip_version) or None,
+        protocol=_proto(r.protocol) if r.HasField("protocol") else None,
+        not_protocol=_proto(r.not_protocol) if r.HasField("not_protocol") else None,
+        src_nets=tuple(r.src_net),
+        not_src_nets=tuple(r.not_src_net),
+        dst_nets=tuple(r.dst_net),
+        not_dst_nets=tuple(r.not_dst_net),
+        src_ip_sets=tuple(r.src_ip_set_ids),
+        not_src_ip_sets=tuple(r.not_src_ip_set_ids),
+        dst_ip_sets=tuple(r.dst_ip_set_ids),
+        not_dst_ip_sets=tuple(r.not_dst_ip_set_ids),
+        dst_ip_port_sets=tuple(r.dst_ip_port_set_ids),
+        src_ports=_ports(r.src_ports),
+        not_src_ports=_ports(r.not_src_ports),
+        dst_ports=_ports(r.dst_ports),
+        not_dst_ports=_ports(r.not_dst_ports),
+        src_named_port_ip_sets=tuple(r.src_named_port_ip_set_ids),
+        not_src_named_port_ip_sets=tuple(r.not_src_named_port_ip_set_ids),
+        dst_named_port_ip_sets=tuple(r.dst_named_port_ip_set_ids),
+        not_dst_named_port_ip_sets=tuple(r.not_dst_named_port_ip_set_ids),
+        icmp_type=icmp_type,
+        icmp_code=icmp_code,
+        not_icmp_type=not_icmp_type,
+        not_icmp_code=not_icmp_code,
+        rule_id=r.rule_id,
+    )
+
+
+def _rules(msg: Any, direction: str) -> tuple[Rule, ...]:
+    rs = msg.inbound_rules if direction == INGRESS else msg.outbound_rules
+    return tuple(rule_from_proto(r) for r in rs)
+
+
+def _is_staged(kind: str) -> bool:
+    return kind.lower().startswith("staged")
+
+
+def extract_tiers(tier_infos: Iterable[Any], policies: Mapping[PolicyKey, Any], direction: str,
+                  *, end_drop: bool = True) -> tuple[Tier, ...]:
+    out: list[Tier] = []
+    for ti in tier_infos:
+        ids = ti.ingress_policies if direction == INGRESS else ti.egress_policies
+        pols: list[Policy] = []
+        for pid in ids:
+            key = policy_key(pid)
+            pol = policies.get(key)
+            if pol is None:
+                continue  # not (yet) known: nothing to enforce
+            pols.append(Policy("/".join(k for k in key if k), _rules(pol, direction),
+                               staged=_is_staged(pid.kind)))
+        if not pols:
+            continue
+        default = Action.PASS if (not end_drop or ti.default_action.lower() == "pass") else Action.DENY
+        out.append(Tier(ti.name, tuple(pols), default))
+    return tuple(out)
+
+
+def extract_profiles(profile_ids: Iterable[str], profiles: Mapping[str, Any],
+                     direction: str) -> tuple[Profile, ...]:
+    out = []
+    for pid in profile_ids:
+        prof = profiles.get(pid)
+        if prof is not None:
+            out.append(Profile(pid, _rules(prof, direction)))
+    return tuple(out)
+
+
+def workload_policy_set(ep: Any, policies: Mapping[PolicyKey, Any], profiles: Mapping[str, Any],
+                        direction: str, *, host_ep: Any | None = None,
+                        ep_to_host_action: str = "DROP") -> PolicySet:
+    """A workload's program for one policy direction; ``host_ep`` is the ``*`` host endpoint
+    whose host policy also applies to workload traffic, if any."""
+    ps_kwargs: dict[str, Any] = {}
+    if host_ep is not None:
+        ps_kwargs = _host_policy(host_ep, policies, profiles, direction)
+    # Normal host policy is skipped for host->workload and, unless the endpoint-to-host action
+    # is RETURN, for workload->host (Felix's SuppressNormalHostPolicy).
+    suppress = direction == INGRESS or ep_to_host_action.upper() != "RETURN" or host_ep is None
+    return PolicySet(
+        tiers=extract_tiers(ep.tiers, policies, direction),
+        profiles=extract_profiles(ep.profile_ids, profiles, direction),
+        suppress_normal_host_policy=suppress,
+        **ps_kwargs,
+    )
+
+
+def _host_policy(hep: Any, policies: Mapping[PolicyKey, Any], profiles: Mapping[str, Any],
+                 direction: str) -> dict[str, Any]:
+    return {
+        "host_pre_dnat_tiers": (extract_tiers(hep.pre_dnat_tiers, policies, direction, end_drop=False)
+                                if direction == INGRESS else ()),
+        "host_forward_tiers": extract_tiers(hep.forward_tiers, policies, direction),
+        "host_normal_tiers": extract_tiers(hep.tiers, policies, direction),
+        "host_profiles": extract_profiles(hep.profile_ids, profiles, direction),
+    }
+
+
+def host_policy_set(hep: Any, policies: Mapping[PolicyKey, Any], profiles: Mapping[str, Any],
+                    direction: str) -> PolicySet:
+    """A host endpoint's TC program for one policy direction."""
+    return PolicySet(for_host_interface=True, suppress_normal_host_policy=False,
+                     **_host_policy(hep, policies, profiles, direction))
+
+
+def xdp_policy_set(hep: Any, policies: Mapping[PolicyKey, Any]) -> PolicySet | None:
+    """The untracked (XDP) ingress policy of a host endpoint, or None when it has none."""
+    tiers = extract_tiers(hep.untracked_tiers, policies, INGRESS, end_drop=False)
+    if not tiers:
+        return None
+    return PolicySet(for_host_interface=True, for_xdp=True, suppress_normal_host_policy=False,
+                     host_normal_tiers=tiers)

@@ -1,0 +1,140 @@
+"""IP sets for the BPF dataplane: numeric set ids and the members of the LPM-trie map.
+
+Felix stores every IP set in one LPM trie per family (``cali_v4_ip_sets``/``cali_v6_ip_sets``),
+keyed by (64-bit set id, address[, port, protocol]) -- see ``bpf-gpl/policy_types.h``.  Policy
+programs embed the numeric id, so it must be stable while a program uses it.
+
+Ids are derived from a hash of the string IP-set id (probing on collision), so a restarted
+process usually gets the same ids back and can recognise existing map entries.  Ids >= 2**32
+are reserved (Felix's ``ALL_ISTIO_WEPS_ID`` lives there).
+
+:class:`BPFIPSets` holds the desired members of each set and writes only the difference to the
+map; it reads the map back on the first apply (mark-and-sweep of entries for ids it no longer
+knows).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import ipaddress
+from collections.abc import Iterable
+
+import structlog
+
+from felixpy.bpf import defs
+from felixpy.bpf import maptypes as mt
+from felixpy.bpf.maps import BPFMap
+from felixpy.bpf.policy_ir import PROTOCOL_NUMBERS
+
+log = structlog.get_logger(__name__)
+
+
+class IPSetIDAllocator:
+    def __init__(self) -> None:
+        self._by_name: dict[str, int] = {}
+        self._by_id: dict[int, str] = {}
+
+    def get_or_alloc(self, name: str) -> int:
+        got = self._by_name.get(name)
+        if got is not None:
+            return got
+        h = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
+        cand = h or 1
+        while cand in self._by_id:
+            cand = (cand % (defs.IPSET_ID_RESERVED_BASE - 1)) + 1
+        self._by_name[name] = cand
+        self._by_id[cand] = name
+        return cand
+
+    def get(self, name: str) -> int | None:
+        return self._by_name.get(name)
+
+    def release(self, name: str) -> None:
+        i = self._by_name.pop(name, None)
+        if i is not None:
+            self._by_id.pop(i, None)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+
+def member_key(set_id: int, member: str, v6: bool) -> ctypes.Structure | None:
+    """Map key for one member: ``10.0.0.0/8``, ``10.0.0.1`` or ``10.0.0.1,tcp:80``.
+    Returns None for a member of the other family (or a named-port member with a protocol
+    other than tcp/udp/sctp)."""
+    addr, _, portspec = member.partition(",")
+    try:
+        net = ipaddress.ip_network(addr, strict=False)
+    except ValueError:
+        return None
+    if (net.version == 6) != v6:
+        return None
+    if portspec:
+        proto_name, _, port = portspec.partition(":")
+        proto = PROTOCOL_NUMBERS.get(proto_name.lower())
+        if proto not in (6, 17, 132):
+            return None
+        return mt.ipset_key(set_id, str(net.network_address), port=int(port), protocol=proto, v6=v6)
+    return mt.ipset_key(set_id, str(net.network_address), net.prefixlen, v6=v6)
+
+
+class BPFIPSets:
+    """Desired-state writer for one family's IP-set map."""
+
+    def __init__(self, m: BPFMap, ids: IPSetIDAllocator, v6: bool) -> None:
+        self.map = m
+        self.ids = ids
+        self.v6 = v6
+        self._desired: dict[str, set[bytes]] = {}
+        self._programmed: dict[bytes, str] | None = None  # key -> set name, once known
+
+    def replace(self, name: str, members: Iterable[str]) -> None:
+        sid = self.ids.get_or_alloc(name)
+        keys: set[bytes] = set()
+        for mem in members:
+            k = member_key(sid, mem, self.v6)
+            if k is not None:
+                keys.add(bytes(k))
+        self._desired[name] = keys
+
+    def add_members(self, name: str, members: Iterable[str]) -> None:
+        sid = self.ids.get_or_alloc(name)
+        cur = self._desired.setdefault(name, set())
+        for mem in members:
+            k = member_key(sid, mem, self.v6)
+            if k is not None:
+                cur.add(bytes(k))
+
+    def remove_members(self, name: str, members: Iterable[str]) -> None:
+        sid = self.ids.get_or_alloc(name)
+        cur = self._desired.setdefault(name, set())
+        for mem in members:
+            k = member_key(sid, mem, self.v6)
+            if k is not None:
+                cur.discard(bytes(k))
+
+    def remove(self, name: str) -> None:
+        self._desired.pop(name, None)
+
+    def apply(self) -> tuple[int, int]:
+        """Reconcile the map with the desired members; returns (added, deleted)."""
+        if self._programmed is None:
+            self._programmed = {bytes(k): "?" for k in self.map.keys()}
+        want: dict[bytes, str] = {}
+        for name, keys in self._desired.items():
+            for k in keys:
+                want[k] = name
+        added = deleted = 0
+        for k in [k for k in self._programmed if k not in want]:
+            self.map.delete(k)
+            del self._programmed[k]
+            deleted += 1
+        for k, name in want.items():
+            if k not in self._programmed:
+                self.map.set(k, ctypes.c_uint32(1))
+                self._programmed[k] = name
+                added += 1
+        if added or deleted:
+            log.debug("bpf ip sets applied", v6=self.v6, added=added, deleted=deleted)
+        return added, deleted

@@ -1,0 +1,500 @@
+"""The BPF maps felixpy shares with its programs: specs, pinned wrappers, and in-memory fakes.
+
+What it owns: every map in :data:`TC_MAP_SPECS`, pinned as ``<pin root>/<name>``.  The pin root
+defaults to ``/sys/fs/bpf/tc/globals`` (Felix's ``bpfdefs.GlobalPinDir``) and is configurable
+so tests can use a private bpffs.
+
+How a fresh process recognises them: by pinned path and kernel map name (``cali_*``,
+``xdp_cali_*``; the name carries the layout version suffix, e.g. ``cali_v4_ct4``), and by
+checking type, key size and value size against the spec.  A pin whose layout differs is replaced
+(Felix does the same for key/value size changes); a different ``max_entries`` is kept as is.
+
+Python creates every pin *before* bcc compiles a program, so the programs' ``BPF_TABLE_PINNED``
+declarations only ever open existing maps with exactly the attributes given here.
+
+Apply contract: :meth:`MapSet.ensure` is idempotent.  Entry operations are direct syscalls;
+deleting an absent key returns False rather than raising.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from felixpy.bpf import maptypes as mt
+from felixpy.bpf import syscall as sc
+from felixpy.bpf.errors import BPFSyscallError
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_PIN_ROOT = "/sys/fs/bpf/tc/globals"
+BPF_FS_MAGIC = 0xCAFE4A11
+OWNED_PREFIXES = ("cali_", "calico_", "xdp_cali_")
+
+CType = type[ctypes.Structure] | type[ctypes._SimpleCData]  # type: ignore[type-arg]
+
+
+@dataclass(frozen=True, slots=True)
+class MapSpec:
+    base: str
+    version: int
+    map_type: int
+    key_type: Any
+    value_type: Any
+    max_entries: int
+    flags: int = 0
+
+    @property
+    def name(self) -> str:
+        """Pinned (and kernel) name: base + version suffix when version > 1."""
+        n = self.base + (str(self.version) if self.version > 1 else "")
+        if len(n) >= 16:
+            raise ValueError(f"map name {n!r} is too long for BPF_OBJ_NAME_LEN")
+        return n
+
+    @property
+    def key_size(self) -> int:
+        return ctypes.sizeof(self.key_type)
+
+    @property
+    def value_size(self) -> int:
+        return ctypes.sizeof(self.value_type)
+
+    @property
+    def percpu(self) -> bool:
+        return self.map_type in sc.PERCPU_MAP_TYPES
+
+    def sized(self, max_entries: int) -> MapSpec:
+        return MapSpec(self.base, self.version, self.map_type, self.key_type, self.value_type,
+                       max_entries, self.flags)
+
+
+u32 = ctypes.c_uint32
+_NP = sc.F_NO_PREALLOC
+
+
+class _StateBlob(ctypes.Structure):
+    _fields_ = [("raw", ctypes.c_uint8 * mt.STATE_BLOB_SIZE)]
+
+
+# Mirrors the CALI_MAP declarations in bpf-gpl/*.h (checked by tests/bpf/test_maps_match_c.py).
+CT4 = MapSpec("cali_v4_ct", 4, sc.MAP_TYPE_LRU_HASH, mt.CtKey4, mt.CtValue4, 512000)
+CT6 = MapSpec("cali_v6_ct", 4, sc.MAP_TYPE_LRU_HASH, mt.CtKey6, mt.CtValue6, 512000)
+IPSETS4 = MapSpec("cali_v4_ip_sets", 1, sc.MAP_TYPE_LPM_TRIE, mt.IPSetKey4, u32, 1048576, _NP)
+IPSETS6 = MapSpec("cali_v6_ip_sets", 1, sc.MAP_TYPE_LPM_TRIE, mt.IPSetKey6, u32, 1048576, _NP)
+ROUTES4 = MapSpec("cali_v4_routes", 1, sc.MAP_TYPE_LPM_TRIE, mt.RouteKey4, mt.RouteValue4, 262144, _NP)
+ROUTES6 = MapSpec("cali_v6_routes", 1, sc.MAP_TYPE_LPM_TRIE, mt.RouteKey6, mt.RouteValue6, 262144, _NP)
+FSAFES4 = MapSpec("cali_v4_fsafes", 2, sc.MAP_TYPE_LPM_TRIE, mt.FailsafeKey4, mt.FailsafeValue, 65536, _NP)
+FSAFES6 = MapSpec("cali_v6_fsafes", 2, sc.MAP_TYPE_LPM_TRIE, mt.FailsafeKey6, mt.FailsafeValue, 65536, _NP)
+IFSTATE = MapSpec("cali_iface", 4, sc.MAP_TYPE_HASH, u32, mt.IfStateValue, 1000, _NP)
+STATE = MapSpec("cali_state", 6, sc.MAP_TYPE_PERCPU_ARRAY, u32, _StateBlob, 2)
+COUNTERS = MapSpec("cali_counters", 6, sc.MAP_TYPE_PERCPU_HASH, mt.CountersKey, mt.CountersValue, 20000)
+AP_GLOBALS = MapSpec("cali_ap_glob", 1, sc.MAP_TYPE_HASH, mt.ApKey, mt.TcPreambleGlobals, 4000, _NP)
+XDP_GLOBALS = MapSpec("xdp_cali_glob", 1, sc.MAP_TYPE_HASH, u32, mt.XdpPreambleGlobals, 1000, _NP)
+PROGS_ING = MapSpec("cali_progs_ing", 2, sc.MAP_TYPE_PROG_ARRAY, u32, u32, 400)
+PROGS_EGR = MapSpec("cali_progs_egr", 2, sc.MAP_TYPE_PROG_ARRAY, u32, u32, 400)
+JUMP_ING = MapSpec("cali_jump_ing", 2, sc.MAP_TYPE_PROG_ARRAY, u32, u32, 240000)
+JUMP_EGR = MapSpec("cali_jump_egr", 2, sc.MAP_TYPE_PROG_ARRAY, u32, u32, 240000)
+XDP_PROGS = MapSpec("xdp_cali_progs", 3, sc.MAP_TYPE_PROG_ARRAY, u32, u32, 400)
+XDP_JUMP = MapSpec("xdp_cali_jump", 3, sc.MAP_TYPE_PROG_ARRAY, u32, u32, 2400)
+
+ALL_SPECS: tuple[MapSpec, ...] = (
+    CT4, CT6, IPSETS4, IPSETS6, ROUTES4, ROUTES6, FSAFES4, FSAFES6, IFSTATE, STATE, COUNTERS,
+    AP_GLOBALS, XDP_GLOBALS, PROGS_ING, PROGS_EGR, JUMP_ING, JUMP_EGR, XDP_PROGS, XDP_JUMP,
+)
+
+KeyLike = ctypes.Structure | ctypes._SimpleCData | bytes | int  # type: ignore[type-arg]
+
+
+def _to_bytes(v: Any, size: int) -> bytes:
+    if isinstance(v, bytes | bytearray):
+        b = bytes(v)
+    elif isinstance(v, int):
+        b = v.to_bytes(size, "little")
+    else:
+        b = bytes(v)  # ctypes object -> buffer contents
+    if len(b) != size:
+        raise ValueError(f"expected {size} bytes, got {len(b)}")
+    return b
+
+
+class BPFMap(Protocol):
+    """What both the kernel-backed :class:`Map` and :class:`FakeMap` offer."""
+
+    spec: MapSpec
+
+    def get(self, key: Any) -> Any: ...
+    def set(self, key: Any, value: Any, flags: int = sc.ANY) -> None: ...
+    def delete(self, key: Any) -> bool: ...
+    def keys(self) -> Iterator[Any]: ...
+    def items(self) -> Iterator[tuple[Any, Any]]: ...
+    def clear(self) -> int: ...
+
+
+class _Typed:
+    spec: MapSpec
+
+    def _key(self, key: Any) -> bytes:
+        return _to_bytes(key, self.spec.key_size)
+
+    def _decode_key(self, raw: bytes) -> Any:
+        return self.spec.key_type.from_buffer_copy(raw)
+
+    def _decode_value(self, raw: bytes) -> Any:
+        vt = self.spec.value_type
+        if not self.spec.percpu:
+            return vt.from_buffer_copy(raw)
+        stride = (self.spec.value_size + 7) & ~7
+        return [vt.from_buffer_copy(raw, i * stride) for i in range(len(raw) // stride)]
+
+    def _encode_value(self, value: Any) -> bytes:
+        size = self.spec.value_size
+        if not self.spec.percpu:
+            return _to_bytes(value, size)
+        stride = (size + 7) & ~7
+        ncpu = sc.possible_cpus()
+        vals = value if isinstance(value, list) else [value] * ncpu
+        out = bytearray(stride * ncpu)
+        for i, v in enumerate(vals[:ncpu]):
+            out[i * stride:i * stride + size] = _to_bytes(v, size)
+        return bytes(out)
+
+    def _raw_value_size(self) -> int:
+        if self.spec.percpu:
+            return ((self.spec.value_size + 7) & ~7) * sc.possible_cpus()
+        return self.spec.value_size
+
+
+class Map(_Typed):
+    """A kernel map, addressed through typed keys/values (ctypes objects, ints or bytes).
+
+    Per-CPU maps return a list (one value per possible CPU) from :meth:`get`; :meth:`set` with
+    a single value writes it to every CPU."""
+
+    def __init__(self, spec: MapSpec, fd: int, path: str | None = None) -> None:
+        self.spec = spec
+        self.fd = fd
+        self.path = path
+
+    def get(self, key: Any) -> Any:
+        raw = sc.map_lookup(self.fd, self._key(key), self._raw_value_size())
+        return None if raw is None else self._decode_value(raw)
+
+    def set(self, key: Any, value: Any, flags: int = sc.ANY) -> None:
+        sc.map_update(self.fd, self._key(key), self._encode_value(value), flags)
+
+    def delete(self, key: Any) -> bool:
+        return sc.map_delete(self.fd, self._key(key))
+
+    def raw_keys(self) -> Iterator[bytes]:
+        k: bytes | None = None
+        while True:
+            k = sc.map_next_key(self.fd, k, self.spec.key_size)
+            if k is None:
+                return
+            yield k
+
+    def keys(self) -> Iterator[Any]:
+        for k in list(self.raw_keys()):
+            yield self._decode_key(k)
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        for k in list(self.raw_keys()):
+            v = sc.map_lookup(self.fd, k, self._raw_value_size())
+            if v is not None:
+                yield self._decode_key(k), self._decode_value(v)
+
+    def clear(self) -> int:
+        if self.spec.map_type in (sc.MAP_TYPE_ARRAY, sc.MAP_TYPE_PERCPU_ARRAY):
+            zero = bytes(self.spec.value_size)
+            for i in range(self.spec.max_entries):
+                self.set(i, zero)
+            return self.spec.max_entries
+        if self.spec.map_type == sc.MAP_TYPE_PROG_ARRAY:
+            n = 0
+            for i in range(self.spec.max_entries):
+                n += self.delete(i)
+            return n
+        n = 0
+        for k in list(self.raw_keys()):
+            n += sc.map_delete(self.fd, k)
+        return n
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, spec: MapSpec) -> Map:
+        fd = sc.map_create(spec.map_type, spec.key_size, spec.value_size, spec.max_entries,
+                           flags=spec.flags, name=spec.name)
+        return cls(spec, fd)
+
+    @classmethod
+    def open_or_create(cls, spec: MapSpec, pin_root: str) -> Map:
+        path = os.path.join(pin_root, spec.name)
+        if os.path.exists(path):
+            fd = sc.obj_get(path)
+            info = sc.map_info(fd)
+            if (info.type, info.key_size, info.value_size, info.flags) == (
+                    spec.map_type, spec.key_size, spec.value_size, spec.flags):
+                if info.max_entries != spec.max_entries:
+                    log.info("bpf map size differs; keeping existing", map=spec.name,
+                             pinned=info.max_entries, wanted=spec.max_entries)
+                    spec = spec.sized(info.max_entries)
+                return cls(spec, fd, path)
+            os.close(fd)
+            log.warning("bpf map layout changed; replacing pin", map=spec.name,
+                        pinned=(info.type, info.key_size, info.value_size, info.flags))
+            os.unlink(path)
+        m = cls.create(spec)
+        try:
+            sc.obj_pin(m.fd, path)
+        except BPFSyscallError as e:
+            m.close()
+            if e.errno == errno.EEXIST:  # raced with another process: use theirs
+                return cls.open_or_create(spec, pin_root)
+            raise
+        m.path = path
+        return m
+
+
+class FakeMap(_Typed):
+    """In-memory stand-in with the same interface and semantics: hash, array, LPM-trie
+    longest-prefix lookup, per-CPU lists, ``max_entries`` (E2BIG when full), update flags."""
+
+    def __init__(self, spec: MapSpec) -> None:
+        self.spec = spec
+        self._d: dict[bytes, bytes] = {}
+        if spec.map_type in (sc.MAP_TYPE_ARRAY, sc.MAP_TYPE_PERCPU_ARRAY):
+            zero = self._encode_value(bytes(spec.value_size))
+            for i in range(spec.max_entries):
+                self._d[i.to_bytes(4, "little")] = zero
+        self.fail_next_update: int | None = None  # failure injection: errno for the next set()
+
+    def _lpm_lookup(self, key: bytes) -> bytes | None:
+        want_bits = int.from_bytes(key[:4], "little")
+        data = key[4:]
+        best: tuple[int, bytes] | None = None
+        for k, v in self._d.items():
+            plen = int.from_bytes(k[:4], "little")
+            if plen > want_bits:
+                continue
+            if _prefix_equal(k[4:], data, plen) and (best is None or plen > best[0]):
+                best = (plen, v)
+        return None if best is None else best[1]
+
+    def get(self, key: Any) -> Any:
+        kb = self._key(key)
+        raw = self._lpm_lookup(kb) if self.spec.map_type == sc.MAP_TYPE_LPM_TRIE else self._d.get(kb)
+        return None if raw is None else self._decode_value(raw)
+
+    def set(self, key: Any, value: Any, flags: int = sc.ANY) -> None:
+        if self.fail_next_update is not None:
+            err, self.fail_next_update = self.fail_next_update, None
+            raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", err)
+        kb = self._key(key)
+        exists = kb in self._d
+        if flags == sc.NOEXIST and exists:
+            raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", errno.EEXIST)
+        if flags == sc.EXIST and not exists:
+            raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", errno.ENOENT)
+        if self.spec.map_type in (sc.MAP_TYPE_ARRAY, sc.MAP_TYPE_PERCPU_ARRAY, sc.MAP_TYPE_PROG_ARRAY):
+            if int.from_bytes(kb, "little") >= self.spec.max_entries:
+                raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", errno.E2BIG)
+        elif not exists and len(self._d) >= self.spec.max_entries:
+            raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", errno.E2BIG)
+        self._d[kb] = self._encode_value(value)
+
+    def delete(self, key: Any) -> bool:
+        return self._d.pop(self._key(key), None) is not None
+
+    def keys(self) -> Iterator[Any]:
+        for k in list(self._d):
+            yield self._decode_key(k)
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        for k, v in list(self._d.items()):
+            yield self._decode_key(k), self._decode_value(v)
+
+    def clear(self) -> int:
+        n = len(self._d)
+        self._d.clear()
+        return n
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+def _prefix_equal(a: bytes, b: bytes, bits: int) -> bool:
+    full, rem = divmod(bits, 8)
+    if a[:full] != b[:full]:
+        return False
+    if rem:
+        mask = (0xFF << (8 - rem)) & 0xFF
+        return (a[full] & mask) == (b[full] & mask)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# bpffs
+
+
+class _Statfs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_long * 15)]
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def is_bpffs(path: str) -> bool:
+    st = _Statfs()
+    if _libc.statfs(path.encode(), ctypes.byref(st)) != 0:
+        return False
+    return bool((st.f_type & 0xFFFFFFFF) == BPF_FS_MAGIC)
+
+
+def mount_bpffs(path: str) -> None:
+    """Mount a fresh bpffs instance at ``path`` (created if absent)."""
+    os.makedirs(path, exist_ok=True)
+    if _libc.mount(b"bpf", path.encode(), b"bpf", 0, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount -t bpf {path}: {os.strerror(err)}")
+
+
+def unmount(path: str) -> None:
+    if _libc.umount2(path.encode(), 2) != 0:  # MNT_DETACH
+        err = ctypes.get_errno()
+        raise OSError(err, f"umount {path}: {os.strerror(err)}")
+
+
+def _on_bpffs(path: str) -> bool:
+    p = os.path.abspath(path)
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    return is_bpffs(p)
+
+
+def ensure_pin_root(pin_root: str, bpffs_mount: str = "/sys/fs/bpf") -> None:
+    """Make sure ``pin_root`` lives on a bpffs, mounting one at ``bpffs_mount`` if needed.
+
+    Only the daemon calls this with the default root; tests use :func:`private_bpffs`."""
+    if not _on_bpffs(pin_root) and not is_bpffs(bpffs_mount):
+        log.info("mounting bpffs", path=bpffs_mount)
+        mount_bpffs(bpffs_mount)
+    os.makedirs(pin_root, exist_ok=True)
+
+
+@contextlib.contextmanager
+def private_bpffs(parent: str | None = None) -> Iterator[str]:
+    """A throwaway bpffs mounted on a temp dir (for tests and benchmarks); unmounted on exit."""
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="felixpy-bpffs-", dir=parent)
+    mount_bpffs(d)
+    try:
+        yield d
+    finally:
+        with contextlib.suppress(OSError):
+            unmount(d)
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MapSet:
+    """Every shared map, opened (or created and pinned) under one pin root."""
+
+    pin_root: str
+    sizes: Mapping[str, int] = field(default_factory=dict)
+    maps: dict[str, Map] = field(default_factory=dict)
+
+    def ensure(self) -> MapSet:
+        os.makedirs(self.pin_root, exist_ok=True)
+        for spec in ALL_SPECS:
+            if spec.name in self.maps:
+                continue
+            if spec.name in self.sizes:
+                spec = spec.sized(self.sizes[spec.name])
+            self.maps[spec.name] = Map.open_or_create(spec, self.pin_root)
+        return self
+
+    def __getitem__(self, name: str) -> Map:
+        return self.maps[name]
+
+    def ct(self, v6: bool) -> Map:
+        return self.maps[(CT6 if v6 else CT4).name]
+
+    def ipsets(self, v6: bool) -> Map:
+        return self.maps[(IPSETS6 if v6 else IPSETS4).name]
+
+    def routes(self, v6: bool) -> Map:
+        return self.maps[(ROUTES6 if v6 else ROUTES4).name]
+
+    def failsafes(self, v6: bool) -> Map:
+        return self.maps[(FSAFES6 if v6 else FSAFES4).name]
+
+    @property
+    def ifstate(self) -> Map:
+        return self.maps[IFSTATE.name]
+
+    @property
+    def state(self) -> Map:
+        return self.maps[STATE.name]
+
+    @property
+    def counters(self) -> Map:
+        return self.maps[COUNTERS.name]
+
+    @property
+    def ap_globals(self) -> Map:
+        return self.maps[AP_GLOBALS.name]
+
+    @property
+    def xdp_globals(self) -> Map:
+        return self.maps[XDP_GLOBALS.name]
+
+    def progs(self, hook: int) -> Map:
+        from felixpy.bpf import defs
+
+        return self.maps[{defs.HOOK_TC_INGRESS: PROGS_ING, defs.HOOK_TC_EGRESS: PROGS_EGR,
+                          defs.HOOK_XDP: XDP_PROGS}[hook].name]
+
+    def jumps(self, hook: int) -> Map:
+        from felixpy.bpf import defs
+
+        return self.maps[{defs.HOOK_TC_INGRESS: JUMP_ING, defs.HOOK_TC_EGRESS: JUMP_EGR,
+                          defs.HOOK_XDP: XDP_JUMP}[hook].name]
+
+    def close(self) -> None:
+        for m in self.maps.values():
+            m.close()
+        self.maps.clear()
+
+
+def counters_total(m: BPFMap, ifindex: int, hook: int) -> list[int]:
+    """Sum a counters entry over CPUs; zeros if absent."""
+    v = m.get(mt.CountersKey(ifindex, hook))
+    if v is None:
+        return [0] * len(mt.CountersValue().c)
+    return [sum(cpu.c[i] for cpu in v) for i in range(len(v[0].c))]
+
+
+def ensure_counters(m: BPFMap, ifindex: int, hook: int) -> None:
+    """Create a zeroed counters entry (programs drop packets when theirs is missing)."""
+    with contextlib.suppress(BPFSyscallError):
+        m.set(mt.CountersKey(ifindex, hook), mt.CountersValue(), sc.NOEXIST)

@@ -1,0 +1,107 @@
+"""FakeMap semantics, and parity with the kernel for the same operations."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+import pytest
+
+from felixpy.bpf import maps
+from felixpy.bpf import maptypes as mt
+from felixpy.bpf import syscall as sc
+from felixpy.bpf.errors import BPFSyscallError
+
+SMALL_LPM = maps.IPSETS4.sized(16)
+SMALL_HASH = maps.IFSTATE.sized(2)
+COUNTERS = maps.COUNTERS.sized(4)
+
+
+def ops(m: maps.BPFMap) -> list[object]:
+    """A script of operations; returns observations to compare between implementations."""
+    out: list[object] = []
+    m.set(mt.ipset_key(1, "10.0.0.0", 8), ctypes.c_uint32(1))
+    m.set(mt.ipset_key(1, "10.1.0.0", 16), ctypes.c_uint32(2))
+    m.set(mt.ipset_key(2, "10.1.2.3", port=80, protocol=6), ctypes.c_uint32(3))
+    for addr, port, proto, sid in (("10.1.2.3", 0, 0, 1), ("10.2.0.1", 0, 0, 1),
+                                   ("11.0.0.1", 0, 0, 1), ("10.1.2.3", 80, 6, 2),
+                                   ("10.1.2.3", 81, 6, 2), ("10.1.2.3", 80, 17, 2)):
+        k = mt.ipset_key(sid, addr, port=port, protocol=proto)
+        k.prefixlen = mt.IPSET_FULL_PREFIX_V4
+        v = m.get(k)
+        out.append(None if v is None else v.value)
+    with pytest.raises(BPFSyscallError) as ei:
+        m.set(mt.ipset_key(1, "10.0.0.0", 8), ctypes.c_uint32(1), sc.NOEXIST)
+    out.append(ei.value.errno)
+    out.append(m.delete(mt.ipset_key(1, "10.0.0.0", 8)))
+    out.append(m.delete(mt.ipset_key(1, "10.0.0.0", 8)))
+    out.append(sorted(bytes(k).hex() for k in m.keys()))
+    return out
+
+
+def test_fake_lpm_semantics() -> None:
+    obs = ops(maps.FakeMap(SMALL_LPM))
+    assert obs[:6] == [2, 1, None, 3, None, None]
+    assert obs[6] == errno.EEXIST and obs[7:9] == [True, False]
+
+
+def test_fake_hash_limits_and_failure_injection() -> None:
+    m = maps.FakeMap(SMALL_HASH)
+    m.set(1, mt.ifstate_value(1))
+    m.set(2, mt.ifstate_value(2))
+    with pytest.raises(BPFSyscallError) as ei:
+        m.set(3, mt.ifstate_value(3))
+    assert ei.value.errno == errno.E2BIG
+    m.fail_next_update = errno.ENOMEM
+    with pytest.raises(BPFSyscallError):
+        m.set(1, mt.ifstate_value(9))
+    assert m.get(1).flags == 1
+    with pytest.raises(BPFSyscallError):
+        m.set(4, mt.ifstate_value(1), sc.EXIST)
+
+
+def test_fake_percpu() -> None:
+    m = maps.FakeMap(COUNTERS)
+    maps.ensure_counters(m, 5, 0)
+    maps.ensure_counters(m, 5, 0)  # idempotent
+    assert maps.counters_total(m, 5, 0) == [0] * 27
+    v = m.get(mt.CountersKey(5, 0))
+    assert len(v) == sc.possible_cpus()
+
+
+@pytest.mark.kernel
+def test_kernel_map_matches_fake() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    real = maps.Map.create(SMALL_LPM)
+    try:
+        assert ops(real) == ops(maps.FakeMap(SMALL_LPM))
+    finally:
+        real.close()
+
+
+@pytest.mark.kernel
+def test_pinned_maps_are_recognised_and_layout_checked() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    with maps.private_bpffs() as root:
+        ms = maps.MapSet(root, sizes={"cali_v4_ct4": 64, "cali_v6_ct4": 64}).ensure()
+        ms.ifstate.set(7, mt.ifstate_value(3, "eth0"))
+        ms.close()
+        # A fresh "process" finds them by pin path and kernel name, contents intact.
+        ms2 = maps.MapSet(root, sizes={"cali_v4_ct4": 64, "cali_v6_ct4": 64}).ensure()
+        assert ms2.ifstate.get(7).name == b"eth0"
+        info = sc.map_info(ms2.ifstate.fd)
+        assert info.name == "cali_iface4" and info.value_size == 52
+        assert ms2.ct(False).spec.max_entries == 64
+        ms2.close()
+        # A pin with a different layout under our name is replaced.
+        os.unlink(os.path.join(root, "cali_iface4"))
+        bad = maps.Map.create(maps.MapSpec("cali_iface", 4, sc.MAP_TYPE_HASH, ctypes.c_uint32,
+                                           ctypes.c_uint64, 10, sc.F_NO_PREALLOC))
+        sc.obj_pin(bad.fd, os.path.join(root, "cali_iface4"))
+        bad.close()
+        ms3 = maps.MapSet(root, sizes={"cali_v4_ct4": 64, "cali_v6_ct4": 64}).ensure()
+        assert sc.map_info(ms3.ifstate.fd).value_size == 52
+        ms3.close()

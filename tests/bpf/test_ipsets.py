@@ -1,0 +1,52 @@
+"""IP-set ids and the desired-state writer (against a FakeMap)."""
+
+from __future__ import annotations
+
+from felixpy.bpf import maps
+from felixpy.bpf import maptypes as mt
+from felixpy.bpf.ipsets import BPFIPSets, IPSetIDAllocator, member_key
+
+
+def test_ids_stable_unique_and_below_reserved() -> None:
+    a, b = IPSetIDAllocator(), IPSetIDAllocator()
+    names = [f"s:{i}" for i in range(2000)]
+    ids = [a.get_or_alloc(n) for n in names]
+    assert ids == [b.get_or_alloc(n) for n in names]  # a restarted process gets the same ids
+    assert len(set(ids)) == len(ids) and all(0 < i < 2**32 for i in ids)
+    a.release("s:1")
+    assert "s:1" not in a and a.get("s:2") == ids[2]
+
+
+def test_member_keys() -> None:
+    assert member_key(1, "10.0.0.0/8", v6=False).prefixlen == 72
+    assert member_key(1, "10.0.0.1", v6=False).prefixlen == 96
+    assert member_key(1, "10.0.0.1,tcp:80", v6=False).prefixlen == 120
+    assert member_key(1, "fd00::1", v6=False) is None  # other family
+    assert member_key(1, "10.0.0.1,icmp:0", v6=False) is None
+    assert member_key(1, "fd00::/64", v6=True).prefixlen == 128
+
+
+def test_writer_applies_deltas() -> None:
+    m = maps.FakeMap(maps.IPSETS4.sized(100))
+    ids = IPSetIDAllocator()
+    w = BPFIPSets(m, ids, v6=False)
+    w.replace("s:a", ["10.0.0.0/24", "10.1.0.1", "fd00::1"])
+    assert w.apply() == (2, 0)
+    assert w.apply() == (0, 0)
+    w.add_members("s:a", ["10.2.0.1"])
+    w.remove_members("s:a", ["10.1.0.1"])
+    assert w.apply() == (1, 1)
+    sid = ids.get_or_alloc("s:a")
+    probe = mt.ipset_key(sid, "10.0.0.77")
+    probe.prefixlen = mt.IPSET_FULL_PREFIX_V4
+    assert m.get(probe) is not None
+    w.remove("s:a")
+    assert w.apply() == (0, 2) and len(m) == 0
+
+
+def test_writer_sweeps_unknown_entries_on_first_apply() -> None:
+    m = maps.FakeMap(maps.IPSETS4.sized(100))
+    m.set(mt.ipset_key(12345, "10.9.9.9"), 1)  # left over by a previous process
+    w = BPFIPSets(m, IPSetIDAllocator(), v6=False)
+    w.replace("s:a", ["10.0.0.1"])
+    assert w.apply() == (1, 1)
