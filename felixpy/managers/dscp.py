@@ -10,12 +10,17 @@ them.  Only records into the IP sets and the mangle table.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
+
+import structlog
 
 from felixpy.drivers.generictables.table import Table
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetsDataplane, IPSetType
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import RuleRenderer
+
+log = structlog.get_logger(__name__)
 
 DSCP_SET = "dscp-src-net"
 
@@ -33,7 +38,7 @@ class DSCPManager:
             key = (msg.id.orchestrator_id, msg.id.workload_id, msg.id.endpoint_id)
             dscp = next((q.dscp for q in msg.endpoint.qos_policies if q.dscp), None)
             nets = msg.endpoint.ipv4_nets if self.ip_version == 4 else msg.endpoint.ipv6_nets
-            new = {n: dscp for n in nets} if dscp is not None else {}
+            new = {n: dscp for n in nets if self._valid(n, key)} if dscp is not None else {}
             if self._by_endpoint.get(key, {}) != new:
                 if new:
                     self._by_endpoint[key] = new
@@ -44,6 +49,16 @@ class DSCPManager:
             key = (msg.id.orchestrator_id, msg.id.workload_id, msg.id.endpoint_id)
             if self._by_endpoint.pop(key, None) is not None:
                 self._dirty = True
+
+    def _valid(self, net: str, key: tuple[str, str, str]) -> bool:
+        """Bad input must not reach the chain: the kernel would refuse the whole table."""
+        try:
+            if ipaddress.ip_network(net, strict=False).version == self.ip_version:
+                return True
+        except ValueError:
+            pass
+        log.error("Skipping bad workload address for DSCP", endpoint=key, cidr=net, ip_version=self.ip_version)
+        return False
 
     def complete_deferred_work(self) -> None:
         if not self._dirty:

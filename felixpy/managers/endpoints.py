@@ -18,7 +18,8 @@ arrive in a later issue):
   endpoint whose interface does not exist yet is remembered and configured when
   it appears), and reports each changed endpoint's status for this family to the
   status combiner: ``up`` (admin-up, oper-up, configured), ``down``, ``error``
-  (interface configuration keeps failing), ``""`` (removed).
+  (interface configuration keeps failing; ``next_deadline`` asks the loop to
+  retry it), ``""`` (removed).
 
 Kernel I/O happens only in ``complete_deferred_work`` (sysctls) and in the
 drivers' ``apply()``; tables and route tables only record here.
@@ -26,6 +27,7 @@ drivers' ``apply()``; tables and route tables only record here.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +47,8 @@ from felixpy.rules import PolicyGroup, PolicyID, RuleRenderer, TierPolicyGroups,
 log = structlog.get_logger(__name__)
 
 WlKey = tuple[str, str, str]
+
+IFACE_RETRY_INTERVAL = 1.0  # seconds before retrying a workload interface whose /proc/sys writes failed
 
 
 def wl_key(wid: pb.WorkloadEndpointID) -> WlKey:
@@ -89,6 +93,7 @@ class EndpointManager:
         self._up_ifaces: set[str] = set()
         self._to_reconfigure: set[str] = set()
         self._status_dirty: set[WlKey] = set()
+        self._config_failed: set[str] = set()
         self._removed_ids: dict[WlKey, pb.WorkloadEndpointID] = {}
         self._spoofing: dict[str, tuple[str, ...]] = {}
         self._rpf_dirty = True
@@ -139,7 +144,13 @@ class EndpointManager:
             self._update_host_dispatch()
             self._host_dispatch_dirty = False
         failed = self._configure_interfaces()
+        self._config_failed = failed
         self._report_status(failed)
+
+    def next_deadline(self) -> float | None:
+        """Seconds until the loop should apply again: interface configuration that failed is
+        retried without waiting for another event."""
+        return IFACE_RETRY_INTERVAL if self._config_failed else None
 
     def _resolve_workloads(self) -> None:
         if self._pending:
@@ -169,6 +180,7 @@ class EndpointManager:
         old = self._active.get(key)
         if old is not None and old.endpoint.name != ep.name:
             self._deactivate(key)
+            self._promote_shadowed(old.endpoint.name)  # the old interface is free now
         tiers = tiers_from_proto(ep.tiers, self._selectors)
         new_groups = self._groups_to_program(tiers)
         self._incref_groups(new_groups)
@@ -209,6 +221,8 @@ class EndpointManager:
             for net in nets:
                 cidr = net if "/" in net else f"{net}/{32 if self.ip_version == 4 else 128}"
                 try:
+                    if ipaddress.ip_network(cidr, strict=False).version != self.ip_version:
+                        raise ValueError(f"not an IPv{self.ip_version} address")
                     targets.append(Target(cidr=cidr, dest_mac=ep.mac or None,
                                           priority=self._route_priority or None))
                 except (ValueError, TypeError) as exc:
@@ -223,11 +237,18 @@ class EndpointManager:
         iface = self._active[key].endpoint.name
         self._removed_ids[key] = pid
         self._deactivate(key)
-        # A shadowed endpoint with the same interface takes over (lowest ID first).
-        candidates = sorted(k for k, (_, ep) in self._shadowed.items() if ep.name == iface)
-        if candidates:
-            best = candidates[0]
-            self._pending[best] = self._shadowed.pop(best)
+        self._promote_shadowed(iface)
+
+    def _promote_shadowed(self, iface: str) -> None:
+        """A shadowed endpoint with this interface takes over (lowest ID first); one with a
+        pending update or removal in this batch is left to that (a newer state wins)."""
+        for k in sorted(k for k, (_, ep) in self._shadowed.items() if ep.name == iface):
+            pending = self._pending.get(k)
+            if pending is None:
+                self._pending[k] = self._shadowed.pop(k)
+                return
+            if pending[1] is not None and pending[1].name == iface:
+                return  # its own pending update will claim the interface
 
     def _deactivate(self, key: WlKey) -> None:
         act = self._active.pop(key)

@@ -1,0 +1,375 @@
+"""A node for manager tests: the real managers and loop over stateful fakes.
+
+:class:`Node` builds, per IP family, what ``felixpy.dataplane.wiring`` builds —
+the real :class:`~felixpy.rules.RuleRenderer`, start-of-day static chains and
+kernel hooks, the IP-sets/host-IP/policy/endpoint/masq/DSCP managers and the
+cross-family status combiner — but over fakes that hold state:
+:class:`~felixpy.testing.faketable.FakeTable` per table, the real ipset driver
+over :class:`~felixpy.drivers.ipsets.fake.FakeIPSet`, the real route table over
+:class:`~felixpy.drivers.netlink.fake.FakeNetlink`, and :class:`CountingSysctls`.
+The real :class:`~felixpy.dataplane.core.InternalDataplane` drives them, so
+tests exercise the apply order the daemon uses.
+
+Every :meth:`Node.apply` asserts the fail-closed invariants the daemon depends
+on: the apply succeeded (no table rule jumps to an undefined chain — the fake
+tables refuse that as ``iptables-restore`` would) and every IP set a programmed
+rule references exists in the fake kernel.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from felixpy.config import Config
+from felixpy.dataplane.clock import FakeClock
+from felixpy.dataplane.core import ApplyReport, InternalDataplane
+from felixpy.drivers.ipsets import IPSets
+from felixpy.drivers.ipsets.fake import FakeClock as IPSetClock
+from felixpy.drivers.ipsets.fake import FakeIPSet
+from felixpy.drivers.netlink.errors import LinkNotFound
+from felixpy.drivers.netlink.fake import FakeNetlink
+from felixpy.drivers.netlink.types import AF_INET, AF_INET6, Neigh, Route
+from felixpy.drivers.procsys import FakeSysctls
+from felixpy.drivers.routetable import MainTableOwnershipPolicy, RouteTable
+from felixpy.managers.base import EndpointStatus, IfaceState, IfaceStateUpdate
+from felixpy.managers.dscp import DSCPManager
+from felixpy.managers.endpoints import EndpointManager, wl_key
+from felixpy.managers.hostips import HostIPManager
+from felixpy.managers.ipsets import IPSetsManager
+from felixpy.managers.masq import MasqManager
+from felixpy.managers.policy import PolicyManager
+from felixpy.managers.status import EndpointStatusCombiner
+from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.rules import RendererOptions, RuleRenderer
+from felixpy.rules.ipset_names import main_ipset_name
+from felixpy.testing.faketable import FakeTable, fake_tables
+
+GNP = "GlobalNetworkPolicy"
+
+
+# --------------------------------------------------------------------------- kernel fakes
+class CountingSysctls(FakeSysctls):
+    """FakeSysctls that also counts every read/write attempt and can fail an interface's writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.write_calls = 0
+        self.read_calls = 0
+        self.failing_ifaces: set[str] = set()
+        self.failing_paths: set[str] = set()
+
+    def read(self, path: str) -> str | None:
+        self.read_calls += 1
+        return super().read(path)
+
+    def write(self, path: str, value: str) -> bool:
+        self.write_calls += 1
+        if any(f"/{iface}/" in path for iface in self.failing_ifaces) or path in self.failing_paths:
+            raise OSError(errno.EIO, f"injected failure writing {path}")
+        return super().write(path, value)
+
+    def iface_values(self, iface: str) -> dict[str, str]:
+        return {k: v for k, v in self.values.items() if f"/{iface}/" in k}
+
+
+class CountingNetlink:
+    """A netlink factory over one FakeNetlink that counts every kernel call made through handles."""
+
+    def __init__(self, fake: FakeNetlink) -> None:
+        self.fake = fake
+        self.calls = 0
+
+    def factory(self) -> CountingNetlink:
+        self.fake.factory()
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.fake, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+# --------------------------------------------------------------------------------- the node
+@dataclass
+class Family:
+    v: int
+    renderer: RuleRenderer
+    tables: dict[str, FakeTable]
+    ipsets: IPSets
+    route_table: RouteTable | None
+    policy: PolicyManager
+    endpoints: EndpointManager
+    hostips: HostIPManager
+    masq: MasqManager
+    dscp: DSCPManager
+
+    @property
+    def raw(self) -> FakeTable:
+        return self.tables["raw"]
+
+    @property
+    def mangle(self) -> FakeTable:
+        return self.tables["mangle"]
+
+    @property
+    def filter(self) -> FakeTable:
+        return self.tables["filter"]
+
+    @property
+    def nat(self) -> FakeTable:
+        return self.tables["nat"]
+
+    def set_name(self, set_id: str) -> str:
+        return main_ipset_name(set_id, self.v)
+
+
+def program_static(renderer: RuleRenderer, tables: dict[str, FakeTable]) -> None:
+    """What wiring records at start of day: static chains, kernel hooks, not-yet-owned chains."""
+    for name, table in tables.items():
+        table.update_chains(renderer.static_chains(name))
+    for hook in renderer.kernel_hooks():
+        t = tables[hook.table]
+        if hook.always_append:
+            t.append_rules(hook.chain, hook.rules)
+        else:
+            t.insert_or_append_rules(hook.chain, hook.rules)
+    tables["nat"].update_chains([renderer.fip_dnat_chain({}), renderer.fip_snat_chain({})])
+    tables["filter"].update_chain(renderer.cidr_block_chain([]))
+
+
+def program_start_of_day(renderer: RuleRenderer, tables: dict[str, FakeTable]) -> None:
+    """:func:`program_static` plus the empty forms of the chains the other managers own, so the
+    tables apply cleanly without those managers (policy-manager tests)."""
+    program_static(renderer, tables)
+    tables["nat"].update_chain(renderer.nat_outgoing_chain(False))
+    tables["mangle"].update_chain(renderer.egress_dscp_chain([]))
+    tables["raw"].update_chain(renderer.rpf_skip_chain({}))
+    tables["raw"].update_chains(renderer.host_dispatch_chains([]))
+    tables["filter"].update_chains(renderer.host_dispatch_chains([], apply_on_forward=True))
+    tables["filter"].update_chains(renderer.workload_dispatch_chains([]))
+    tables["mangle"].update_chains([*renderer.from_host_dispatch_chains([]), *renderer.to_host_dispatch_chains([])])
+
+
+@dataclass
+class Node:
+    families: Sequence[int] = (4,)
+    config: Config = field(default_factory=Config)
+    route_sync: bool = True
+
+    def __post_init__(self) -> None:
+        self.clock = FakeClock()
+        self.rt_clock = _Clock()
+        self.netlink = FakeNetlink()
+        self.nl = CountingNetlink(self.netlink)
+        self.sysctls = CountingSysctls()
+        self.sysctls.values["net/ipv4/conf/default/rp_filter"] = "1"
+        self.ipset_kernel = FakeIPSet(IPSetClock())
+        self.combiner = EndpointStatusCombiner()
+        self.status: dict[tuple[str, str, str], str] = {}
+        self.status_updates: list[EndpointStatus] = []
+        self.dp = InternalDataplane(self.config, self.clock, status_sink=self._on_status)
+        self.fam: dict[int, Family] = {}
+        for v in self.families:
+            self.fam[v] = self._build_family(v)
+        self.dp.register_manager(self.combiner)
+        self._started = False
+
+    def _build_family(self, v: int) -> Family:
+        cfg = self.config
+        renderer = RuleRenderer(cfg, v, options=RendererOptions())
+        tables = fake_tables(v, insert_mode=cfg.ChainInsertMode)
+        program_static(renderer, tables)
+        clock = self.ipset_kernel.clock
+        assert clock is not None
+        ipsets = IPSets(v, self.ipset_kernel, clock=clock, sleep=clock.sleep)
+        rt = None
+        if self.route_sync:
+            rt = RouteTable(ip_version=v, new_handle=self.nl.factory,
+                            ownership=MainTableOwnershipPolicy(workload_iface_prefixes=cfg.InterfacePrefix,
+                                                               device_route_protocol=cfg.DeviceRouteProtocol,
+                                                               remove_external_routes=cfg.RemoveExternalRoutes),
+                            default_protocol=cfg.DeviceRouteProtocol, static_arp=(v == 4), clock=self.rt_clock)
+        dp = self.dp
+        dp.register_ipsets(ipsets)
+        dp.register_manager(IPSetsManager(f"ipv{v}", ipsets, cfg.MaxIpsetSize))
+        hostips = HostIPManager(v, ipsets, cfg.InterfacePrefix, cfg.MaxIpsetSize)
+        policy = PolicyManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"], filter=tables["filter"])
+        priority = cfg.IPv4NormalRoutePriority if v == 4 else cfg.IPv6NormalRoutePriority
+        endpoints = EndpointManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"], filter=tables["filter"],
+                                    route_table=rt, sysctls=self.sysctls, status=self.combiner,
+                                    route_priority=priority)
+        masq = MasqManager(v, ipsets, tables["nat"], renderer, cfg.MaxIpsetSize)
+        dscp = DSCPManager(v, ipsets, tables["mangle"], renderer, cfg.MaxIpsetSize)
+        for m in (hostips, policy, endpoints, masq, dscp):
+            dp.register_manager(m)
+        for t in tables.values():
+            dp.register_table(t)
+        return Family(v, renderer, tables, ipsets, rt, policy, endpoints, hostips, masq, dscp)
+
+    # ------------------------------------------------------------------------- inputs
+    def send(self, *msgs: Any) -> None:
+        for m in msgs:
+            self.dp.on_datastore_message(m)
+
+    def link_up(self, name: str, mac: str | None = None) -> int:
+        """The interface exists and is oper-up (a CNI plugin made it)."""
+        try:
+            link = self.netlink.set_link_state(name, True)
+        except LinkNotFound:
+            link = self.netlink.add_link(name, mac=mac)
+        self.sysctls.add_iface(name)
+        self.dp.on_iface_update(IfaceStateUpdate(name, IfaceState.UP, link.index))
+        return link.index
+
+    def link_down(self, name: str) -> None:
+        link = self.netlink.set_link_state(name, False)
+        self.dp.on_iface_update(IfaceStateUpdate(name, IfaceState.DOWN, link.index))
+
+    def link_gone(self, name: str) -> None:
+        self.netlink.remove_link(name)
+        self.sysctls.remove_iface(name)
+        self.dp.on_iface_update(IfaceStateUpdate(name, IfaceState.DOWN, 0))
+
+    # ------------------------------------------------------------------------- apply
+    def apply(self, *, expect_ok: bool = True) -> ApplyReport:
+        if not self._started:
+            self.send(pb.InSync())
+            self.dp.set_iface_in_sync()
+            self._started = True
+        report = self.dp.apply()
+        if expect_ok:
+            assert report.ok, (report.failed_steps, report.held_back)
+            self.assert_ip_set_references_exist()
+        return report
+
+    def _on_status(self, updates: list[EndpointStatus]) -> None:
+        self.status_updates.extend(updates)
+        for u in updates:
+            key = wl_key(u.endpoint_id)
+            if u.status:
+                self.status[key] = u.status
+            else:
+                self.status.pop(key, None)
+
+    # ------------------------------------------------------------------------- views
+    def f(self, v: int = 4) -> Family:
+        return self.fam[v]
+
+    def tables(self) -> list[FakeTable]:
+        return [t for fam in self.fam.values() for t in fam.tables.values()]
+
+    def assert_ip_set_references_exist(self) -> None:
+        for t in self.tables():
+            missing = t.referenced_ip_sets() - set(self.ipset_kernel.sets)
+            assert not missing, f"{t.name}/v{t.ip_version} references missing IP sets {sorted(missing)}"
+
+    def routes(self, v: int = 4) -> dict[str, Route]:
+        return self.netlink.routes_in(254, AF_INET if v == 4 else AF_INET6)
+
+    def neighs(self) -> dict[str, Neigh]:
+        return {n.dst: n for n in self.netlink.neighs.values()}
+
+    def ifindex(self, name: str) -> int:
+        return next(link.index for link in self.netlink.links.values() if link.name == name)
+
+    def kernel_snapshot(self) -> tuple[Any, ...]:
+        """Everything a kernel call could change, plus the counters of attempted calls."""
+        return (
+            tuple(sorted(self.netlink.routes.items())), tuple(sorted(self.netlink.neighs.items())),
+            dict(self.sysctls.values), self.sysctls.write_calls, self.sysctls.read_calls, self.nl.calls,
+            len(self.ipset_kernel.calls),
+            tuple((t.name, t.ip_version, t.apply_count, tuple(sorted(t.state.chains))) for t in self.tables()),
+        )
+
+
+class _Clock:
+    """The route tables' clock (seconds); grace periods only matter for routes we did not make."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# --------------------------------------------------------------------------- proto builders
+def wid(name: str) -> pb.WorkloadEndpointID:
+    return pb.WorkloadEndpointID(orchestrator_id="k8s", workload_id=f"default/{name}", endpoint_id="eth0")
+
+
+def wkey(name: str) -> tuple[str, str, str]:
+    return wl_key(wid(name))
+
+
+def pid(name: str, kind: str = GNP, namespace: str = "") -> pb.PolicyID:
+    return pb.PolicyID(name=name, kind=kind, namespace=namespace)
+
+
+def tier(name: str = "default", ingress: Iterable[str | pb.PolicyID] = (), egress: Iterable[str | pb.PolicyID] = (),
+         default_action: str = "") -> pb.TierInfo:
+    def ids(xs: Iterable[str | pb.PolicyID]) -> list[pb.PolicyID]:
+        return [x if isinstance(x, pb.PolicyID) else pid(x) for x in xs]
+
+    return pb.TierInfo(name=name, ingress_policies=ids(ingress), egress_policies=ids(egress),
+                       default_action=default_action)
+
+
+def wep(name: str, iface: str | None = None, *, ipv4: Sequence[str] = (), ipv6: Sequence[str] = (),
+        mac: str = "", profiles: Sequence[str] = (), tiers: Sequence[pb.TierInfo] = (), state: str = "active",
+        spoof: Sequence[str] = (), dscp: int | None = None) -> pb.WorkloadEndpointUpdate:
+    ep = pb.WorkloadEndpoint(state=state, name=iface or f"cali{name}", mac=mac, profile_ids=list(profiles),
+                             ipv4_nets=list(ipv4), ipv6_nets=list(ipv6), tiers=list(tiers),
+                             allow_spoofed_source_prefixes=list(spoof))
+    if dscp is not None:
+        ep.qos_policies.append(pb.QoSPolicy(destination="external", dscp=dscp))
+    return pb.WorkloadEndpointUpdate(id=wid(name), endpoint=ep)
+
+
+def wep_remove(name: str) -> pb.WorkloadEndpointRemove:
+    return pb.WorkloadEndpointRemove(id=wid(name))
+
+
+def rule(action: str = "allow", **kw: Any) -> pb.Rule:
+    if "protocol" in kw and isinstance(kw["protocol"], str):
+        kw["protocol"] = pb.Protocol(name=kw["protocol"])
+    for key in ("dst_ports", "src_ports"):
+        if key in kw:
+            kw[key] = [pb.PortRange(first=p, last=p) if isinstance(p, int) else p for p in kw[key]]
+    return pb.Rule(action=action, **kw)
+
+
+def policy(name: str, *, inbound: Sequence[pb.Rule] = (), outbound: Sequence[pb.Rule] = (), kind: str = GNP,
+           selector: str = "", tier_name: str = "default", untracked: bool = False,
+           pre_dnat: bool = False) -> pb.ActivePolicyUpdate:
+    return pb.ActivePolicyUpdate(id=pid(name, kind), policy=pb.Policy(
+        inbound_rules=list(inbound), outbound_rules=list(outbound), untracked=untracked, pre_dnat=pre_dnat,
+        original_selector=selector or f"name == '{name}'", tier=tier_name))
+
+
+def policy_remove(name: str, kind: str = GNP) -> pb.ActivePolicyRemove:
+    return pb.ActivePolicyRemove(id=pid(name, kind))
+
+
+def profile(name: str, *, inbound: Sequence[pb.Rule] = (rule(),),
+            outbound: Sequence[pb.Rule] = (rule(),)) -> pb.ActiveProfileUpdate:
+    return pb.ActiveProfileUpdate(id=pb.ProfileID(name=name),
+                                  profile=pb.Profile(inbound_rules=list(inbound), outbound_rules=list(outbound)))
+
+
+def profile_remove(name: str) -> pb.ActiveProfileRemove:
+    return pb.ActiveProfileRemove(id=pb.ProfileID(name=name))
+
+
+def ipset(set_id: str, members: Sequence[str], t: int = pb.IPSetUpdate.NET) -> pb.IPSetUpdate:
+    return pb.IPSetUpdate(id=set_id, members=list(members), type=t)  # type: ignore[arg-type]
+
+
