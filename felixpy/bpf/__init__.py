@@ -3,7 +3,8 @@ to drive them.
 
 Modules, bottom-up:
 
-* :mod:`.syscall` -- bpf(2) via ctypes (maps, program load, pin, TEST_RUN, TCX links); no bcc.
+* :mod:`.syscall` -- bpf(2) through libbpf (``libbpf.so.1`` via ctypes): maps, program load,
+  pin, TEST_RUN, TCX links; no bcc, no LLVM.
 * :mod:`.defs`, :mod:`.maptypes` -- constants and ctypes mirrors of the C structs.
 * :mod:`.maps` -- map specs, pinned maps, in-memory fakes, bpffs helpers.
 * :mod:`.build` -- compiling variants with bcc (cached per process); :mod:`.worker` does it in a

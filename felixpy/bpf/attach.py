@@ -87,13 +87,11 @@ def netkit_supported() -> bool:
 @functools.cache
 def tcx_supported() -> bool:
     """Probe: a TCX program query on loopback succeeds on kernels with TCX (6.6+)."""
-    import ctypes
-    import struct
-
-    a = ctypes.create_string_buffer(64)
-    struct.pack_into("=II", a, 0, 1, sc.ATTACH_TCX_INGRESS)
-    ret = sc._libc.syscall(sc._SYS_BPF, sc.PROG_QUERY, a, len(a))
-    return ret == 0 or ctypes.get_errno() not in (errno.EINVAL, errno.EOPNOTSUPP)
+    try:
+        sc.prog_query(1, sc.ATTACH_TCX_INGRESS, max_ids=0)
+    except BPFSyscallError as e:
+        return e.errno not in (errno.EINVAL, errno.EOPNOTSUPP)
+    return True
 
 
 def resolve_attach_mode(requested: str, kind: str | None) -> AttachMode:

@@ -12,8 +12,8 @@ checking type, key size and value size against the spec.  A pin whose layout dif
 Python creates every pin *before* bcc compiles a program, so the programs' ``BPF_TABLE_PINNED``
 declarations only ever open existing maps with exactly the attributes given here.
 
-Apply contract: :meth:`MapSet.ensure` is idempotent.  Entry operations are direct syscalls;
-deleting an absent key returns False rather than raising.
+Apply contract: :meth:`MapSet.ensure` is idempotent.  Entry operations are one libbpf call (one
+bpf(2) command) each, unbatched; deleting an absent key returns False rather than raising.
 """
 
 from __future__ import annotations

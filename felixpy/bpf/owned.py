@@ -41,7 +41,7 @@ class OwnedProgram:
 
 def list_owned_programs() -> list[OwnedProgram]:
     """Every loaded program that is ours (whoever holds it: a prog array, a link, a filter)."""
-    out = []
+    out: list[OwnedProgram] = []
     pid = 0
     while True:
         nxt = sc.prog_get_next_id(pid)

@@ -1,52 +1,43 @@
-"""The bpf(2) system call, via ctypes, for the commands felixpy needs.
+"""bpf(2) operations through libbpf's low-level API (``libbpf.so.1``), bound with ctypes.
 
 This module owns no kernel objects itself; it is the narrow shim through which the rest of
 :mod:`felixpy.bpf` creates maps, reads and writes entries, loads the generated policy programs,
-pins and opens objects, runs BPF_PROG_TEST_RUN, and creates/updates/detaches TCX links.  It does not
-need bcc (and so does not pull LLVM into the process): a daemon that only rewrites maps and policy
-programs never maps clang.
+pins and opens objects, reads object info, runs BPF_PROG_TEST_RUN, queries TCX hooks and
+creates/updates/detaches TCX links.  Each function is one call into libbpf's ``bpf.h`` API
+(``bpf_map_create``, ``bpf_prog_load``, ``bpf_link_create`` ...): libbpf builds the
+``union bpf_attr`` for the command, sizes it for the kernel, retries ``EAGAIN`` on program load
+and probes the kernel features it depends on (object names, memlock accounting), so none of that
+is hand-written here.  What is mirrored here are the ``*_opts`` structs of libbpf 1.1's
+``bpf/bpf.h`` (each passed with ``sz`` set, as libbpf requires) and the prefixes of the kernel's
+``bpf_{map,prog,link}_info`` that are read; ``tests/bpf/test_syscall.py`` checks both against the
+C headers.
 
-Every failure raises :class:`~felixpy.bpf.errors.BPFSyscallError` carrying the errno.  File
-descriptors returned are owned by the caller (close them with :func:`os.close`).
+Why libbpf and not bcc: libbpf is a small C library with no LLVM (it is bcc's own dependency; 350
+KiB plus libelf and zlib), so a daemon that only rewrites maps and policy programs never maps
+clang; bcc is only needed to *compile* the C programs (``build.py``, or the worker process).
+libbpf 1.1 predates TCX: the TCX attach types pass through ``bpf_link_create`` and
+``bpf_prog_query_opts`` unchanged, but the link's relative-program/expected-revision fields are not
+reachable through its opts (felixpy uses neither).
+
+libbpf 1.x returns a negative errno on failure.  Every failure raises
+:class:`~felixpy.bpf.errors.BPFSyscallError` carrying that errno (a refused program load raises
+:class:`~felixpy.bpf.errors.VerifierError` with the verifier log); "not found" answers that are
+part of an operation's contract (lookup, delete, next key, next id) return None/False instead.
+File descriptors returned are owned by the caller (close them with :func:`os.close`).
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import errno as _errno
 import functools
 import os
-import platform
-import struct
 from dataclasses import dataclass
 
 from felixpy.bpf.errors import BPFSyscallError, VerifierError
 
-_SYS_BPF = {"x86_64": 321, "aarch64": 280}[platform.machine()]
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-
-# Commands.
-MAP_CREATE = 0
-MAP_LOOKUP_ELEM = 1
-MAP_UPDATE_ELEM = 2
-MAP_DELETE_ELEM = 3
-MAP_GET_NEXT_KEY = 4
-PROG_LOAD = 5
-OBJ_PIN = 6
-OBJ_GET = 7
-PROG_TEST_RUN = 10
-PROG_GET_NEXT_ID = 11
-PROG_GET_FD_BY_ID = 13
-MAP_GET_FD_BY_ID = 14
-OBJ_GET_INFO_BY_FD = 15
-PROG_QUERY = 16
-LINK_CREATE = 28
-LINK_UPDATE = 29
-LINK_DETACH = 34
-
-_CMD_NAMES = {v: k for k, v in dict(globals()).items() if isinstance(v, int) and k.isupper()
-              and not k.startswith("_")}
+LIBBPF_SONAME = "libbpf.so.1"
+libbpf = ctypes.CDLL(LIBBPF_SONAME, use_errno=True)
 
 # Map types.
 MAP_TYPE_HASH = 1
@@ -70,45 +61,166 @@ EXIST = 2
 PROG_TYPE_SCHED_CLS = 3
 PROG_TYPE_XDP = 6
 
-# Attach types (enum bpf_attach_type).
+# Attach types (enum bpf_attach_type).  libbpf 1.1's headers predate TCX (kernel 6.6) and
+# netkit; libbpf passes the value through to the kernel unchanged.
 ATTACH_XDP = 37
 ATTACH_TCX_INGRESS = 46
 ATTACH_TCX_EGRESS = 47
 ATTACH_NETKIT_PRIMARY = 54
 ATTACH_NETKIT_PEER = 55
 
-# BPF_LINK_CREATE / BPF_PROG_ATTACH flags.
+# BPF_LINK_CREATE / BPF_PROG_ATTACH / BPF_LINK_UPDATE flags.
 F_REPLACE = 1 << 2
 F_BEFORE = 1 << 3
 F_AFTER = 1 << 4
 
+_ENOENT = _errno.ENOENT
+_u32 = ctypes.c_uint32
+_u64 = ctypes.c_uint64
+_ptr = ctypes.c_void_p
 
-def _call(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> int:
-    ret = _libc.syscall(_SYS_BPF, cmd, attr, len(attr))
+
+# ---------------------------------------------------------------------------------------------
+# libbpf 1.1 opts structs (bpf/bpf.h).  ``sz`` must be sizeof(struct): libbpf rejects (EINVAL) a
+# size it does not know unless the unknown tail is zero.
+
+
+class _Opts(ctypes.Structure):
+    def __init__(self, **kw: object) -> None:
+        super().__init__(sz=ctypes.sizeof(self), **kw)
+
+
+class MapCreateOpts(_Opts):
+    _fields_ = [("sz", ctypes.c_size_t), ("btf_fd", _u32), ("btf_key_type_id", _u32),
+                ("btf_value_type_id", _u32), ("btf_vmlinux_value_type_id", _u32),
+                ("inner_map_fd", _u32), ("map_flags", _u32), ("map_extra", _u64),
+                ("numa_node", _u32), ("map_ifindex", _u32)]
+
+
+class ProgLoadOpts(_Opts):
+    _fields_ = [("sz", ctypes.c_size_t), ("attempts", ctypes.c_int),
+                ("expected_attach_type", ctypes.c_int), ("prog_btf_fd", _u32),
+                ("prog_flags", _u32), ("prog_ifindex", _u32), ("kern_version", _u32),
+                ("attach_btf_id", _u32), ("attach_prog_fd", _u32), ("attach_btf_obj_fd", _u32),
+                ("fd_array", _ptr), ("func_info", _ptr), ("func_info_cnt", _u32),
+                ("func_info_rec_size", _u32), ("line_info", _ptr), ("line_info_cnt", _u32),
+                ("line_info_rec_size", _u32), ("log_level", _u32), ("log_size", _u32),
+                ("log_buf", _ptr)]
+
+
+class _KprobeMulti(ctypes.Structure):
+    _fields_ = [("flags", _u32), ("cnt", _u32), ("syms", _ptr), ("addrs", _ptr),
+                ("cookies", _ptr)]
+
+
+class _LinkCreateUnion(ctypes.Union):
+    _fields_ = [("perf_event_bpf_cookie", _u64), ("kprobe_multi", _KprobeMulti),
+                ("tracing_cookie", _u64)]
+
+
+class LinkCreateOpts(_Opts):
+    _anonymous_ = ("_u",)
+    _fields_ = [("sz", ctypes.c_size_t), ("flags", _u32), ("iter_info", _ptr),
+                ("iter_info_len", _u32), ("target_btf_id", _u32), ("_u", _LinkCreateUnion)]
+
+
+class LinkUpdateOpts(_Opts):
+    _fields_ = [("sz", ctypes.c_size_t), ("flags", _u32), ("old_prog_fd", _u32)]
+
+
+class ProgQueryOpts(_Opts):
+    _fields_ = [("sz", ctypes.c_size_t), ("query_flags", _u32), ("attach_flags", _u32),
+                ("prog_ids", ctypes.POINTER(_u32)), ("prog_cnt", _u32),
+                ("prog_attach_flags", ctypes.POINTER(_u32))]
+
+
+class ProgTestRunOpts(_Opts):
+    _fields_ = [("sz", ctypes.c_size_t), ("data_in", _ptr), ("data_out", _ptr),
+                ("data_size_in", _u32), ("data_size_out", _u32), ("ctx_in", _ptr),
+                ("ctx_out", _ptr), ("ctx_size_in", _u32), ("ctx_size_out", _u32),
+                ("retval", _u32), ("repeat", ctypes.c_int), ("duration", _u32), ("flags", _u32),
+                ("cpu", _u32), ("batch_size", _u32)]
+
+
+# Kernel info structs (linux/bpf.h), only the leading fields read here: the kernel copies
+# min(info_len, its own size), so a prefix is a valid buffer.
+
+
+class BpfMapInfo(ctypes.Structure):
+    _fields_ = [("type", _u32), ("id", _u32), ("key_size", _u32), ("value_size", _u32),
+                ("max_entries", _u32), ("map_flags", _u32), ("name", ctypes.c_char * 16),
+                ("ifindex", _u32), ("btf_vmlinux_value_type_id", _u32), ("netns_dev", _u64),
+                ("netns_ino", _u64), ("btf_id", _u32), ("btf_key_type_id", _u32),
+                ("btf_value_type_id", _u32), ("_pad", _u32), ("map_extra", _u64)]
+
+
+class BpfProgInfo(ctypes.Structure):
+    _fields_ = [("type", _u32), ("id", _u32), ("tag", ctypes.c_uint8 * 8),
+                ("jited_prog_len", _u32), ("xlated_prog_len", _u32), ("jited_prog_insns", _u64),
+                ("xlated_prog_insns", _u64), ("load_time", _u64), ("created_by_uid", _u32),
+                ("nr_map_ids", _u32), ("map_ids", _u64), ("name", ctypes.c_char * 16)]
+
+
+class BpfLinkInfo(ctypes.Structure):
+    _fields_ = [("type", _u32), ("id", _u32), ("prog_id", _u32)]
+
+
+for _s, _size in ((MapCreateOpts, 48), (ProgLoadOpts, 104), (LinkCreateOpts, 64),
+                  (LinkUpdateOpts, 16), (ProgQueryOpts, 40), (ProgTestRunOpts, 80),
+                  (BpfMapInfo, 88), (BpfProgInfo, 80), (BpfLinkInfo, 12)):
+    assert ctypes.sizeof(_s) == _size, (_s.__name__, ctypes.sizeof(_s))
+
+
+# ---------------------------------------------------------------------------------------------
+# Prototypes (libbpf 1.1.2 bpf/bpf.h).  Every function returns 0 / an fd, or a negative errno.
+
+
+def _proto(name: str, *argtypes: object) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+    fn = getattr(libbpf, name)
+    fn.argtypes = argtypes
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_c_int = ctypes.c_int
+_cstr = ctypes.c_char_p
+_bpf_map_create = _proto("bpf_map_create", _c_int, _cstr, _u32, _u32, _u32,
+                         ctypes.POINTER(MapCreateOpts))
+_bpf_map_lookup_elem = _proto("bpf_map_lookup_elem", _c_int, _ptr, _ptr)
+_bpf_map_update_elem = _proto("bpf_map_update_elem", _c_int, _ptr, _ptr, _u64)
+_bpf_map_delete_elem = _proto("bpf_map_delete_elem", _c_int, _ptr)
+_bpf_map_get_next_key = _proto("bpf_map_get_next_key", _c_int, _ptr, _ptr)
+_bpf_obj_pin = _proto("bpf_obj_pin", _c_int, _cstr)
+_bpf_obj_get = _proto("bpf_obj_get", _cstr)
+_bpf_obj_get_info_by_fd = _proto("bpf_obj_get_info_by_fd", _c_int, _ptr, ctypes.POINTER(_u32))
+_bpf_prog_load = _proto("bpf_prog_load", _c_int, _cstr, _cstr, _ptr, ctypes.c_size_t,
+                        ctypes.POINTER(ProgLoadOpts))
+_bpf_prog_test_run_opts = _proto("bpf_prog_test_run_opts", _c_int, ctypes.POINTER(ProgTestRunOpts))
+_bpf_prog_get_next_id = _proto("bpf_prog_get_next_id", _u32, ctypes.POINTER(_u32))
+_bpf_prog_get_fd_by_id = _proto("bpf_prog_get_fd_by_id", _u32)
+_bpf_link_create = _proto("bpf_link_create", _c_int, _c_int, _c_int,
+                          ctypes.POINTER(LinkCreateOpts))
+_bpf_link_update = _proto("bpf_link_update", _c_int, _c_int, ctypes.POINTER(LinkUpdateOpts))
+_bpf_link_detach = _proto("bpf_link_detach", _c_int)
+_bpf_prog_query_opts = _proto("bpf_prog_query_opts", _c_int, _c_int,
+                              ctypes.POINTER(ProgQueryOpts))
+_libbpf_num_possible_cpus = _proto("libbpf_num_possible_cpus")
+
+
+def _check(cmd: str, ret: int) -> int:
+    """libbpf's result -> the value, or BPFSyscallError(cmd, errno) for a negative errno."""
     if ret < 0:
-        err = ctypes.get_errno()
-        raise BPFSyscallError(_CMD_NAMES.get(cmd, str(cmd)), err)
-    return int(ret)
-
-
-def _attr(size: int = 128) -> ctypes.Array[ctypes.c_char]:
-    return ctypes.create_string_buffer(size)
-
-
-def _addr(buf: ctypes.Array[ctypes.c_char] | None) -> int:
-    return 0 if buf is None else ctypes.addressof(buf)
+        raise BPFSyscallError(cmd, -ret)
+    return ret
 
 
 @functools.cache
 def possible_cpus() -> int:
     """Number of possible CPUs: the per-CPU value count the kernel uses for per-CPU maps."""
-    with open("/sys/devices/system/cpu/possible") as f:
-        text = f.read().strip()
-    n = 0
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        n = max(n, int(hi or lo) + 1)
-    return n
+    n = _libbpf_num_possible_cpus()
+    if n <= 0:
+        raise OSError(-n, f"libbpf_num_possible_cpus: {os.strerror(-n)}")
+    return int(n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,62 +229,40 @@ def possible_cpus() -> int:
 
 def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, *,
                flags: int = 0, name: str = "") -> int:
-    a = _attr()
-    struct.pack_into("=IIIII", a, 0, map_type, key_size, value_size, max_entries, flags)
-    struct.pack_into("16s", a, 28, name.encode()[:15])
-    return _call(MAP_CREATE, a)
-
-
-def _elem_attr(fd: int, key: bytes, value: ctypes.Array[ctypes.c_char] | None,
-               flags: int = 0) -> tuple[ctypes.Array[ctypes.c_char], ctypes.Array[ctypes.c_char]]:
-    a = _attr()
-    kbuf = ctypes.create_string_buffer(key, len(key))
-    struct.pack_into("=IIQQQ", a, 0, fd, 0, _addr(kbuf), _addr(value), flags)
-    return a, kbuf
+    opts = MapCreateOpts(map_flags=flags)
+    return _check("MAP_CREATE", _bpf_map_create(map_type, name.encode()[:15] or None, key_size,
+                                                value_size, max_entries, ctypes.byref(opts)))
 
 
 def map_lookup(fd: int, key: bytes, value_size: int) -> bytes | None:
     """Return the raw value (``value_size`` bytes; per-CPU callers pass the total) or None."""
     vbuf = ctypes.create_string_buffer(value_size)
-    a, _k = _elem_attr(fd, key, vbuf)
-    try:
-        _call(MAP_LOOKUP_ELEM, a)
-    except BPFSyscallError as e:
-        if e.errno == 2:  # ENOENT
-            return None
-        raise
+    ret = _bpf_map_lookup_elem(fd, key, vbuf)
+    if ret == -_ENOENT:
+        return None
+    _check("MAP_LOOKUP_ELEM", ret)
     return vbuf.raw
 
 
 def map_update(fd: int, key: bytes, value: bytes, flags: int = ANY) -> None:
-    vbuf = ctypes.create_string_buffer(value, len(value))
-    a, _k = _elem_attr(fd, key, vbuf, flags)
-    _call(MAP_UPDATE_ELEM, a)
+    _check("MAP_UPDATE_ELEM", _bpf_map_update_elem(fd, key, value, flags))
 
 
 def map_delete(fd: int, key: bytes) -> bool:
     """Delete; returns False (not an error) when the key was absent."""
-    a, _k = _elem_attr(fd, key, None)
-    try:
-        _call(MAP_DELETE_ELEM, a)
-    except BPFSyscallError as e:
-        if e.errno == 2:
-            return False
-        raise
+    ret = _bpf_map_delete_elem(fd, key)
+    if ret == -_ENOENT:
+        return False
+    _check("MAP_DELETE_ELEM", ret)
     return True
 
 
 def map_next_key(fd: int, key: bytes | None, key_size: int) -> bytes | None:
     nbuf = ctypes.create_string_buffer(key_size)
-    a = _attr()
-    kbuf = None if key is None else ctypes.create_string_buffer(key, len(key))
-    struct.pack_into("=IIQQ", a, 0, fd, 0, _addr(kbuf), _addr(nbuf))
-    try:
-        _call(MAP_GET_NEXT_KEY, a)
-    except BPFSyscallError as e:
-        if e.errno == 2:
-            return None
-        raise
+    ret = _bpf_map_get_next_key(fd, key, nbuf)
+    if ret == -_ENOENT:
+        return None
+    _check("MAP_GET_NEXT_KEY", ret)
     return nbuf.raw
 
 
@@ -187,14 +277,17 @@ class MapInfo:
     name: str
 
 
+def _obj_info(fd: int, info: ctypes.Structure) -> None:
+    size = _u32(ctypes.sizeof(info))
+    _check("OBJ_GET_INFO_BY_FD", _bpf_obj_get_info_by_fd(fd, ctypes.byref(info),
+                                                         ctypes.byref(size)))
+
+
 def map_info(fd: int) -> MapInfo:
-    info = ctypes.create_string_buffer(88)
-    a = _attr()
-    struct.pack_into("=IIQ", a, 0, fd, len(info), _addr(info))
-    _call(OBJ_GET_INFO_BY_FD, a)
-    t, i, ks, vs, me, fl = struct.unpack_from("=IIIIII", info, 0)
-    name = info.raw[24:40].split(b"\0", 1)[0].decode()
-    return MapInfo(t, i, ks, vs, me, fl, name)
+    i = BpfMapInfo()
+    _obj_info(fd, i)
+    return MapInfo(i.type, i.id, i.key_size, i.value_size, i.max_entries, i.map_flags,
+                   i.name.decode())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,17 +295,11 @@ def map_info(fd: int) -> MapInfo:
 
 
 def obj_pin(fd: int, path: str) -> None:
-    p = ctypes.create_string_buffer(path.encode())
-    a = _attr()
-    struct.pack_into("=QI", a, 0, _addr(p), fd)
-    _call(OBJ_PIN, a)
+    _check("OBJ_PIN", _bpf_obj_pin(fd, path.encode()))
 
 
 def obj_get(path: str) -> int:
-    p = ctypes.create_string_buffer(path.encode())
-    a = _attr()
-    struct.pack_into("=QI", a, 0, _addr(p), 0)
-    return _call(OBJ_GET, a)
+    return _check("OBJ_GET", _bpf_obj_get(path.encode()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,50 +316,46 @@ class ProgInfo:
     map_ids: tuple[int, ...]
 
 
+_LOG_ON_REFUSAL = 1 << 22  # verifier log buffer for the explanatory retry
+_REFUSED = frozenset({_errno.EACCES, _errno.EINVAL, _errno.E2BIG, _errno.ENOSPC})
+
+
 def prog_load(prog_type: int, insns: bytes, *, name: str = "", license: str = "Apache-2.0",
               expected_attach_type: int = 0, log_level: int = 0, log_size: int = 0) -> int:
     """Load raw instructions.  On refusal the load is retried with a verifier log so the raised
     :class:`VerifierError` explains why."""
-    lic = ctypes.create_string_buffer(license.encode())
-    ibuf = ctypes.create_string_buffer(insns, len(insns))
+    cname = name.encode()[:15] or None
+    clic = license.encode()
 
     def attempt(level: int, size: int) -> tuple[int, str]:
         log = ctypes.create_string_buffer(size) if size else None
-        a = _attr(160)
-        struct.pack_into("=IIQQIIQII", a, 0, prog_type, len(insns) // 8, _addr(ibuf), _addr(lic),
-                         level, size, _addr(log), 0, 0)
-        struct.pack_into("16s", a, 48, name.encode()[:15])
-        struct.pack_into("=I", a, 68, expected_attach_type)
-        ret = _libc.syscall(_SYS_BPF, PROG_LOAD, a, len(a))
-        text = log.value.decode(errors="replace") if log is not None else ""
-        if ret < 0:
-            return -ctypes.get_errno(), text
-        return int(ret), text
+        # libbpf: a log buffer needs a size and vice versa; log_level 0 with a buffer makes
+        # libbpf itself retry at level 1 on failure (we do our own retry, below).
+        opts = ProgLoadOpts(expected_attach_type=expected_attach_type, log_level=level,
+                            log_size=size if log is not None else 0,
+                            log_buf=ctypes.addressof(log) if log is not None else None)
+        ret = _bpf_prog_load(prog_type, cname, clic, insns, len(insns) // 8, ctypes.byref(opts))
+        return ret, (log.value.decode(errors="replace") if log is not None else "")
 
     fd, _ = attempt(log_level, log_size)
     if fd >= 0:
         return fd
     err = -fd
-    if err in (13, 22, 7, 28):  # EACCES/EINVAL/E2BIG/ENOSPC: get the verifier's explanation
-        size = max(log_size, 1 << 22)
-        _, text = attempt(max(log_level, 1), size)
+    if err in _REFUSED:  # get the verifier's explanation
+        _, text = attempt(max(log_level, 1), max(log_size, _LOG_ON_REFUSAL))
         raise VerifierError(err, name, text)
     raise BPFSyscallError("BPF_PROG_LOAD", err, f"program {name!r}")
 
 
+_MAX_MAP_IDS = 64
+
+
 def prog_info(fd: int) -> ProgInfo:
-    info = ctypes.create_string_buffer(232)
-    ids = (ctypes.c_uint32 * 64)()
-    struct.pack_into("=IQ", info, 52, 64, ctypes.addressof(ids))
-    a = _attr()
-    struct.pack_into("=IIQ", a, 0, fd, len(info), _addr(info))
-    _call(OBJ_GET_INFO_BY_FD, a)
-    t, i = struct.unpack_from("=II", info, 0)
-    tag = info.raw[8:16]
-    xlated = struct.unpack_from("=I", info, 20)[0]
-    nmaps = struct.unpack_from("=I", info, 52)[0]
-    name = info.raw[64:80].split(b"\0", 1)[0].decode()
-    return ProgInfo(t, i, tag, xlated, name, tuple(ids[: min(nmaps, 64)]))
+    ids = (_u32 * _MAX_MAP_IDS)()
+    i = BpfProgInfo(nr_map_ids=_MAX_MAP_IDS, map_ids=ctypes.addressof(ids))
+    _obj_info(fd, i)
+    return ProgInfo(i.type, i.id, bytes(i.tag), i.xlated_prog_len, i.name.decode(),
+                    tuple(ids[: min(i.nr_map_ids, _MAX_MAP_IDS)]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,42 +368,33 @@ class TestRunResult:
 
 def prog_test_run(fd: int, data: bytes, *, ctx: bytes | None = None, repeat: int = 1,
                   data_out_size: int | None = None) -> TestRunResult:
-    din = ctypes.create_string_buffer(data, len(data))
     out_size = data_out_size if data_out_size is not None else len(data) + 256
     dout = ctypes.create_string_buffer(out_size)
-    cin = cout = None
+    cout = None
+    opts = ProgTestRunOpts(data_in=ctypes.cast(ctypes.c_char_p(data), _ptr), data_size_in=len(data),
+                       data_out=ctypes.addressof(dout), data_size_out=out_size, repeat=repeat)
     if ctx is not None:
-        cin = ctypes.create_string_buffer(ctx, len(ctx))
         cout = ctypes.create_string_buffer(max(len(ctx), 512))  # kernel copies its full ctx
-    a = _attr(80)
-    struct.pack_into("=IIIIQQII", a, 0, fd, 0, len(data), out_size, _addr(din), _addr(dout),
-                     repeat, 0)
-    struct.pack_into("=IIQQ", a, 40, len(ctx) if ctx else 0, len(cout) if cout else 0,
-                     _addr(cin), _addr(cout))
-    _call(PROG_TEST_RUN, a)
-    retval, _, size_out = struct.unpack_from("=III", a, 4)
-    duration = struct.unpack_from("=I", a, 36)[0]
-    ctx_size_out = struct.unpack_from("=I", a, 44)[0]
-    return TestRunResult(retval, duration, dout.raw[: min(size_out, out_size)],
-                         cout.raw[:ctx_size_out] if cout is not None else b"")
+        opts.ctx_in = ctypes.cast(ctypes.c_char_p(ctx), _ptr)
+        opts.ctx_size_in = len(ctx)
+        opts.ctx_out = ctypes.addressof(cout)
+        opts.ctx_size_out = len(cout)
+    _check("PROG_TEST_RUN", _bpf_prog_test_run_opts(fd, ctypes.byref(opts)))
+    return TestRunResult(opts.retval, opts.duration, dout.raw[: min(opts.data_size_out, out_size)],
+                         cout.raw[: opts.ctx_size_out] if cout is not None else b"")
 
 
 def prog_get_next_id(start: int) -> int | None:
-    a = _attr()
-    struct.pack_into("=I", a, 0, start)
-    try:
-        _call(PROG_GET_NEXT_ID, a)
-    except BPFSyscallError as e:
-        if e.errno == 2:
-            return None
-        raise
-    return int(struct.unpack_from("=I", a, 4)[0])
+    nxt = _u32()
+    ret = _bpf_prog_get_next_id(start, ctypes.byref(nxt))
+    if ret == -_ENOENT:
+        return None
+    _check("PROG_GET_NEXT_ID", ret)
+    return nxt.value
 
 
 def prog_get_fd_by_id(prog_id: int) -> int:
-    a = _attr()
-    struct.pack_into("=I", a, 0, prog_id)
-    return _call(PROG_GET_FD_BY_ID, a)
+    return _check("PROG_GET_FD_BY_ID", _bpf_prog_get_fd_by_id(prog_id))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,47 +402,44 @@ def prog_get_fd_by_id(prog_id: int) -> int:
 
 
 def link_create(prog_fd: int, target_ifindex: int, attach_type: int, flags: int = 0) -> int:
-    a = _attr()
-    struct.pack_into("=IIII", a, 0, prog_fd, target_ifindex, attach_type, flags)
-    return _call(LINK_CREATE, a)
+    opts = LinkCreateOpts(flags=flags)
+    return _check("LINK_CREATE", _bpf_link_create(prog_fd, target_ifindex, attach_type,
+                                                  ctypes.byref(opts)))
 
 
 def link_update(link_fd: int, new_prog_fd: int, old_prog_fd: int = 0) -> None:
-    a = _attr()
-    flags = F_REPLACE if old_prog_fd else 0
-    struct.pack_into("=IIII", a, 0, link_fd, new_prog_fd, flags, old_prog_fd)
-    _call(LINK_UPDATE, a)
+    opts = LinkUpdateOpts(flags=F_REPLACE if old_prog_fd else 0, old_prog_fd=old_prog_fd)
+    _check("LINK_UPDATE", _bpf_link_update(link_fd, new_prog_fd, ctypes.byref(opts)))
 
 
 def link_detach(link_fd: int) -> None:
-    a = _attr()
-    struct.pack_into("=I", a, 0, link_fd)
-    _call(LINK_DETACH, a)
+    _check("LINK_DETACH", _bpf_link_detach(link_fd))
 
 
 def link_info(link_fd: int) -> tuple[int, int, int]:
     """(link type, link id, prog id) of a link."""
-    info = ctypes.create_string_buffer(64)
-    a = _attr()
-    struct.pack_into("=IIQ", a, 0, link_fd, len(info), _addr(info))
-    _call(OBJ_GET_INFO_BY_FD, a)
-    ltype, lid, pid = struct.unpack_from("=III", info, 0)
-    return ltype, lid, pid
+    i = BpfLinkInfo()
+    _obj_info(link_fd, i)
+    return i.type, i.id, i.prog_id
+
+
+def prog_query(target: int, attach_type: int, max_ids: int = 64) -> list[int]:
+    """Program ids attached at ``target`` (an ifindex for TCX) for ``attach_type``, in order.
+    ``max_ids`` 0 only asks whether the query is supported.  Failures raise."""
+    ids = (_u32 * max_ids)() if max_ids else None
+    opts = ProgQueryOpts(prog_ids=ids, prog_cnt=max_ids)
+    _check("PROG_QUERY", _bpf_prog_query_opts(target, attach_type, ctypes.byref(opts)))
+    return list(ids[: min(opts.prog_cnt, max_ids)]) if ids is not None else []
 
 
 def prog_query_tcx(ifindex: int, attach_type: int) -> list[int]:
     """Program ids attached to an interface through TCX (in order)."""
-    ids = (ctypes.c_uint32 * 64)()
-    a = _attr()
-    struct.pack_into("=IIIIQI", a, 0, ifindex, attach_type, 0, 0, ctypes.addressof(ids), 64)
     try:
-        _call(PROG_QUERY, a)
+        return prog_query(ifindex, attach_type)
     except BPFSyscallError as e:
-        if e.errno in (2, 22, 19):
+        if e.errno in (_errno.ENOENT, _errno.EINVAL, _errno.ENODEV):
             return []
         raise
-    cnt = struct.unpack_from("=I", a, 24)[0]
-    return list(ids[:cnt])
 
 
 def close(fd: int) -> None:
