@@ -7,7 +7,7 @@ PYTHON ?= .venv/bin/python
 PYTEST ?= .venv/bin/pytest
 PYTEST_ARGS ?=
 
-.PHONY: setup proto test unit demo bench clean
+.PHONY: setup proto test unit typecheck demo bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -20,6 +20,10 @@ test: setup
 
 unit: setup
 	$(PYTEST) -q tests -m "not kernel and not fv and not bpf" $(PYTEST_ARGS)
+
+# mypy --strict over the felixpy package ([tool.mypy] in pyproject.toml).
+typecheck: setup
+	$(PYTHON) -m mypy
 
 demo: setup
 	$(PYTHON) -m felixpy demo

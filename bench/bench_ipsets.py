@@ -39,8 +39,8 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from felixpy.drivers.ipsets import IPSets, SubprocessRunner  # noqa: E402
-from felixpy.drivers.ipsets.cmdshim import CommandResult  # noqa: E402
+from felixpy.drivers.cmdshim import CommandResult, SubprocessRunner  # noqa: E402
+from felixpy.drivers.ipsets import IPSets  # noqa: E402
 from felixpy.managers.ipsets import IPSetsManager  # noqa: E402
 from felixpy.proto import felixbackend_pb2 as pb  # noqa: E402
 from felixpy.testing import netns  # noqa: E402
@@ -53,10 +53,10 @@ class CountingRunner(SubprocessRunner):
         super().__init__()
         self.ops: list[str] = []
 
-    def run(self, argv: Sequence[str], stdin: str | None = None,
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult:
         self.ops.append(" ".join(argv[1:2]))
-        return super().run(argv, stdin, while_running)
+        return super().run(argv, stdin, while_running=while_running)
 
 
 def ipset(*args: str, stdin: str | None = None) -> None:

@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import structlog  # noqa: E402
 
+from felixpy.drivers.cmdshim import CommandResult, SubprocessRunner  # noqa: E402
 from felixpy.drivers.generictables.model import (  # noqa: E402
     Accept, Chain, Drop, Jump, Match, PortRange, Return, Rule,
 )
-from felixpy.drivers.iptables.cmdshim import CommandResult, RealRunner  # noqa: E402
 from felixpy.drivers.iptables.detect import StaticFeatures, compute_features  # noqa: E402
 from felixpy.drivers.iptables.table import IptablesTable  # noqa: E402
 from felixpy.testing import netns  # noqa: E402
@@ -51,14 +51,15 @@ NUM_CHAINS = 1000
 RULES_PER_CHAIN = 10
 
 
-class CountingRunner(RealRunner):
+class CountingRunner(SubprocessRunner):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple[str, ...]] = []
 
-    def run(self, argv: Sequence[str], input: str | None = None) -> CommandResult:
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+            while_running: Callable[[], None] | None = None) -> CommandResult:
         self.calls.append(tuple(argv))
-        return super().run(argv, input)
+        return super().run(argv, stdin, while_running=while_running)
 
 
 def leaf_rule(i: int, j: int) -> Rule:
@@ -108,7 +109,7 @@ def in_fresh_ns(fn: Callable[[], float]) -> float:
         return fn()
 
 
-def make_table(runner: RealRunner, backend: str, **kw: object) -> IptablesTable:
+def make_table(runner: SubprocessRunner, backend: str, **kw: object) -> IptablesTable:
     feats = StaticFeatures(compute_features((1, 8, 9), (6, 1, 0)))
     return IptablesTable("filter", 4, runner=runner, backend=backend, features=feats, **kw)  # type: ignore[arg-type]
 
@@ -195,7 +196,7 @@ def bench_memory(backend: str) -> tuple[float, float]:
         base = tracemalloc.get_traced_memory()[0]
         chains = build_chains(salt=1)
         after_model = tracemalloc.get_traced_memory()[0]
-        t = make_table(RealRunner(), backend)
+        t = make_table(SubprocessRunner(), backend)
         hook(t)
         t.update_chains(chains)
         t.apply()

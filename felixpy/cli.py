@@ -11,8 +11,16 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from felixpy import __version__
+
+if TYPE_CHECKING:  # imported lazily at run time: a subcommand only pays for what it uses (grpc, pyroute2)
+    from felixpy.daemon import Daemon
+    from felixpy.feed.client import FeedClient
+    from felixpy.ifacemonitor import InterfaceMonitor
+    from felixpy.transports.grpcsvc import GrpcServer
+    from felixpy.transports.stream import UnixSocketServer
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,7 +93,7 @@ def _run(args: argparse.Namespace) -> int:
     daemon = Daemon(build=build_dataplane, config_file=args.config_file, exit_when_feed_closes=args.driver)
     daemon.install_signal_handlers()
     monitor = None if args.no_iface_monitor else _start_iface_monitor(daemon, args.config_file)
-    servers: list[object] = []
+    servers: list[GrpcServer | UnixSocketServer] = []
     try:
         if args.driver:
             from felixpy.transports.stream import open_pipe_feed
@@ -109,12 +117,12 @@ def _run(args: argparse.Namespace) -> int:
         return daemon.run()
     finally:
         for s in servers:
-            s.stop()  # type: ignore[attr-defined]
+            s.stop()
         if monitor is not None:
             monitor.stop()
 
 
-def _start_iface_monitor(daemon: object, config_file: str | None) -> object | None:
+def _start_iface_monitor(daemon: Daemon, config_file: str | None) -> InterfaceMonitor | None:
     try:
         from felixpy.ifacemonitor import InterfaceMonitor
     except ImportError:
@@ -122,7 +130,7 @@ def _start_iface_monitor(daemon: object, config_file: str | None) -> object | No
     from felixpy import config as configmod
 
     cfg, _ = configmod.load(config_file=config_file)
-    mon = InterfaceMonitor(cfg, **daemon.iface_callbacks())  # type: ignore[attr-defined]
+    mon = InterfaceMonitor(cfg, **daemon.iface_callbacks())
     mon.start()
     return mon
 
@@ -174,10 +182,10 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_replies(client: object) -> None:
+def _print_replies(client: FeedClient) -> None:
     from felixpy.messages import from_payload_of
 
-    for m in list(client.received):  # type: ignore[attr-defined]
+    for m in list(client.received):
         name, payload = from_payload_of(m)
         if name != "process_status_update":
             print(f"  <- {name}: {str(payload).strip() or '{}'}".replace("\n", " "))

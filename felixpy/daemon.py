@@ -25,11 +25,12 @@ from __future__ import annotations
 import datetime
 import queue
 import signal
+import socketserver
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import structlog
 
@@ -56,6 +57,15 @@ PROCESS_PARAMS = ("HealthEnabled", "HealthHost", "HealthPort", "PrometheusMetric
                   "PrometheusMetricsHost", "PrometheusMetricsPort")
 
 BuildFn = Callable[..., InternalDataplane]
+
+
+class IfaceCallbacks(TypedDict):
+    """The interface monitor's callback keyword arguments (see :class:`felixpy.ifacemonitor.InterfaceMonitor`)."""
+
+    on_state: Callable[[IfaceStateUpdate], None]
+    on_addrs: Callable[[IfaceAddrsUpdate], None]
+    on_in_sync: Callable[[], None]
+    on_fatal: Callable[[BaseException], None]
 
 
 @dataclass(frozen=True)
@@ -109,7 +119,7 @@ class Daemon:
         # Registered from the start: an aggregator with no reporters would claim readiness.
         self.health.register("InternalDataplaneMainLoop", 0)
         self._process_config: Config | None = None
-        self._servers: list[Any] = []
+        self._servers: list[socketserver.BaseServer] = []  # health and metrics HTTP servers
         self._session: Session | None = None
         self._iface_cache: dict[tuple[str, str], IfaceStateUpdate | IfaceAddrsUpdate] = {}
         self._iface_in_sync = False
@@ -118,7 +128,7 @@ class Daemon:
         self.exit_code: int | None = None
 
     # -------------------------------------------------------------- monitor hooks
-    def iface_callbacks(self) -> dict[str, Callable[..., None]]:
+    def iface_callbacks(self) -> IfaceCallbacks:
         """Callbacks for the interface monitor; they only post events (thread-safe)."""
         self.has_iface_monitor = True
         return {

@@ -16,11 +16,10 @@ message type that no oneof field carries.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from felixpy.errors import FelixpyError
@@ -33,27 +32,29 @@ class UnknownPayload(FelixpyError, ValueError):
     """An envelope has no payload set, or a message type is not a payload."""
 
 
-def _oneof_fields(envelope: type[Message]) -> tuple[FieldDescriptor, ...]:
-    fields: Iterable[FieldDescriptor] = envelope.DESCRIPTOR.oneofs_by_name[_ONEOF].fields  # type: ignore[assignment]
-    return tuple(fields)
+def _oneof_fields(envelope: type[Message]) -> tuple[tuple[str, str], ...]:
+    """``(field name, payload type full name)`` of each ``payload`` oneof field, in declaration order."""
+    out: list[tuple[str, str]] = []
+    for field in envelope.DESCRIPTOR.oneofs_by_name[_ONEOF].fields:
+        assert field.message_type is not None  # every payload field carries a message
+        out.append((field.name, field.message_type.full_name))
+    return tuple(out)
 
 
 def _type_to_field(envelope: type[Message]) -> Mapping[str, str]:
     """Map payload full type name (e.g. ``felix.InSync``) to its oneof field."""
     mapping: dict[str, str] = {}
-    for field in _oneof_fields(envelope):
-        assert field.message_type is not None
-        full_name = field.message_type.full_name
+    for name, full_name in _oneof_fields(envelope):
         if full_name in mapping:  # pragma: no cover - guards a proto edit
             raise AssertionError(f"{envelope.__name__}: two payload fields carry {full_name}")
-        mapping[full_name] = field.name
+        mapping[full_name] = name
     return MappingProxyType(mapping)
 
 
-PAYLOAD_FIELDS: tuple[str, ...] = tuple(f.name for f in _oneof_fields(pb.ToDataplane))
+PAYLOAD_FIELDS: tuple[str, ...] = tuple(name for name, _ in _oneof_fields(pb.ToDataplane))
 """Names of the ``ToDataplane.payload`` oneof fields, in declaration order."""
 
-FROM_PAYLOAD_FIELDS: tuple[str, ...] = tuple(f.name for f in _oneof_fields(pb.FromDataplane))
+FROM_PAYLOAD_FIELDS: tuple[str, ...] = tuple(name for name, _ in _oneof_fields(pb.FromDataplane))
 """Names of the ``FromDataplane.payload`` oneof fields, in declaration order."""
 
 _TO_FIELD_BY_TYPE = _type_to_field(pb.ToDataplane)

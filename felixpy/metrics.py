@@ -8,9 +8,11 @@ register their own ``felix_*`` metrics use the default registry, which
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from wsgiref.simple_server import WSGIServer
 
 import prometheus_client as prom
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 
@@ -40,14 +42,14 @@ class _Union:
     def __init__(self, *registries: CollectorRegistry) -> None:
         self._registries = registries
 
-    def collect(self) -> Any:
+    def collect(self) -> Iterator[Metric]:
         for reg in self._registries:
             yield from reg.collect()
 
 
-def serve(metrics: DataplaneMetrics, host: str, port: int) -> Any:
+def serve(metrics: DataplaneMetrics, host: str, port: int) -> WSGIServer:
     """Start the scrape endpoint; returns the server (``.shutdown()`` stops it)."""
     combined = CollectorRegistry(auto_describe=False)
-    combined.register(_Union(metrics.registry, prom.REGISTRY))  # type: ignore[arg-type]
+    combined.register(_Union(metrics.registry, prom.REGISTRY))
     server, _thread = prom.start_http_server(port, addr=host or "0.0.0.0", registry=combined)
     return server

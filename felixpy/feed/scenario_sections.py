@@ -427,7 +427,9 @@ def _parse_route(data: Mapping[str, Any], path: str, state: ScenarioState) -> tu
         raise ScenarioError(key_path(path, "dst"), "required")
     route = pb.RouteUpdate(dst=dst)
     fill(route, data, path, also_allowed=("dst", "types", "tunnel_type"))
-    route.types = route_types(data.get("types"), key_path(path, "types"))  # type: ignore[assignment]  # a bitmap
+    # RouteUpdate.types is declared as the RouteType enum but carries an OR of RouteType flags (as
+    # Felix sends it); the generated stub cannot express a bitmap, so the int is assigned as is.
+    route.types = route_types(data.get("types"), key_path(path, "types"))  # type: ignore[assignment]
     if "tunnel_type" in data:
         route.tunnel_type.CopyFrom(tunnel_type(data["tunnel_type"], key_path(path, "tunnel_type")))
     return dst, route

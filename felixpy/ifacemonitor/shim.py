@@ -41,6 +41,7 @@ import struct
 from typing import Any, Protocol
 
 import structlog
+# No types or stubs for pyroute2; its parsed messages are converted to our events in this module.
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl  # type: ignore[import-untyped]
 
 from felixpy.drivers.netlink.nsutil import call_in_netns

@@ -7,6 +7,7 @@ bytes (``ToDataplane`` in, ``FromDataplane`` out).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import socket
@@ -160,7 +161,7 @@ class UnixSocketServer:
                     conn.close()
                     continue
                 feed = StreamFeed("unix", conn.recv, conn.sendall, self._events,
-                                  closer=lambda c=conn: self._closed(c))
+                                  closer=functools.partial(self._closed, conn))
                 self._active = feed
             feed.start()
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import pytest
 import structlog
 
-from felixpy.drivers.ipsets import CommandResult, IPSets, SubprocessRunner
+from felixpy.drivers.cmdshim import CommandResult, SubprocessRunner
+from felixpy.drivers.ipsets import IPSets
 from felixpy.drivers.ipsets.parse import parse_list
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 from felixpy.testing import netns as _netns
@@ -73,10 +74,10 @@ class RecordingRunner(SubprocessRunner):
         super().__init__()
         self.runs: list[list[str]] = []
 
-    def run(self, argv: Sequence[str], stdin: str | None = None,
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult:
         self.runs.append(list(argv))
-        return super().run(argv, stdin, while_running)
+        return super().run(argv, stdin, while_running=while_running)
 
 
 def apply_all(d: IPSets) -> None:

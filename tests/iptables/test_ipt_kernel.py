@@ -1,7 +1,7 @@
 """IptablesTable against the real kernel, inside throwaway network namespaces.
 
-Every command runs as ``ip netns exec <fresh ns> …`` (never in the root
-namespace) and always with ``--wait``.  Parametrised over legacy and nft-backed
+Every command runs inside a fresh namespace (the runner forks it there; never in
+the root namespace) and always with ``--wait``.  Parametrised over legacy and nft-backed
 iptables, IPv4 and IPv6.
 """
 
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from felixpy.drivers.cmdshim import CommandResult, SubprocessRunner
 from felixpy.drivers.generictables.model import (
     ADDR_TYPE_LOCAL, DNAT, DSCP, SNAT, Accept, Chain, ClearMark, Drop, Goto, Jump, LimitNumConnections,
     LimitPacketRate, Log, Masquerade, Match, Nflog, NoTrack, PortRange, Reject, Return, Rule, SetConnMark, SetMark,
 )
 from felixpy.drivers.iptables import savefile
-from felixpy.drivers.iptables.cmdshim import CommandResult, RealRunner
 from felixpy.drivers.iptables.detect import FeatureDetector, detect_backend
 from felixpy.drivers.iptables.table import IptablesTable
 from felixpy.errors import FatalDataplaneError
@@ -31,16 +31,17 @@ if os.geteuid() != 0:  # pragma: no cover
     pytest.skip("kernel tests need root", allow_module_level=True)
 
 
-class RecordingRunner(RealRunner):
+class RecordingRunner(SubprocessRunner):
     """A real runner (inside the namespace) that remembers what it ran."""
 
     def __init__(self, netns: str, env: dict[str, str] | None = None) -> None:
         super().__init__(netns=netns, env=env)
         self.calls: list[tuple[tuple[str, ...], str | None]] = []
 
-    def run(self, argv: Sequence[str], input: str | None = None) -> CommandResult:
-        self.calls.append((tuple(argv), input))
-        return super().run(argv, input)
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+            while_running: Callable[[], None] | None = None) -> CommandResult:
+        self.calls.append((tuple(argv), stdin))
+        return super().run(argv, stdin, while_running=while_running)
 
     def restores(self) -> list[str]:
         return [i or "" for a, i in self.calls if a[0].endswith("-restore")]
@@ -94,7 +95,7 @@ def chains_for(ipv: int) -> list[Chain]:
     ]
 
 
-def make_table(runner: RealRunner, backend: str, ipv: int, table: str = "filter",
+def make_table(runner: SubprocessRunner, backend: str, ipv: int, table: str = "filter",
                **kw: object) -> IptablesTable:
     return IptablesTable(table, ipv, runner=runner, backend=backend, features=FeatureDetector(runner), **kw)  # type: ignore[arg-type]
 
@@ -181,7 +182,7 @@ def test_changed_rule_rewrites_only_its_chain(netns: str, flavour: tuple[str, in
 
 def test_stale_state_from_previous_run_is_swept(netns: str, flavour: tuple[str, int]) -> None:
     backend, ipv = flavour
-    t1 = make_table(RealRunner(netns), backend, ipv)
+    t1 = make_table(SubprocessRunner(netns), backend, ipv)
     program(t1, ipv)
     t1.insert_or_append_rules("INPUT", [Rule(action=Jump("cali-other"))])
     t1.update_chain(Chain("cali-stale", (Rule(action=Drop()),)))
@@ -189,7 +190,7 @@ def test_stale_state_from_previous_run_is_swept(netns: str, flavour: tuple[str, 
     t1.apply()
     assert "cali-stale" in save(netns, backend, ipv)
     ipt(netns, backend, ipv, "-A", "INPUT", "-p", "udp", "-j", "ACCEPT")
-    t2 = make_table(RealRunner(netns), backend, ipv)  # the new run wants less
+    t2 = make_table(SubprocessRunner(netns), backend, ipv)  # the new run wants less
     program(t2, ipv)
     t2.apply()
     text = save(netns, backend, ipv, counters=False)
@@ -253,7 +254,7 @@ def test_every_fragment_is_accepted_and_reads_back(netns: str, flavour: tuple[st
 
 
 def test_backend_detection_in_namespace(netns: str) -> None:
-    runner = RealRunner(netns)
+    runner = SubprocessRunner(netns)
     assert detect_backend(runner, "auto") == "legacy"  # empty: tie goes to legacy
     run_in(netns, "iptables-nft", "-w", "5", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
     assert detect_backend(runner, "auto") == "nft"

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from felixpy.drivers.cmdshim import CommandResult
 from felixpy.drivers.netlink.fake import FakeNetlink
 from felixpy.drivers.routetable import MainTableOwnershipPolicy, RouteTable
-from felixpy.drivers.routetable.conntrack import CommandResult, ConntrackCleanupTracker, ConntrackFlusher
+from felixpy.drivers.routetable.conntrack import ConntrackCleanupTracker, ConntrackFlusher
 
 
 class FakeClock:
@@ -31,7 +32,8 @@ class ConntrackRecorder:
         self.rc = rc
         self.block = block
 
-    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> CommandResult:
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+            while_running: Callable[[], None] | None = None) -> CommandResult:
         if self.block is not None:
             self.block.wait(10)
         self.calls.append(list(argv))

@@ -5,17 +5,17 @@
 * :mod:`.members` — member validation and canonical forms.
 * :mod:`.parse` — parsers of ``ipset list`` / ``ipset save`` output.
 * :mod:`.resync_queue` — the two-tier re-read queue of the incremental refresh.
-* :mod:`.cmdshim` — the command runner the driver is given.
 * :mod:`.fake` — a stateful fake ``ipset`` for tests.
 * :mod:`.metrics` — Felix's ipset metrics.
+
+The driver is given a :class:`felixpy.drivers.cmdshim.CommandRunner`.
 """
 
-from felixpy.drivers.ipsets.cmdshim import CommandResult, CommandRunner, SubprocessRunner
 from felixpy.drivers.ipsets.driver import (MAX_IPSET_DELETIONS_PER_ITERATION, MAX_RETRY_ATTEMPTS, DataplaneMeta,
                                            IPSets)
 from felixpy.drivers.ipsets.naming import IPVersionConfig
 
 __all__ = [
-    "MAX_IPSET_DELETIONS_PER_ITERATION", "MAX_RETRY_ATTEMPTS", "CommandResult", "CommandRunner",
-    "DataplaneMeta", "IPSets", "IPVersionConfig", "SubprocessRunner",
+    "MAX_IPSET_DELETIONS_PER_ITERATION", "MAX_RETRY_ATTEMPTS",
+    "DataplaneMeta", "IPSets", "IPVersionConfig",
 ]

@@ -73,8 +73,8 @@ from dataclasses import dataclass
 import structlog
 
 from felixpy.deltatracker import DeltaTracker
+from felixpy.drivers.cmdshim import CommandResult, CommandRunner
 from felixpy.drivers.ipsets import metrics
-from felixpy.drivers.ipsets.cmdshim import CommandResult, CommandRunner
 from felixpy.drivers.ipsets.members import BadMembers, canonicalise_members
 from felixpy.drivers.ipsets.naming import IPVersionConfig
 from felixpy.drivers.ipsets.parse import (ListedSet, is_not_found, parse_list, parse_list_names,
@@ -720,7 +720,7 @@ class IPSets:
     def _run(self, argv: list[str], stdin: str | None = None,
              while_running: Callable[[], None] | None = None) -> CommandResult:
         start = time.perf_counter()
-        result = self._runner.run(argv, stdin, while_running) if while_running else self._runner.run(argv, stdin)
+        result = self._runner.run(argv, stdin, while_running=while_running)
         metrics.exec_time_micros.observe((time.perf_counter() - start) * 1e6)
         return result
 

@@ -1,4 +1,4 @@
-"""A stateful fake ``ipset`` for tests: a :class:`CommandRunner` backed by a dict.
+"""A stateful fake ``ipset`` for tests: a :class:`~felixpy.drivers.cmdshim.CommandRunner` backed by a dict.
 
 It keeps sets (type, family, maxelem, members, references) and answers the
 commands the driver and the tests use — ``restore``, ``list`` (``-name``,
@@ -33,7 +33,7 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from felixpy.drivers.ipsets.cmdshim import CommandResult
+from felixpy.drivers.cmdshim import CommandResult
 
 VERSION = "ipset v7.17"
 _REVISIONS = {"hash:ip": 6, "hash:net": 7, "hash:ip,port": 7}
@@ -192,7 +192,7 @@ class FakeIPSet:
         return [stdin or "" for argv, stdin in self.calls if _op_of(argv) == "restore"]
 
     # ---------------------------------------------------------------- runner API
-    def run(self, argv: Sequence[str], stdin: str | None = None,
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult:
         result = self._run(argv, stdin)
         if while_running is not None:

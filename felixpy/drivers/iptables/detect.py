@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from felixpy.drivers.iptables.cmdshim import CommandRunner
+from felixpy.drivers.cmdshim import CommandRunner
 from felixpy.errors import ConfigError
 
 log = structlog.get_logger(__name__)

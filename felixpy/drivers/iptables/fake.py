@@ -1,6 +1,6 @@
 """A stateful fake of ``ip[6]tables-{legacy,nft}-{save,restore}`` for unit tests.
 
-:class:`FakeIptables` is a :class:`~felixpy.drivers.iptables.cmdshim.CommandRunner`:
+:class:`FakeIptables` is a :class:`~felixpy.drivers.cmdshim.CommandRunner`:
 it holds real table state per (backend, IP version, table), applies
 ``*-restore`` input one transaction at a time — a transaction lands whole at
 ``COMMIT`` or not at all, as the kernel does — and prints ``*-save`` output
@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from felixpy.drivers.iptables.cmdshim import CommandResult
+from felixpy.drivers.cmdshim import CommandResult
 
 BUILTIN_CHAINS: dict[str, tuple[str, ...]] = {
     "filter": ("INPUT", "FORWARD", "OUTPUT"),
@@ -158,34 +158,40 @@ class FakeIptables:
             return "/usr/sbin/" + name
         return None
 
-    def run(self, argv: Sequence[str], input: str | None = None) -> CommandResult:
-        argv = tuple(argv)
-        self.calls.append((argv, input))
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+            while_running: Callable[[], None] | None = None) -> CommandResult:
+        result = self._run(tuple(argv), stdin)
+        if while_running is not None:
+            while_running()
+        return result
+
+    def _run(self, argv: tuple[str, ...], stdin: str | None) -> CommandResult:
+        self.calls.append((argv, stdin))
         prog = argv[0].rsplit("/", 1)[-1]
         if prog == "cat" and len(argv) == 2:
             return self._cat(argv)
         m = _TOOL_RE.match(prog)
         if not m or prog in self.missing_binaries:
-            return CommandResult(argv, 127, "", f"{prog}: command not found")
+            return CommandResult(127, "", f"{prog}: command not found", argv)
         ipv = 6 if m.group(1) else 4
         backend = m.group(2) or self.default_backend
         kind = m.group(3)
         if kind == "save":
             return self._save_cmd(argv, backend, ipv)
         if kind == "restore":
-            return self._restore_cmd(argv, backend, ipv, input or "")
+            return self._restore_cmd(argv, backend, ipv, stdin or "")
         if "--version" in argv or "-V" in argv:
             flavour = "nf_tables" if backend == "nft" else "legacy"
-            return CommandResult(argv, 0, f"ip{'6' if ipv == 6 else ''}tables v{self.version} ({flavour})\n", "")
-        return CommandResult(argv, 2, "", "unsupported fake iptables invocation")
+            return CommandResult(0, f"ip{'6' if ipv == 6 else ''}tables v{self.version} ({flavour})\n", "", argv)
+        return CommandResult(2, "", "unsupported fake iptables invocation", argv)
 
     def _cat(self, argv: tuple[str, ...]) -> CommandResult:
         path = argv[1]
         if path in ("/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"):
             ipv = 6 if "ip6" in path else 4
             names = [t for (b, v, t) in self.tables if b == "legacy" and v == ipv]
-            return CommandResult(argv, 0, "".join(n + "\n" for n in names), "")
-        return CommandResult(argv, 1, "", f"cat: {path}: No such file or directory")
+            return CommandResult(0, "".join(n + "\n" for n in names), "", argv)
+        return CommandResult(1, "", f"cat: {path}: No such file or directory", argv)
 
     # ----------------------------------------------------------------- state helpers
     def _table(self, backend: str, ipv: int, table: str, create: bool = True) -> dict[str, FakeChain] | None:
@@ -238,13 +244,13 @@ class FakeIptables:
         if self.fail_all_saves or self.fail_next_saves > 0:
             if self.fail_next_saves > 0:
                 self.fail_next_saves -= 1
-            return CommandResult(argv, 1, "", "iptables-save: injected failure")
+            return CommandResult(1, "", "iptables-save: injected failure", argv)
         counters = "-c" in argv or "--counters" in argv
         tables: list[str]
         if "-t" in argv:
             name = argv[argv.index("-t") + 1]
             if self._table(backend, ipv, name) is None:
-                return CommandResult(argv, 1, "", f"iptables-save: Table does not exist ({name})")
+                return CommandResult(1, "", f"iptables-save: Table does not exist ({name})", argv)
             tables = [name]
         else:
             tables = [t for (b, v, t) in self.tables if b == backend and v == ipv]
@@ -258,7 +264,7 @@ class FakeIptables:
                 continue
             out.append(self._render_table(name, t, counters))
             out.append("# Completed\n")
-        return CommandResult(argv, 0, "".join(out), "")
+        return CommandResult(0, "".join(out), "", argv)
 
     @staticmethod
     def _render_table(name: str, t: dict[str, FakeChain], counters: bool) -> str:
@@ -287,20 +293,20 @@ class FakeIptables:
                 if i + 1 < len(argv) and argv[i + 1][:1].isdigit():
                     i += 1
             else:
-                return CommandResult(argv, 2, "", f"unknown option {a!r}")
+                return CommandResult(2, "", f"unknown option {a!r}", argv)
             i += 1
         if self.lock_timeout_next_restores > 0:
             self.lock_timeout_next_restores -= 1
-            return CommandResult(argv, 4, "", LOCK_MESSAGE + "\n")
+            return CommandResult(4, "", LOCK_MESSAGE + "\n", argv)
         if self.fail_all_restores or self.fail_next_restores > 0:
             if self.fail_next_restores > 0:
                 self.fail_next_restores -= 1
-            return CommandResult(argv, 1, "", "iptables-restore: line 2 failed (injected)\n")
+            return CommandResult(1, "", "iptables-restore: line 2 failed (injected)\n", argv)
         try:
             self._restore(backend, ipv, text, noflush)
         except RestoreError as e:
-            return CommandResult(argv, 1, "", f"{e}\n")
-        return CommandResult(argv, 0, "", "")
+            return CommandResult(1, "", f"{e}\n", argv)
+        return CommandResult(0, "", "", argv)
 
     def _restore(self, backend: str, ipv: int, text: str, noflush: bool) -> None:
         table_name = ""

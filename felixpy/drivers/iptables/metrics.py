@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
@@ -28,26 +28,27 @@ class IptablesMetrics:
     lines_executed: Counter  # labels: ip_version, table
 
 
+_M = TypeVar("_M", Counter, Gauge)
 _lock = threading.Lock()
 _by_registry: weakref.WeakKeyDictionary[CollectorRegistry, IptablesMetrics] = weakref.WeakKeyDictionary()
 
 
-def _existing(registry: CollectorRegistry, name: str) -> Any:
-    return getattr(registry, "_names_to_collectors", {}).get(name)
+def _existing(registry: CollectorRegistry, name: str, cls: type[_M]) -> _M | None:
+    """The collector already registered under *name* (prometheus_client offers no public lookup)."""
+    found: object = getattr(registry, "_names_to_collectors", {}).get(name)
+    if found is not None and not isinstance(found, cls):
+        raise TypeError(f"metric {name} already registered as {type(found).__name__}")
+    return found
 
 
 def _counter(registry: CollectorRegistry, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-    found = _existing(registry, name)
-    if found is not None:
-        return found  # type: ignore[no-any-return]
-    return Counter(name, doc, labels, registry=registry)
+    found = _existing(registry, name, Counter)
+    return found if found is not None else Counter(name, doc, labels, registry=registry)
 
 
 def _gauge(registry: CollectorRegistry, name: str, doc: str, labels: tuple[str, ...]) -> Gauge:
-    found = _existing(registry, name)
-    if found is not None:
-        return found  # type: ignore[no-any-return]
-    return Gauge(name, doc, labels, registry=registry)
+    found = _existing(registry, name, Gauge)
+    return found if found is not None else Gauge(name, doc, labels, registry=registry)
 
 
 def get_metrics(registry: CollectorRegistry | None = None) -> IptablesMetrics:

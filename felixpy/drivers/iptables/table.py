@@ -51,9 +51,9 @@ from typing import NoReturn, Protocol
 import structlog
 
 from felixpy.config import Config
+from felixpy.drivers.cmdshim import BinaryLocator, CommandRunner
 from felixpy.drivers.generictables.model import Chain, Goto, Jump, Rule
 from felixpy.drivers.iptables import render
-from felixpy.drivers.iptables.cmdshim import CommandRunner
 from felixpy.drivers.iptables.detect import Features, FeatureDetector, detect_backend, find_best_binary
 from felixpy.drivers.iptables.metrics import IptablesMetrics, get_metrics
 from felixpy.drivers.iptables.restore_buffer import RestoreBuffer
@@ -150,7 +150,7 @@ class IptablesTable:
         self._clock = clock
         self._sleep = sleep
         self._on_still_alive = on_still_alive or (lambda: None)
-        look = which or getattr(runner, "which", None) or shutil.which
+        look = which or (runner.which if isinstance(runner, BinaryLocator) else shutil.which)
         self.restore_cmd = restore_cmd or find_best_binary(ip_version, backend, "restore", look)
         self.save_cmd = save_cmd or find_best_binary(ip_version, backend, "save", look)
         self._lock_timeout = lock_timeout if lock_timeout > 0 else 10.0
@@ -201,6 +201,8 @@ class IptablesTable:
         if features is None:
             features = FeatureDetector(runner, overrides=config.FeatureDetectOverride)
         extra = HISTORIC_INSERTED_NAT_RULE_REGEX if name == "nat" else ""
+        # kwargs are __init__'s remaining keyword arguments, forwarded verbatim (mypy checks them at
+        # __init__'s own call sites); restating all of them as a TypedDict would duplicate the signature.
         return cls(name, ip_version, runner=runner, backend=backend, features=features,
                    insert_mode=config.ChainInsertMode,
                    refresh_interval=config.IptablesRefreshInterval,
@@ -657,7 +659,7 @@ class IptablesTable:
         self._lines_executed.inc(buf.lines_written)
         start = self._clock()
         try:
-            res = self._runner.run(argv, input=text)
+            res = self._runner.run(argv, stdin=text)
         finally:
             dur = self._clock() - start
             self._peak_restore = max(self._peak_restore * 0.99, dur)

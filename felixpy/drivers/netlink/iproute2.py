@@ -43,14 +43,13 @@ import errno as _errno
 import json
 import os
 import re
-import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from felixpy.drivers.netlink.cmd import CommandResult, CommandRunner
+from felixpy.drivers.cmdshim import CommandResult, CommandRunner
 from felixpy.drivers.netlink.errors import NetlinkCallError
 from felixpy.drivers.netlink.types import (
     AF_INET,
@@ -391,10 +390,7 @@ class IpTool:
         self.max_dump_attempts = max_dump_attempts
 
     def _run(self, args: Sequence[str], stdin: str | None = None) -> CommandResult:
-        try:
-            return self.runner([self.ip, *args], stdin)
-        except subprocess.TimeoutExpired as exc:
-            return CommandResult(124, "", f"ip timed out after {exc.timeout}s")
+        return self.runner.run([self.ip, *args], stdin)
 
     # -- writes ------------------------------------------------------------------
     def routes_replace(self, routes: Sequence[Route]) -> list[int]:

@@ -1,7 +1,8 @@
 """Run a callable with the calling thread inside a named network namespace.
 
 Only used to *open* sockets (a netlink socket stays bound to the namespace it
-was created in).  A missing namespace is an error; nothing is ever created.
+was created in) and to *fork* children (:mod:`felixpy.drivers.cmdshim`: a child
+is born in its parent thread's namespace).  A missing namespace is an error; nothing is ever created.
 Failing to switch back is fatal: later work would silently act on the wrong
 namespace, so we raise SystemExit rather than carry on.
 """

@@ -10,8 +10,9 @@ nowhere else; every pyroute2 ``NetlinkError`` becomes a
 The high-volume paths go through :class:`~.iproute2.IpTool` (see that module
 for why): route and static-neighbour writes (``ip -force -batch``), and the
 route, neighbour and link dumps a resync reads (``ip -j``).  ``ip`` runs through
-an injectable :class:`~.cmd.CommandRunner`; by default a
-:class:`~.cmd.SubprocessRunner` forking it inside ``netns``.  Single links are
+an injectable :class:`~felixpy.drivers.cmdshim.CommandRunner`; by default a
+:class:`~felixpy.drivers.cmdshim.SubprocessRunner` forking it inside ``netns``
+(timeout :data:`IP_TIMEOUT`).  Single links are
 looked up with pyroute2 (one round trip, well under a millisecond, where
 spawning ``ip`` costs a few).  Calls are serialised by a lock.
 """
@@ -25,10 +26,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError as PyNetlinkError
+# pyroute2 ships neither types nor stubs.  This module is its boundary: every message is converted
+# to a frozen :mod:`.types` value here, so its untyped values go no further.
+from pyroute2 import IPRoute  # type: ignore[import-untyped]
+from pyroute2.netlink.exceptions import NetlinkError as PyNetlinkError  # type: ignore[import-untyped]
 
-from felixpy.drivers.netlink.cmd import CommandRunner, SubprocessRunner
+from felixpy.drivers.cmdshim import CommandRunner, SubprocessRunner
 from felixpy.drivers.netlink.errors import ConnectFailed, LinkNotFound, NetlinkCallError
 from felixpy.drivers.netlink.iproute2 import IpTool
 from felixpy.drivers.netlink.nsutil import call_in_netns
@@ -55,6 +58,7 @@ from felixpy.drivers.netlink.types import (
 
 T = TypeVar("T")
 FIB_RULE_INVERT = 0x2
+IP_TIMEOUT = 60.0  # seconds for one `ip` batch or dump
 FR_ACT_TO_TBL = 1
 
 
@@ -99,7 +103,7 @@ class PyrouteNetlink:
             self._ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
         except (OSError, PyNetlinkError) as exc:
             raise ConnectFailed(f"cannot open netlink (netns={netns}): {exc}") from exc
-        self._ip = IpTool(runner if runner is not None else SubprocessRunner(netns), self._names)
+        self._ip = IpTool(runner if runner is not None else SubprocessRunner(netns, timeout=IP_TIMEOUT), self._names)
 
     def _names(self) -> dict[int, str]:
         """index -> name of every interface in the namespace (libc ``if_nameindex``)."""

@@ -13,8 +13,10 @@ import ipaddress
 import socket
 from dataclasses import dataclass, field
 
-AF_INET = socket.AF_INET
-AF_INET6 = socket.AF_INET6
+# Plain ints, as the kernel and ``ip -j`` give them (not ``socket.AddressFamily``): every
+# ``family`` field and key below is an ``int``.
+AF_INET: int = socket.AF_INET
+AF_INET6: int = socket.AF_INET6
 AF_BRIDGE = 7
 
 RT_TABLE_MAIN = 254

@@ -7,7 +7,7 @@ failing with "Duplicated timeseries".
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from prometheus_client import REGISTRY, Counter, Gauge
 
@@ -15,7 +15,7 @@ _C = TypeVar("_C", Counter, Gauge)
 
 
 def _get_or_create(cls: type[_C], name: str, doc: str, labels: tuple[str, ...] = ()) -> _C:
-    existing: Any = getattr(REGISTRY, "_names_to_collectors", {}).get(name)
+    existing: object = getattr(REGISTRY, "_names_to_collectors", {}).get(name)
     if existing is None and cls is Counter:
         existing = getattr(REGISTRY, "_names_to_collectors", {}).get(name + "_total")
     if existing is not None:
@@ -25,8 +25,10 @@ def _get_or_create(cls: type[_C], name: str, doc: str, labels: tuple[str, ...] =
     try:
         return cls(name, doc, labels)
     except ValueError:  # lost a race with another import: fetch the winner
-        found: Any = REGISTRY._names_to_collectors.get(name) or REGISTRY._names_to_collectors[name + "_total"]
-        return found  # type: ignore[no-any-return]
+        found = REGISTRY._names_to_collectors.get(name) or REGISTRY._names_to_collectors[name + "_total"]
+        if not isinstance(found, cls):
+            raise TypeError(f"metric {name} already registered as {type(found).__name__}") from None
+        return found
 
 
 NFT_CALLS = _get_or_create(Counter, "felix_nft_calls", "Number of nft transactions run.")

@@ -58,7 +58,9 @@ class LibNftables:
     """The real shim: an ``nftables.Nftables`` context with JSON output."""
 
     def __init__(self) -> None:
-        import nftables  # Debian's python3-nftables (ctypes over libnftables.so.1)
+        # Debian's python3-nftables (ctypes over libnftables.so.1) has no types or stubs; only its JSON
+        # strings cross this class's boundary.
+        import nftables  # type: ignore[import-untyped]
 
         self._nft = nftables.Nftables()
         self._nft.set_json_output(True)

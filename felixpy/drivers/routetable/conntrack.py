@@ -16,6 +16,7 @@ held up.  Port of Felix's ``routetable/conntrack_owner_tracker.go`` and
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 import structlog
 
 from felixpy.deltatracker import DeltaTracker
-from felixpy.drivers.netlink.cmd import CommandResult, CommandRunner, SubprocessRunner
+from felixpy.drivers import cmdshim
+from felixpy.drivers.cmdshim import CommandResult, CommandRunner
 from felixpy.drivers.routetable.defs import is_single_address
 from felixpy.managers.routeclass import RouteClass
 
@@ -34,6 +36,11 @@ __all__ = ["CommandResult", "CommandRunner", "ConntrackCleanupTracker", "Conntra
            "SubprocessRunner"]
 
 MAX_TRIES = 4
+CONNTRACK_TIMEOUT = 60.0  # seconds for one ``conntrack --delete``
+
+# The real runner with conntrack's timeout, under the name felixpy/dataplane/wiring.py imports
+# (with CommandResult/CommandRunner re-exported for the tests that build fakes from this module).
+SubprocessRunner = functools.partial(cmdshim.SubprocessRunner, timeout=CONNTRACK_TIMEOUT)
 
 
 class ConntrackFlusher:
@@ -46,9 +53,13 @@ class ConntrackFlusher:
         ok = True
         for direction in ("--orig-src", "--reply-src"):
             for attempt in range(MAX_TRIES):
-                res = self.runner(["conntrack", "--family", family, "--delete", direction, addr])
+                res = self.runner.run(["conntrack", "--family", family, "--delete", direction, addr])
                 if res.returncode == 0 or "0 flow entries" in res.stdout + res.stderr:
                     break
+                if res.timed_out:  # a hung conntrack would hang again: don't hold the route up any longer
+                    log.error("conntrack delete timed out; giving up", addr=addr, direction=direction,
+                              stderr=res.stderr.strip()[:200])
+                    return False
                 log.warning("conntrack delete failed", addr=addr, direction=direction, attempt=attempt,
                             rc=res.returncode, stderr=res.stderr.strip()[:200])
                 if attempt < MAX_TRIES - 1:

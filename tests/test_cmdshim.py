@@ -1,0 +1,206 @@
+"""The shared command runner (felixpy/drivers/cmdshim.py) against real commands.
+
+Plain tests run harmless binaries (``true``, ``false``, ``cat``, ``sh``,
+``sleep``) in the test's own namespace and write nothing outside ``tmp_path``.
+Everything that changes the network runs inside a throwaway namespace from the
+``netns`` fixture; the root namespace is only read.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from felixpy.drivers.cmdshim import (
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    EXIT_TIMED_OUT,
+    BinaryLocator,
+    CommandResult,
+    CommandRunner,
+    SubprocessRunner,
+)
+from felixpy.drivers.ipsets.fake import FakeIPSet
+from felixpy.drivers.iptables.fake import FakeIptables
+from felixpy.errors import CommandError
+from felixpy.testing.netns import run_in
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="namespaces need root")
+
+
+def _thread_netns() -> int:
+    return os.stat(f"/proc/self/task/{threading.get_native_id()}/ns/net").st_ino
+
+
+def _stub(directory: Path, name: str, script: str, executable: bool = True) -> Path:
+    path = directory / name
+    path.write_text(script)
+    if executable:
+        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+# ------------------------------------------------------------------------------ exit codes
+def test_true_and_false() -> None:
+    r = SubprocessRunner()
+    ok = r.run(["true"])
+    assert ok == CommandResult(0, "", "", ("true",))
+    assert ok.ok and not ok.timed_out and ok.check() is ok
+    bad = r.run(["false"])
+    assert bad.returncode == 1 and not bad.ok
+    with pytest.raises(CommandError) as exc:
+        bad.check(stdin_excerpt="line 1")
+    assert exc.value.argv == ["false"] and exc.value.returncode == 1 and exc.value.stdin_excerpt == "line 1"
+
+
+def test_outputs_and_exit_status_are_the_commands() -> None:
+    res = SubprocessRunner().run(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert (res.returncode, res.stdout, res.stderr) == (3, "out\n", "err\n")
+
+
+def test_death_by_signal_is_negative() -> None:
+    assert SubprocessRunner().run(["sh", "-c", "kill -TERM $$"]).returncode == -15
+
+
+def test_missing_binary_is_127_not_an_exception() -> None:
+    res = SubprocessRunner().run(["felixpy-no-such-binary", "--version"])
+    assert res.returncode == EXIT_NOT_FOUND
+    assert res.stderr.startswith("felixpy-no-such-binary: ")
+    assert res.argv == ("felixpy-no-such-binary", "--version")
+
+
+def test_non_executable_binary_is_126(tmp_path: Path) -> None:
+    path = _stub(tmp_path, "noexec", "#!/bin/sh\nexit 0\n", executable=False)
+    assert SubprocessRunner().run([str(path)]).returncode == EXIT_NOT_EXECUTABLE
+
+
+def test_empty_argv_is_a_caller_bug() -> None:
+    with pytest.raises(ValueError):
+        SubprocessRunner().run([])
+
+
+def test_timeout_kills_the_command_and_has_its_own_code() -> None:
+    start = time.monotonic()
+    res = SubprocessRunner(timeout=0.2).run(["sleep", "30"])
+    assert time.monotonic() - start < 10
+    assert res.returncode == EXIT_TIMED_OUT and res.timed_out
+    assert "timed out after 0.2s" in res.stderr
+
+
+# ------------------------------------------------------------------------------ stdin
+def test_stdin_is_fed_whole() -> None:
+    text = "".join(f"add cali40s:x 10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255} # ü\n" for i in range(200_000))
+    res = SubprocessRunner().run(["cat"], text)
+    assert res.ok and res.stdout == text  # several MiB, nothing lost or re-encoded
+
+
+def test_without_stdin_the_child_reads_dev_null() -> None:
+    # Never the daemon's own stdin: cat must see EOF at once.
+    res = SubprocessRunner(timeout=10).run(["cat"])
+    assert res.ok and res.stdout == ""
+    assert SubprocessRunner().run(["cat"], "").stdout == ""
+
+
+# ------------------------------------------------------------------------------ while_running
+def test_while_running_overlaps_the_command(tmp_path: Path) -> None:
+    """The child waits for a file only the hook creates: it can only finish if the hook runs meanwhile."""
+    flag = tmp_path / "flag"
+    calls: list[int] = []
+
+    def hook() -> None:
+        calls.append(1)
+        flag.touch()
+
+    script = 'while [ ! -e "$1" ]; do sleep 0.01; done; cat'
+    res = SubprocessRunner(timeout=20).run(["sh", "-c", script, "sh", str(flag)], "input\n", while_running=hook)
+    assert calls == [1]
+    assert res.ok and res.stdout == "input\n"
+
+
+def test_while_running_failure_kills_the_command() -> None:
+    def hook() -> None:
+        raise RuntimeError("bookkeeping failed")
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="bookkeeping failed"):
+        SubprocessRunner(timeout=60).run(["sleep", "30"], while_running=hook)
+    assert time.monotonic() - start < 10
+
+
+def test_while_running_not_called_when_the_command_cannot_start() -> None:
+    calls: list[int] = []
+    res = SubprocessRunner().run(["felixpy-no-such-binary"], while_running=lambda: calls.append(1))
+    assert res.returncode == EXIT_NOT_FOUND and calls == []
+
+
+# ------------------------------------------------------------------------------ environment
+def test_env_override_and_c_locale() -> None:
+    env = {"PATH": os.environ["PATH"], "FELIXPY_X": "bar", "LC_ALL": "de_DE.UTF-8"}
+    res = SubprocessRunner(env=env).run(["sh", "-c", 'echo "$FELIXPY_X $LC_ALL ${HOME:-nohome}"'])
+    assert res.stdout == "bar C nohome\n"  # replaced, not merged; LC_ALL=C always wins
+
+
+def test_default_env_is_this_process_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    r = SubprocessRunner()
+    monkeypatch.setenv("FELIXPY_LATE", "yes")
+    monkeypatch.setenv("LANG", "de_DE.UTF-8")
+    assert r.run(["sh", "-c", 'echo "$FELIXPY_LATE $LC_ALL"']).stdout == "yes C\n"
+
+
+def test_which_and_run_use_the_childrens_path(tmp_path: Path) -> None:
+    _stub(tmp_path, "iptables-legacy-restore", "#!/bin/sh\necho stub >&2\nexit 1\n")
+    r = SubprocessRunner(env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert r.which("iptables-legacy-restore") == str(tmp_path / "iptables-legacy-restore")
+    assert r.which("felixpy-no-such-binary") is None
+    assert r.run(["iptables-legacy-restore"]).stderr == "stub\n"
+    assert SubprocessRunner(env={"PATH": str(tmp_path)}).which("sh") is None
+    assert SubprocessRunner().which("sh") == shutil.which("sh")
+
+
+# ------------------------------------------------------------------------------ the protocol
+def test_real_runner_and_fakes_share_the_protocol() -> None:
+    runners: list[CommandRunner] = [SubprocessRunner(), FakeIptables(), FakeIPSet()]
+    for r in runners:
+        assert isinstance(r, CommandRunner)
+    assert isinstance(SubprocessRunner(), BinaryLocator) and isinstance(FakeIptables(), BinaryLocator)
+    # Both fakes honour the hook, after the (atomic) command.
+    for fake, argv in ((FakeIptables(), ["iptables-legacy-save"]), (FakeIPSet(), ["ipset", "list", "-name"])):
+        calls: list[int] = []
+        assert fake.run(argv, while_running=lambda: calls.append(1)).ok and calls == [1]
+
+
+# ------------------------------------------------------------------------------ namespaces
+@pytest.mark.kernel
+@needs_root
+def test_runs_inside_a_named_namespace_and_returns_home(netns: str) -> None:
+    home = _thread_netns()
+    r = SubprocessRunner(netns=netns)
+    # A write inside the throwaway namespace only.
+    assert r.run(["ip", "link", "add", "fpyshim0", "type", "veth", "peer", "name", "fpyshim1"]).ok
+    assert _thread_netns() == home
+    assert "fpyshim0" in run_in(netns, "ip", "-o", "link", "show").stdout
+    assert "fpyshim0" not in subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    # stdin and the hook work there too (ip -batch reads stdin).
+    calls: list[int] = []
+    res = r.run(["ip", "-batch", "-"], "link set fpyshim0 up\nlink set fpyshim0 mtu 1400\n",
+                while_running=lambda: calls.append(_thread_netns()))
+    assert res.ok, res.stderr
+    assert calls == [home]  # the hook runs back in our own namespace
+    assert "mtu 1400" in r.run(["ip", "-o", "link", "show", "fpyshim0"]).stdout
+    assert _thread_netns() == home
+
+
+@pytest.mark.kernel
+@needs_root
+def test_missing_namespace_is_127_and_never_falls_back() -> None:
+    home = _thread_netns()
+    res = SubprocessRunner(netns="fpy-no-such-ns").run(["true"])
+    assert res.returncode == EXIT_NOT_FOUND and "no such network namespace" in res.stderr
+    assert _thread_netns() == home
