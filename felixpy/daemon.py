@@ -53,6 +53,7 @@ EXIT_FATAL = 1
 EXIT_USAGE = 2
 MAX_BATCH = 100
 HEALTH_TICK = 10.0
+HEAP_TRIM_INTERVAL = 10.0  # seconds: after an apply, free heap pages go back to the kernel at most this often
 PROCESS_PARAMS = ("HealthEnabled", "HealthHost", "HealthPort", "PrometheusMetricsEnabled",
                   "PrometheusMetricsHost", "PrometheusMetricsPort")
 
@@ -108,7 +109,9 @@ class Daemon:
     def __init__(self, *, build: BuildFn, config_file: str | None = None,
                  environ: Mapping[str, str] | None = None, clock: Clock | None = None,
                  exit_when_feed_closes: bool = False) -> None:
-        self.events: queue.Queue[object] = queue.Queue()
+        # SimpleQueue: its put() is reentrant, so the SIGTERM handler can post Stop even if
+        # the signal lands while the runner is inside get() (a Queue's lock would deadlock).
+        self.events: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._build = build
         self._config_file = config_file
         self._environ = environ
@@ -125,6 +128,7 @@ class Daemon:
         self._iface_in_sync = False
         self.has_iface_monitor = False
         self._started = time.monotonic()
+        self._heap = HeapTrimmer(self._clock.monotonic)
         self.exit_code: int | None = None
 
     # -------------------------------------------------------------- monitor hooks
@@ -318,12 +322,14 @@ class Daemon:
         dp = s.dataplane if s is not None else None
         if dp is not None:
             try:
-                dp.maybe_apply()
+                applied = dp.maybe_apply() is not None
             except FatalDataplaneError as exc:
                 log.critical("Dataplane programming failed persistently; exiting non-zero (fail closed)",
                              error=str(exc))
                 self.exit_code = EXIT_FATAL
                 return
+            if applied:
+                self._heap.after_apply()
         if s is not None and s.next_status is not None and s.config is not None \
                 and self._clock.monotonic() >= s.next_status:
             s.next_status = self._clock.monotonic() + s.config.ReportingIntervalSecs
@@ -337,6 +343,7 @@ class Daemon:
     def _on_first_sync(self, s: Session, seconds: float) -> None:
         self.metrics.initial_resync_time.set(seconds)
         log.info("Dataplane in sync", seconds=round(seconds, 3))
+        self._heap.trim()  # the start of day is the biggest apply there will be
         s.send(pb.DataplaneInSync())
 
     def _send_statuses(self, s: Session, updates: list[EndpointStatus]) -> None:
@@ -359,6 +366,44 @@ class Daemon:
             self._session.feed.close()
         for srv in self._servers:
             threading.Thread(target=srv.shutdown, daemon=True).start()
+
+
+class HeapTrimmer:
+    """Hands the C heap's free pages back to the kernel after applies (glibc ``malloc_trim``).
+
+    An apply churns through rendered rule text and ``*-save`` output on the apply
+    threads; Python frees it, but glibc keeps the free chunks in the (per-thread)
+    arenas, so without this a big start of day stays in VmRSS for the life of the
+    process (≈ 6-11 MiB at 1,000 dual-stack workloads).  About a millisecond per
+    call at that scale.  Not glibc (musl): nothing to do.
+    """
+
+    def __init__(self, clock: Callable[[], float], interval: float = HEAP_TRIM_INTERVAL) -> None:
+        self._clock = clock
+        self._interval = interval
+        self._last = float("-inf")
+        self._fn = _malloc_trim()
+
+    def trim(self) -> None:
+        self._last = self._clock()
+        if self._fn is not None:
+            self._fn(0)
+
+    def after_apply(self) -> None:
+        if self._clock() - self._last >= self._interval:
+            self.trim()
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # no glibc
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
 
 
 def _mode(cfg: Config) -> str:

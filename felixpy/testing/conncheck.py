@@ -4,7 +4,11 @@ Servers are sockets *created inside* each workload's namespace (a socket keeps
 the namespace it was born in) and served from threads of this process; probes
 likewise create their socket inside the source namespace.  ICMP uses ``ping``.
 ``matrix()`` runs every probe concurrently with short timeouts and returns
-``{(src, dst): bool}``; :func:`diff` renders expected-vs-actual for assertions.
+``{(src, dst): bool}``; :func:`matrices` does the same for several probes
+(protocol + port) at once, keyed ``(probe, src, dst)``; :func:`diff` renders
+expected-vs-actual for assertions.  :class:`Connection` holds one TCP
+connection open (the echo servers serve a connection until the peer closes it),
+for checks that an *established* flow survives something.
 """
 
 from __future__ import annotations
@@ -13,14 +17,18 @@ import contextlib
 import socket
 import subprocess
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from felixpy.testing import netns as nsmod
 
+K = TypeVar("K")
+
 DEFAULT_TCP_PORTS = (8080, 8081, 9090)
 DEFAULT_UDP_PORTS = (5353,)
+ESTABLISHED_IDLE = 60.0  # how long a server keeps an idle connection open
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,7 @@ class Servers:
                     s.bind((any_addr, port))
                     self._serve(s, self._udp_loop)
 
-    def _serve(self, s: socket.socket, loop: object) -> None:
+    def _serve(self, s: socket.socket, loop: Callable[[socket.socket], None]) -> None:
         s.settimeout(0.2)
         self._socks.append(s)
         threading.Thread(target=loop, args=(s,), daemon=True).start()
@@ -80,11 +88,13 @@ class Servers:
 
     @staticmethod
     def _echo(conn: socket.socket) -> None:
+        # Echo until the peer closes: probes close after one exchange, a held
+        # :class:`Connection` keeps using the same flow.
         with conn:
-            conn.settimeout(2)
+            conn.settimeout(ESTABLISHED_IDLE)
             with contextlib.suppress(OSError):
-                data = conn.recv(64)
-                conn.sendall(data)
+                while data := conn.recv(256):
+                    conn.sendall(data)
 
     def _udp_loop(self, s: socket.socket) -> None:
         while not self._stop.is_set():
@@ -108,7 +118,8 @@ def probe(src_netns: str, dst_ip: str, proto: str, port: int = 0, timeout: float
     """One probe; True if the echo (or ping reply) came back."""
     family = socket.AF_INET6 if ":" in dst_ip else socket.AF_INET
     if proto == "icmp":
-        cmd = ["ip", "netns", "exec", src_netns, "ping", "-c1", "-q", "-W", str(max(1, round(timeout))), dst_ip]
+        # iputils ping takes a fractional -W.
+        cmd = ["ip", "netns", "exec", src_netns, "ping", "-c1", "-q", "-W", f"{timeout:g}", dst_ip]
         return subprocess.run(cmd, capture_output=True, timeout=timeout + 5).returncode == 0
     with nsmod.entered(src_netns):
         s = socket.socket(family, socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM)
@@ -126,7 +137,68 @@ def probe(src_netns: str, dst_ip: str, proto: str, port: int = 0, timeout: float
         s.close()
 
 
-_pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="probe")
+_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="probe")
+
+
+@dataclass(frozen=True, order=True)
+class Probe:
+    """What to send: ``tcp``/``udp`` to a port, or an ICMP echo (``port`` 0)."""
+
+    proto: str
+    port: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.proto}:{self.port}" if self.port else self.proto
+
+
+def probe_all(jobs: Mapping[K, tuple[str, str, Probe]], timeout: float = 0.5) -> dict[K, bool]:
+    """Run ``{key: (src_netns, dst_ip, probe)}`` all at once; ``{key: got through}``."""
+    futs = {k: _pool.submit(probe, ns, ip, p.proto, p.port, timeout) for k, (ns, ip, p) in jobs.items()}
+    return {k: f.result() for k, f in futs.items()}
+
+
+def matrices(endpoints: Sequence[Endpoint], probes: Iterable[Probe], version: int = 4,
+             timeout: float = 0.5) -> dict[tuple[Probe, str, str], bool]:
+    """Every probe between every ordered pair of distinct endpoints, all at once."""
+    return probe_all({(p, s.name, t.name): (s.netns, t.ip(version), p)
+                      for p in probes for s in endpoints for t in endpoints if s.name != t.name}, timeout)
+
+
+class Connection:
+    """One TCP connection from a namespace to an echo server, kept open across checks."""
+
+    def __init__(self, src_netns: str, dst_ip: str, port: int, timeout: float = 2.0) -> None:
+        family = socket.AF_INET6 if ":" in dst_ip else socket.AF_INET
+        with nsmod.entered(src_netns):
+            self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect((dst_ip, port))
+        except OSError:
+            self.sock.close()
+            raise
+        self.local = self.sock.getsockname()
+        self._n = 0
+
+    def exchange(self) -> bool:
+        """Send a fresh payload and read its echo; False if the flow no longer works."""
+        self._n += 1
+        payload = f"felixpy-{self._n}".encode()
+        try:
+            self.sock.sendall(payload)
+            got = b""
+            while len(got) < len(payload):
+                chunk = self.sock.recv(len(payload) - len(got))
+                if not chunk:
+                    return False
+                got += chunk
+            return got == payload
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
 
 
 def matrix(sources: Iterable[Endpoint], targets: Iterable[Endpoint], proto: str, port: int = 0,

@@ -49,12 +49,13 @@ class Node:
     host_ipv4: str = "10.99.0.1"
     host_ipv6: str = "fd00:99::1"
     workloads: dict[str, Workload] = field(default_factory=dict)
+    workload_prefix: str = "fpyw"
     _extra_netns: list[str] = field(default_factory=list)
 
     @classmethod
-    def create(cls, prefix: str = "fpyn") -> Node:
+    def create(cls, prefix: str = "fpyn", workload_prefix: str = "fpyw") -> Node:
         ns = nsmod.create(prefix)
-        n = cls(ns)
+        n = cls(ns, workload_prefix=workload_prefix)
         for key, val in (("net.ipv4.ip_forward", "1"), ("net.ipv6.conf.all.forwarding", "1"),
                          ("net.ipv6.conf.default.accept_dad", "0"), ("net.ipv6.conf.all.accept_dad", "0")):
             sysctl(ns, key, val)
@@ -68,7 +69,7 @@ class Node:
 
     def add_workload(self, name: str, ipv4: str, ipv6: str, iface: str | None = None) -> Workload:
         iface = iface or f"cali{name}"[:15]
-        wns = nsmod.create("fpyw")
+        wns = nsmod.create(self.workload_prefix)
         self._extra_netns.append(wns)
         tmp = f"fpyv{secrets.token_hex(3)}"
         sh("ip", "-n", self.netns, "link", "add", iface, "type", "veth", "peer", "name", tmp, "netns", wns)
@@ -95,6 +96,9 @@ class Node:
 
     def remove_workload(self, name: str) -> None:
         wl = self.workloads.pop(name)
+        # Deleting a namespace only schedules its cleanup (and a socket still open in it delays
+        # that): delete the veth pair from the node side now, so the name is free at once.
+        sh("ip", "-n", self.netns, "link", "del", wl.iface, check=False)
         nsmod.delete(wl.netns)
         self._extra_netns.remove(wl.netns)
 

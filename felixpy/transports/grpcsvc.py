@@ -41,7 +41,7 @@ class GrpcFeed:
 
 
 class _Servicer(fpb_grpc.DataplaneServicer):
-    def __init__(self, events: queue.Queue[object]) -> None:
+    def __init__(self, events: queue.SimpleQueue[object]) -> None:
         self._events = events
         self._lock = threading.Lock()
         self._active: GrpcFeed | None = None
@@ -94,7 +94,7 @@ class _Servicer(fpb_grpc.DataplaneServicer):
 
 
 class GrpcServer:
-    def __init__(self, address: str, events: queue.Queue[object]) -> None:
+    def __init__(self, address: str, events: queue.SimpleQueue[object]) -> None:
         """*address* as gRPC takes it, e.g. ``unix:/run/felixpy.sock``."""
         self.address = address
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="grpc"),

@@ -41,7 +41,7 @@ class StreamFeed:
     """
 
     def __init__(self, kind: str, recv: Callable[[int], bytes], sendall: Callable[[bytes], object],
-                 events: queue.Queue[object], closer: Callable[[], None],
+                 events: queue.SimpleQueue[object], closer: Callable[[], None],
                  max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.name = new_feed_name(kind)
         self._recv, self._sendall, self._closer = recv, sendall, closer
@@ -118,7 +118,7 @@ def _write_all(fd: int) -> Callable[[bytes], None]:
     return write
 
 
-def open_pipe_feed(events: queue.Queue[object], read_fd: int = 3, write_fd: int = 4) -> StreamFeed:
+def open_pipe_feed(events: queue.SimpleQueue[object], read_fd: int = 3, write_fd: int = 4) -> StreamFeed:
     """Felix's external-driver protocol: read on fd 3, write on fd 4."""
 
     def close() -> None:
@@ -132,7 +132,7 @@ def open_pipe_feed(events: queue.Queue[object], read_fd: int = 3, write_fd: int 
 class UnixSocketServer:
     """Accepts one feed at a time on a unix socket; a new feed is a new start of day."""
 
-    def __init__(self, path: str, events: queue.Queue[object]) -> None:
+    def __init__(self, path: str, events: queue.SimpleQueue[object]) -> None:
         self.path = path
         self._events = events
         self._active: StreamFeed | None = None

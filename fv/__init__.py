@@ -1,0 +1,1 @@
+"""Functional tests: the real daemon in a node namespace, real packets between workload namespaces."""

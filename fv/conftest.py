@@ -1,0 +1,67 @@
+"""FV fixtures: one node + daemon per dataplane mode, shared by every test of that mode.
+
+* ``fvnode`` (session scope, parametrised over the three modes): a node
+  namespace with workloads a, b and c plugged in as CNI would, echo servers in
+  each (and in the node itself, "host"), and the real daemon in the node.
+  pytest groups the tests by mode, so each mode's node is built once and torn
+  down (namespaces deleted, daemon stopped) before the next mode's — also when
+  tests fail.
+* ``fv`` (per test, parametrised over IPv4 and IPv6): the node seen through
+  one IP family.  Each test states the whole datastore it needs with
+  ``fv.apply(...)``; the node sends the difference on its feed, so tests don't
+  depend on each other's leftovers.
+
+A test that kills or stops the daemon leaves that to the node: the next
+``apply`` starts a fresh one.  A daemon that *dies* during a test fails that
+test (at teardown) with its log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from fv.harness import MODES, TIMINGS, FamilyView, FvNode
+
+FAMILIES = (4, 6)
+_setup_times: dict[str, float] = {}
+
+
+@pytest.fixture(scope="session", params=list(MODES))
+def fvnode(request: pytest.FixtureRequest) -> Iterator[FvNode]:
+    t0 = time.monotonic()
+    node = FvNode.create(request.param)
+    _setup_times[request.param] = time.monotonic() - t0
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+@pytest.fixture(params=FAMILIES, ids=[f"ipv{v}" for v in FAMILIES])
+def fv(request: pytest.FixtureRequest, fvnode: FvNode) -> Iterator[FamilyView]:
+    fvnode.check_daemon()
+    yield FamilyView(fvnode, request.param)
+    fvnode.check_daemon()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _setup_times:
+        return
+    tr = terminalreporter
+    tr.section("fv timings")
+
+    def stats(xs: list[float]) -> str:
+        if not xs:
+            return "-"
+        xs = sorted(xs)
+        return f"n={len(xs)} median {xs[len(xs) // 2] * 1000:.0f} ms, max {xs[-1] * 1000:.0f} ms"
+
+    for mode, secs in _setup_times.items():
+        t = TIMINGS.get(mode, {})
+        tr.write_line(f"{mode}: node + daemon set up in {secs:.1f}s; feed batch → applied: {stats(t.get('apply', []))}; "
+                      f"applied → matrix as expected: {stats(t.get('converge', []))}; "
+                      f"daemon restart → in sync: {stats(t.get('restart', []))}")
