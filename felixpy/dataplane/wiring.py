@@ -6,6 +6,22 @@ per-family manager and driver is created here — the IPv6 set when
 (IP sets, policy, endpoints per family; v4 then v6).  Cross-cutting components
 (the endpoint-status combiner) are registered with *every* family here.
 
+Routing (:func:`_build_routing`): one main route table per family, shared by
+the endpoint manager and the VXLAN / no-encap / IPIP managers (the loop applies
+it once); the VXLAN manager per family that has VXLAN on (its FDB registered
+with the loop, applied before routes), IPIP (v4) and WireGuard when configured
+(this kernel lacks both: they report ``UnsupportedFeature`` once and the rest
+keeps running), and the no-encap manager when ``ProgramClusterRoutes`` asks for
+it and no overlay is on for that family (Felix's conditions).
+
+Encapsulation signal: Felix derives ``VXLANEnabled``/``VXLANEnabledV6`` from the
+IP pools (``config.Encapsulation``) and also sends them to the dataplane in an
+``Encapsulation`` message, which arrives after the ``ConfigUpdate`` we build
+from.  felixpy reads the ``VXLANEnabled`` parameter (Felix's override, carried
+in ``ConfigUpdate``): VXLAN for IPv4 when it is true, and for IPv6 when it is
+true *and* ``Ipv6Support`` is on (:func:`vxlan_enabled`).  IPIP is
+``IpInIpEnabled`` (IPv4 only); WireGuard ``WireguardEnabled[V6]``.
+
 Kernel access is injected through :class:`KernelDeps` so tests can build the
 same graph over fakes.  Start-of-day chains are handed to the tables here;
 tables only record them, so nothing reaches the kernel before the first apply
@@ -26,7 +42,7 @@ from felixpy.dataplane.clock import Clock
 from felixpy.dataplane.core import InternalDataplane
 from felixpy.drivers.generictables.table import Table
 from felixpy.drivers.procsys import ProcSys, SysctlWriter
-from felixpy.errors import UnsupportedFeature
+from felixpy.errors import ConfigError, UnsupportedFeature
 from felixpy.managers.dscp import DSCPManager
 from felixpy.managers.endpoints import EndpointManager
 from felixpy.managers.hostips import HostIPManager
@@ -153,7 +169,7 @@ def _build_family(dp: InternalDataplane, config: Config, v: int, backend: str, d
     from felixpy.drivers.ipsets.driver import IPSets
     from felixpy.managers.ipsets import IPSetsManager
 
-    renderer = RuleRenderer(config, v, options=RendererOptions())
+    renderer = RuleRenderer(config, v, options=renderer_options(config))
     maps: Any = None
     if backend == "nftables":
         # One `calico` table per family: the root is the transaction, the IP-set dataplane
@@ -189,11 +205,124 @@ def _build_family(dp: InternalDataplane, config: Config, v: int, backend: str, d
     dp.register_manager(PolicyManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"],
                                       filter=tables["filter"]))
     priority = config.IPv4NormalRoutePriority if v == 4 else config.IPv6NormalRoutePriority
+    main_route_table = _route_table(config, v, deps)  # one per family, shared with the routing managers
     dp.register_manager(EndpointManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"],
-                                        filter=tables["filter"], route_table=_route_table(config, v, deps),
+                                        filter=tables["filter"], route_table=main_route_table,
                                         sysctls=deps.sysctls, status=status, route_priority=priority,
                                         maps=maps))
     dp.register_manager(MasqManager(v, ipsets, tables["nat"], renderer, config.MaxIpsetSize))
     dp.register_manager(DSCPManager(v, ipsets, tables["mangle"], renderer, config.MaxIpsetSize))
+    _build_routing(dp, config, v, deps, ipsets=ipsets, main_route_table=main_route_table, renderer=renderer)
     for table in apply_tables:
         dp.register_table(table)
+
+
+# ------------------------------------------------------------------------------ routing
+def vxlan_enabled(config: Config, v: int) -> bool:
+    """VXLAN for family *v*: ``VXLANEnabled``; for IPv6 also ``Ipv6Support`` (see the module doc)."""
+    return bool(config.VXLANEnabled) and (v == 4 or config.Ipv6Support)
+
+
+def wireguard_enabled(config: Config, v: int) -> bool:
+    return config.WireguardEnabled if v == 4 else config.WireguardEnabledV6
+
+
+def ipip_enabled(config: Config, v: int) -> bool:
+    return v == 4 and bool(config.IpInIpEnabled)
+
+
+def renderer_options(config: Config) -> RendererOptions:
+    """The encapsulation inputs of the rules layer, from the same signal the managers use: with VXLAN on,
+    the static chains allow VXLAN from (and to) the ``all-vxlan-net`` set the VXLAN manager keeps."""
+    return RendererOptions(vxlan_enabled=vxlan_enabled(config, 4), vxlan_enabled_v6=vxlan_enabled(config, 6))
+
+
+def wireguard_table_index(config: Config, v: int) -> int:
+    """Felix grabs WireGuard's routing tables from ``RouteTableRanges``: the first index for IPv4,
+    the second for IPv6."""
+    indices = (i for lo, hi in config.RouteTableRanges for i in range(lo, hi + 1))
+    want = 0 if v == 4 else 1
+    for n, index in enumerate(indices):
+        if n == want:
+            return index
+    raise ConfigError(f"RouteTableRanges {config.RouteTableRanges} has no routing table left for IPv{v} WireGuard")
+
+
+class NoRouteTable:
+    """Felix's ``DummyTable`` for ``RouteSyncDisabled``: routing managers may hand it routes and
+    interface events; nothing reaches the kernel."""
+
+    def __init__(self, ip_version: int) -> None:
+        self.ip_version = ip_version
+        self.index = 254
+
+    def set_routes(self, route_class: Any, iface: str | None, targets: Any) -> None:
+        pass
+
+    def route_update(self, route_class: Any, iface: str | None, target: Any) -> None:
+        pass
+
+    def route_remove(self, route_class: Any, iface: str | None, cidr: str) -> None:
+        pass
+
+    def on_iface_state(self, name: str, state: Any, index: int) -> None:
+        pass
+
+    def queue_resync(self) -> None:
+        pass
+
+    def queue_resync_iface(self, name: str) -> None:
+        pass
+
+    def apply(self) -> None:
+        pass
+
+
+def _build_routing(dp: InternalDataplane, config: Config, v: int, deps: KernelDeps, *, ipsets: Any,
+                   main_route_table: Any, renderer: RuleRenderer) -> None:
+    """Routing managers for family *v* (Felix's ``NewIntDataplaneDriver`` conditions).
+
+    The main table is the endpoint manager's (``main_route_table``): each manager returns it from
+    ``route_table_syncers()`` and the loop applies it once.  Each VXLAN manager's FDB is registered
+    with the loop, which applies it before the routes that use it and forwards interface state to it.
+    """
+    from felixpy.drivers.vxlanfdb import VXLANFDB
+    from felixpy.managers.noencap import NoEncapManager, noencap_enabled
+    from felixpy.managers.vxlan import VXLANManager, vxlan_device_name
+
+    assert deps.netlink_factory is not None
+    new_handle = deps.netlink_factory
+    hostname = config.hostname
+    rt: Any = main_route_table if main_route_table is not None else NoRouteTable(v)
+    vxlan, ipip, wireguard = vxlan_enabled(config, v), ipip_enabled(config, v), wireguard_enabled(config, v)
+    log.info("Routing managers", ip_version=v, hostname=hostname, vxlan=vxlan, ipip=ipip, wireguard=wireguard,
+             route_sync=main_route_table is not None, program_cluster_routes=config.ProgramClusterRoutes)
+
+    if vxlan:
+        fdb = VXLANFDB(ip_version=v, iface_name=vxlan_device_name(v), new_handle=new_handle)
+        dp.register_fdb(fdb)
+        dp.register_manager(VXLANManager(cfg=config, hostname=hostname, ip_version=v, route_table=rt, fdb=fdb,
+                                         new_handle=new_handle, ipsets=ipsets))
+    if ipip:
+        from felixpy.managers.ipip import IPIPManager
+
+        # Also keeps the all-hosts-net set the static chains reference with IPIP on.
+        dp.register_manager(IPIPManager(cfg=config, hostname=hostname, route_table=rt, new_handle=new_handle,
+                                        ipsets=ipsets))
+    if wireguard:
+        from felixpy.drivers.routerule import RouteRules
+        from felixpy.drivers.routetable import ExclusiveOwnershipPolicy, RouteTable
+        from felixpy.managers.wireguard import WireguardManager
+
+        iface = config.WireguardInterfaceName if v == 4 else config.WireguardInterfaceNameV6
+        index = wireguard_table_index(config, v)
+        wg_table = RouteTable(ip_version=v, new_handle=new_handle, table_index=index,
+                              ownership=ExclusiveOwnershipPolicy([iface]),
+                              default_protocol=config.DeviceRouteProtocol)
+        rules = RouteRules(ip_version=v, table_indices=[index], new_handle=new_handle)
+        dp.register_manager(WireguardManager(cfg=config, hostname=hostname, ip_version=v, route_table=wg_table,
+                                             route_rules=rules, new_handle=new_handle,
+                                             fwmark=renderer.marks.wireguard))
+    if noencap_enabled(config) and not (vxlan or ipip or wireguard):
+        dp.register_manager(NoEncapManager(cfg=config, hostname=hostname, ip_version=v, route_table=rt,
+                                           new_handle=new_handle))

@@ -131,6 +131,11 @@ class VXLANManager:
 
     # ------------------------------------------------------------ apply time
     def complete_deferred_work(self) -> None:
+        # VTEPs first (as Felix, whose device lives on its own goroutine): the static chains
+        # reference all-vxlan-net, so nothing the device sync does may keep the set from existing.
+        if self.vteps_dirty:
+            self._update_vteps()
+            self.vteps_dirty = False
         device_error: FelixpyError | None = None
         if self.my_vtep is None:
             pass  # nothing to build yet; our VTEP update marks the device dirty
@@ -145,9 +150,6 @@ class VXLANManager:
                 self.device_error = str(exc)
                 self._next_device_check = self.clock() + DEVICE_RETRY
                 self.log.warning("VXLAN device not configured; will retry", error=str(exc))
-        if self.vteps_dirty:
-            self._update_vteps()
-            self.vteps_dirty = False
         self.routes.update_routes()
         if device_error is not None and not isinstance(device_error, DataplaneError):
             raise device_error

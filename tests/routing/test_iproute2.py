@@ -6,12 +6,11 @@ All captured from iproute2 6.1 on kernel 6.18 (``LC_ALL=C``); no kernel needed.
 from __future__ import annotations
 
 import errno
-import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
-from felixpy.drivers.netlink.cmd import CommandResult
+from felixpy.drivers.cmdshim import EXIT_TIMED_OUT, CommandResult
 from felixpy.drivers.netlink.errors import NetlinkCallError
 from felixpy.drivers.netlink.iproute2 import (
     BatchFailure,
@@ -258,7 +257,8 @@ class ScriptedIp:
         self.answers = list(answers)
         self.calls: list[tuple[list[str], str | None]] = []
 
-    def __call__(self, argv: Sequence[str], stdin: str | None = None) -> CommandResult:
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+            while_running: Callable[[], None] | None = None) -> CommandResult:
         self.calls.append((list(argv), stdin))
         return self.answers.pop(0)
 
@@ -330,9 +330,10 @@ def test_items_ip_cannot_express_fail_alone_and_a_hung_ip_fails_the_batch() -> N
     class Hung:
         calls = 0
 
-        def __call__(self, argv: Sequence[str], stdin: str | None = None) -> CommandResult:
+        def run(self, argv: Sequence[str], stdin: str | None = None, *,
+                while_running: Callable[[], None] | None = None) -> CommandResult:
             self.calls += 1
-            raise subprocess.TimeoutExpired(list(argv), 60)
+            return CommandResult(EXIT_TIMED_OUT, "", "ip: timed out after 60.0s", tuple(argv))
 
     hung = Hung()
     tool = IpTool(hung, Names({3: "cali1"}))

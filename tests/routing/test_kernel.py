@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from felixpy.config import Config
+from felixpy.drivers.cmdshim import SubprocessRunner
 from felixpy.drivers.netlink.errors import LinkNotFound
 from felixpy.drivers.netlink.pyroute import PyrouteNetlink
 from felixpy.drivers.netlink.types import (
@@ -25,7 +26,7 @@ from felixpy.drivers.netlink.types import (
 from felixpy.drivers.routerule import RouteRules, make_rule
 from felixpy.drivers.routetable import MainTableOwnershipPolicy, RouteTable, Target, TargetType
 from felixpy.drivers.routetable.defs import canonical_cidr
-from felixpy.drivers.routetable.conntrack import ConntrackCleanupTracker, ConntrackFlusher, SubprocessRunner
+from felixpy.drivers.routetable.conntrack import ConntrackCleanupTracker, ConntrackFlusher
 from felixpy.drivers.vxlanfdb import VXLANFDB
 from felixpy.errors import UnsupportedFeature
 from felixpy.managers.ipip import IPIPManager

@@ -6,9 +6,11 @@ import errno
 
 import pytest
 
+from felixpy.drivers.cmdshim import EXIT_TIMED_OUT
 from felixpy.drivers.netlink.fake import FailFlags, FakeNetlink
 from felixpy.drivers.netlink.types import AF_INET, AF_INET6, RTN_BLACKHOLE, Neigh, Route
 from felixpy.drivers.routetable import ExclusiveOwnershipPolicy, RouteTable, Target, TargetType
+from felixpy.drivers.routetable.conntrack import ConntrackFlusher
 from felixpy.errors import DataplaneError
 from felixpy.managers.base import IfaceState
 from felixpy.managers.routeclass import RouteClass
@@ -360,6 +362,12 @@ def test_conntrack_retries_and_treats_no_entries_as_success(fake: FakeNetlink) -
     rt.conntrack.wait_all()
     assert len(runner.calls) == 8  # 4 tries per direction
     assert "10.0.0.1/32" not in dsts(fake)
+
+
+def test_conntrack_timeout_gives_up_at_once() -> None:
+    runner = ConntrackRecorder(output="conntrack: timed out after 60.0s", rc=EXIT_TIMED_OUT)
+    assert ConntrackFlusher(runner, sleep=lambda s: None).remove_flows(4, "10.0.0.1") is False
+    assert runner.calls == [["conntrack", "--family", "ipv4", "--delete", "--orig-src", "10.0.0.1"]]
 
 
 def test_other_routes_are_not_held_up_by_conntrack(fake: FakeNetlink) -> None:
