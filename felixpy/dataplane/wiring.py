@@ -309,6 +309,12 @@ def _build_routing(dp: InternalDataplane, config: Config, v: int, deps: KernelDe
         # Also keeps the all-hosts-net set the static chains reference with IPIP on.
         dp.register_manager(IPIPManager(cfg=config, hostname=hostname, route_table=rt, new_handle=new_handle,
                                         ipsets=ipsets))
+    if config.NATOutgoingExclusions == "IPPoolsAndHostIPs" and not ipip:
+        # Felix's hosts-IP-set manager: cali-nat-outgoing excludes all-hosts-net, so the set must
+        # exist (the IPIP manager maintains it when IPIP is on).
+        from felixpy.managers.hostsipset import HostsIPSetManager
+
+        dp.register_manager(HostsIPSetManager(v, ipsets, config.ExternalNodesCIDRList, config.MaxIpsetSize))
     if wireguard:
         from felixpy.drivers.routerule import RouteRules
         from felixpy.drivers.routetable import ExclusiveOwnershipPolicy, RouteTable

@@ -132,11 +132,8 @@ CONFIGS = [
     # VXLAN / IPIP managers create: wiring must register them whenever the rules reference the sets.
     pytest.param(Config(Ipv6Support=True, VXLANEnabled=True), id="vxlan"),
     pytest.param(Config(IpInIpEnabled=True), id="ipip"),
-    # Felix registers a hosts-IP-set manager (all-hosts-net) for IPIP *or* this setting; felixpy
-    # has none yet (strict: un-mark when wiring creates the set).
-    pytest.param(Config(NATOutgoingExclusions="IPPoolsAndHostIPs"), id="nat-exclude-host-ips",
-                 marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason="nothing creates all-hosts-net without IPIP: "
-                                                             "cali-nat-outgoing would fail the nat restore")),
+    # Felix registers a hosts-IP-set manager (all-hosts-net) for IPIP *or* this setting.
+    pytest.param(Config(NATOutgoingExclusions="IPPoolsAndHostIPs"), id="nat-exclude-host-ips"),
 ]
 # Steps that may fail in this fake world for reasons outside this test (no VXLAN device without this
 # host's VTEP; IPIP/WireGuard unsupported kernels report once and carry on).
