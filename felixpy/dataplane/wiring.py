@@ -87,22 +87,19 @@ class KernelDeps:
     nft_shim_factory: Callable[[], Any] | None = None  # libnftables by default
 
     def __post_init__(self) -> None:
+        from felixpy.drivers.cmdshim import SubprocessRunner
+        from felixpy.drivers.routetable.conntrack import CONNTRACK_TIMEOUT
+
         if self.iptables_runner is None:
-            from felixpy.drivers.iptables.cmdshim import RealRunner
-
-            self.iptables_runner = RealRunner()
+            self.iptables_runner = SubprocessRunner()
         if self.ipset_runner is None:
-            from felixpy.drivers.ipsets.cmdshim import SubprocessRunner as IpsetRunner
-
-            self.ipset_runner = IpsetRunner()
+            self.ipset_runner = SubprocessRunner()
         if self.netlink_factory is None:
             from felixpy.drivers.netlink.pyroute import PyrouteNetlink
 
             self.netlink_factory = PyrouteNetlink
         if self.conntrack_runner is None:
-            from felixpy.drivers.routetable.conntrack import SubprocessRunner as CtRunner
-
-            self.conntrack_runner = CtRunner()
+            self.conntrack_runner = SubprocessRunner(timeout=CONNTRACK_TIMEOUT)
 
 
 def build_dataplane(config: Config, *, clock: Clock, status_sink: Any = None, on_first_sync: Any = None,

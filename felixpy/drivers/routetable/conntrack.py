@@ -16,7 +16,6 @@ held up.  Port of Felix's ``routetable/conntrack_owner_tracker.go`` and
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,22 +24,19 @@ from dataclasses import dataclass
 import structlog
 
 from felixpy.deltatracker import DeltaTracker
-from felixpy.drivers import cmdshim
 from felixpy.drivers.cmdshim import CommandResult, CommandRunner
 from felixpy.drivers.routetable.defs import is_single_address
 from felixpy.managers.routeclass import RouteClass
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["CommandResult", "CommandRunner", "ConntrackCleanupTracker", "ConntrackFlusher", "NoConntrackCleanup",
-           "SubprocessRunner"]
+__all__ = ["CommandResult", "CommandRunner", "ConntrackCleanupTracker", "ConntrackFlusher", "NoConntrackCleanup"]
 
 MAX_TRIES = 4
 CONNTRACK_TIMEOUT = 60.0  # seconds for one ``conntrack --delete``
 
 # The real runner with conntrack's timeout, under the name felixpy/dataplane/wiring.py imports
 # (with CommandResult/CommandRunner re-exported for the tests that build fakes from this module).
-SubprocessRunner = functools.partial(cmdshim.SubprocessRunner, timeout=CONNTRACK_TIMEOUT)
 
 
 class ConntrackFlusher:
