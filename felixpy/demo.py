@@ -110,6 +110,7 @@ def main(mode: str = "iptables-legacy", scenario: str = "demo") -> int:
             sc = with_real_macs(sc, macs)
             _show("Before felixpy: plain routing, no policy", eps)
             d = start_daemon(n.netns, env=MODES[mode])
+            d.keep_logs()
             try:
                 say(f"\nfelixpy daemon running in namespace {n.netns} (pid {d.proc.pid}), feed {d.target}")
                 client = connect(d.target)

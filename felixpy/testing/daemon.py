@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+
+# Each daemon's socket and log live in a temp dir, removed when this process exits
+# (tests read logs after stop(); the demo keeps its log for the user).
+_TMPDIRS: set[str] = set()
+
+
+@atexit.register
+def _remove_tmpdirs() -> None:
+    for d in list(_TMPDIRS):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @dataclass
@@ -40,6 +52,10 @@ class DaemonProcess:
     def wait(self, timeout: float = 10) -> int:
         return self.proc.wait(timeout)
 
+    def keep_logs(self) -> None:
+        """Leave this daemon's log directory behind when the process exits."""
+        _TMPDIRS.discard(os.path.dirname(self.log_path))
+
     def stop(self, timeout: float = 10) -> int | None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -55,6 +71,7 @@ def start_daemon(netns: str, *, transport: str = "unix", env: Mapping[str, str] 
                  extra_args: tuple[str, ...] = (), iface_monitor: bool = True,
                  wait_socket: float = 15.0) -> DaemonProcess:
     tmp = tempfile.mkdtemp(prefix="fpyd-")
+    _TMPDIRS.add(tmp)
     sock = os.path.join(tmp, "felixpy.sock")
     log_path = os.path.join(tmp, "daemon.log")
     listen = f"grpc:unix:{sock}" if transport == "grpc" else f"unix:{sock}"
