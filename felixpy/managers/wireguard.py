@@ -123,12 +123,16 @@ class WireguardManager:
     # ------------------------------------------------------------ on_update
     def on_update(self, msg: Any) -> None:
         v4 = self.ip_version == 4
-        if isinstance(msg, pb.WireguardEndpointUpdate if v4 else pb.WireguardEndpointV6Update):
-            key = msg.public_key if v4 else msg.public_key_v6
-            addr = msg.interface_ipv4_addr if v4 else msg.interface_ipv6_addr
-            self.keys[msg.hostname] = key
-            self.tunnel_addrs[msg.hostname] = addr
-            if msg.hostname == self.hostname:
+        update: tuple[str, str, str] | None = None  # (hostname, public key, tunnel address)
+        if v4 and isinstance(msg, pb.WireguardEndpointUpdate):
+            update = (msg.hostname, msg.public_key, msg.interface_ipv4_addr)
+        elif not v4 and isinstance(msg, pb.WireguardEndpointV6Update):
+            update = (msg.hostname, msg.public_key_v6, msg.interface_ipv6_addr)
+        if update is not None:
+            hostname, key, addr = update
+            self.keys[hostname] = key
+            self.tunnel_addrs[hostname] = addr
+            if hostname == self.hostname:
                 self._device_dirty = True
         elif isinstance(msg, pb.WireguardEndpointRemove if v4 else pb.WireguardEndpointV6Remove):
             self.keys.pop(msg.hostname, None)
@@ -218,7 +222,8 @@ class WireguardManager:
         self.route_table.on_iface_state(link.name, IfaceState.UP if link.oper_up else IfaceState.DOWN, link.index)
         if public != self.public_key:
             self.public_key = public
-            self._status.append(pb.WireguardStatusUpdate(public_key=public, ip_version=self.ip_version))
+            self._status.append(pb.WireguardStatusUpdate(
+                public_key=public, ip_version=pb.IPV4 if self.ip_version == 4 else pb.IPV6))
 
     def _update_routes(self) -> None:
         via_device: list[Target] = []
