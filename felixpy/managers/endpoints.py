@@ -28,6 +28,7 @@ drivers' ``apply()``; tables and route tables only record here.
 from __future__ import annotations
 
 import ipaddress
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +53,10 @@ IFACE_RETRY_INTERVAL = 1.0  # seconds before retrying a workload interface whose
 
 
 def wl_key(wid: pb.WorkloadEndpointID) -> WlKey:
-    return (wid.orchestrator_id, wid.workload_id, wid.endpoint_id)
+    # Interned: each proto access is a new string, and both families' managers and the status
+    # combiner keep the key (orchestrator and endpoint IDs repeat across all workloads).
+    intern = sys.intern
+    return (intern(wid.orchestrator_id), intern(wid.workload_id), intern(wid.endpoint_id))
 
 
 class RouteSetter:
@@ -61,7 +65,7 @@ class RouteSetter:
     def set_routes(self, route_class: RouteClass, iface: str | None, targets: Any) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class _Active:
     endpoint: pb.WorkloadEndpoint
     proto_id: pb.WorkloadEndpointID
@@ -164,21 +168,22 @@ class EndpointManager:
             self._status_dirty.add(key)
 
     def _upsert(self, key: WlKey, pid: pb.WorkloadEndpointID, ep: pb.WorkloadEndpoint) -> None:
-        holder = self._iface_to_key.get(ep.name)
+        iface = sys.intern(ep.name)  # kept as a key in several maps here and in the route table
+        holder = self._iface_to_key.get(iface)
         if holder is not None and holder != key:
             if holder < key:
-                log.info("Endpoint shares an interface with an existing one; existing wins", iface=ep.name,
+                log.info("Endpoint shares an interface with an existing one; existing wins", iface=iface,
                          endpoint=key, existing=holder)
                 self._shadowed[key] = (pid, ep)
                 return
-            log.info("Endpoint shares an interface with an existing one; new one wins", iface=ep.name,
+            log.info("Endpoint shares an interface with an existing one; new one wins", iface=iface,
                      endpoint=key, existing=holder)
             old = self._active[holder]
             self._shadowed[holder] = (old.proto_id, old.endpoint)
             self._deactivate(holder)
             self._status_dirty.add(holder)
         old = self._active.get(key)
-        if old is not None and old.endpoint.name != ep.name:
+        if old is not None and old.endpoint.name != iface:
             self._deactivate(key)
             self._promote_shadowed(old.endpoint.name)  # the old interface is free now
         tiers = tiers_from_proto(ep.tiers, self._selectors)
@@ -189,7 +194,7 @@ class EndpointManager:
         except Exception:
             self._decref_groups(new_groups)
             log.exception("Failed to render endpoint chains; endpoint left as it was", endpoint=key,
-                          iface=ep.name)
+                          iface=iface)
             return
         old = self._active.get(key)
         names = [c.name for c in chains]
@@ -200,19 +205,19 @@ class EndpointManager:
             self._decref_groups(old.groups)
         self._filter.update_chains(chains)
         self._active[key] = _Active(ep, pid, names, new_groups)
-        self._iface_to_key[ep.name] = key
+        self._iface_to_key[iface] = key
         self._shadowed.pop(key, None)
         spoof = tuple(ep.allow_spoofed_source_prefixes)
-        if spoof != self._spoofing.get(ep.name, ()):
+        if spoof != self._spoofing.get(iface, ()):
             if spoof:
-                self._spoofing[ep.name] = spoof
+                self._spoofing[iface] = spoof
             else:
-                self._spoofing.pop(ep.name, None)
+                self._spoofing.pop(iface, None)
             self._rpf_dirty = True
-        self._set_routes(ep)
-        self._to_reconfigure.add(ep.name)
+        self._set_routes(ep, iface)
+        self._to_reconfigure.add(iface)
 
-    def _set_routes(self, ep: pb.WorkloadEndpoint) -> None:
+    def _set_routes(self, ep: pb.WorkloadEndpoint, iface: str) -> None:
         if self._routes is None:
             return
         targets = []
@@ -226,8 +231,8 @@ class EndpointManager:
                     targets.append(Target(cidr=cidr, dest_mac=ep.mac or None,
                                           priority=self._route_priority or None))
                 except (ValueError, TypeError) as exc:
-                    log.error("Skipping bad workload address", iface=ep.name, cidr=net, error=str(exc))
-        self._routes.set_routes(RouteClass.LOCAL_WORKLOAD, ep.name, targets)
+                    log.error("Skipping bad workload address", iface=iface, cidr=net, error=str(exc))
+        self._routes.set_routes(RouteClass.LOCAL_WORKLOAD, iface, targets)
 
     def _remove(self, key: WlKey, pid: pb.WorkloadEndpointID) -> None:
         self._shadowed.pop(key, None)

@@ -116,11 +116,39 @@ def endpoint_chain(ctx: RenderContext, *, tiers: Sequence[TierPolicyGroups], pro
                    chain_type: str, admin_up: bool, direction: str, allow: Action,
                    allow_vxlan: bool = True, allow_ipip: bool = True,
                    qos: pb.QoSControls | None = None) -> Chain:
-    """Felix's endpointIptablesChain; ``direction`` is ``"ingress"`` or ``"egress"`` (policy side)."""
-    marks = ctx.marks
+    """Felix's endpointIptablesChain; ``direction`` is ``"ingress"`` or ``"egress"`` (policy side).
+
+    The body depends on everything but ``iface``/``endpoint_prefix`` (the chain's name), so
+    it is memoised in ``ctx.bodies``: endpoints with the same policies share one rule tuple.
+    """
     name = endpoint_chain_name(endpoint_prefix, iface, ctx.max_name_length)
+    # Every other parameter is part of the key (qos by the fields the body reads).
+    key = (tuple(tiers), tuple(profile_ids), policy_prefix, profile_prefix, failsafe_chain, chain_type, admin_up,
+           direction, allow, allow_vxlan, allow_ipip, _qos_key(qos))
+    rules = ctx.bodies.get(key)
+    if rules is None:
+        rules = _endpoint_rules(ctx, tiers=tiers, profile_ids=profile_ids, policy_prefix=policy_prefix,
+                                profile_prefix=profile_prefix, failsafe_chain=failsafe_chain, chain_type=chain_type,
+                                admin_up=admin_up, direction=direction, allow=allow, allow_vxlan=allow_vxlan,
+                                allow_ipip=allow_ipip, qos=qos)
+        ctx.bodies.put(key, rules)
+    return Chain(name, rules)
+
+
+def _qos_key(qos: pb.QoSControls | None) -> tuple[int, ...] | None:
+    if qos is None:
+        return None
+    return (qos.IngressPacketRate, qos.IngressPacketBurst, qos.EgressPacketRate, qos.EgressPacketBurst,
+            qos.IngressMaxConnections, qos.EgressMaxConnections)
+
+
+def _endpoint_rules(ctx: RenderContext, *, tiers: Sequence[TierPolicyGroups], profile_ids: Sequence[str],
+                    policy_prefix: str, profile_prefix: str, failsafe_chain: str, chain_type: str, admin_up: bool,
+                    direction: str, allow: Action, allow_vxlan: bool, allow_ipip: bool,
+                    qos: pb.QoSControls | None) -> tuple[Rule, ...]:
+    marks = ctx.marks
     if not admin_up:
-        return Chain(name, (Rule(Match(), ctx.deny, ("Endpoint admin disabled",)),))
+        return (Rule(Match(), ctx.deny, ("Endpoint admin disabled",)),)
     rule_dir = nflog.DIR_INGRESS if direction == _INGRESS else nflog.DIR_EGRESS
     group = nflog.NFLOG_INBOUND_GROUP if direction == _INGRESS else nflog.NFLOG_OUTBOUND_GROUP
     rules: list[Rule] = []
@@ -189,7 +217,7 @@ def endpoint_chain(ctx: RenderContext, *, tiers: Sequence[TierPolicyGroups], pro
         if ctx.flow_logs:
             rules.append(Rule(Match(), Nflog(group, nflog.no_profile_match_prefix(rule_dir))))
         rules.append(Rule(Match(), ctx.deny, (f"{ctx.deny_name} if no profiles matched",)))
-    return Chain(name, tuple(rules))
+    return tuple(rules)
 
 
 def endpoint_set_mark_chain(ctx: RenderContext, iface: str, mapper: EndpointMarkMapper) -> Chain:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -114,7 +115,9 @@ def length_limited_id(fixed_prefix: str, suffix: str, max_length: int) -> str:
 
 
 def endpoint_chain_name(prefix: str, iface: str, max_length: int) -> str:
-    return length_limited_id(prefix, iface, max_length)
+    # Interned (as the policy and profile chain names): one string per name however many
+    # chains, dispatch rules and IP families hold it.
+    return sys.intern(length_limited_id(prefix, iface, max_length))
 
 
 # ------------------------------------------------------------------------------ identities
@@ -144,7 +147,8 @@ class PolicyID:
 
     @classmethod
     def from_proto(cls, p: pb.PolicyID) -> PolicyID:
-        return cls(name=p.name, namespace=p.namespace, kind=p.kind)
+        intern = sys.intern  # each proto access is a new string; kinds and namespaces repeat
+        return cls(name=intern(p.name), namespace=intern(p.namespace), kind=intern(p.kind))
 
     @property
     def kind_short_name(self) -> str:
@@ -188,9 +192,9 @@ class ProfileID:
 
 
 def policy_chain_name(prefix: str, policy: PolicyID, max_length: int) -> str:
-    return length_limited_id(prefix, policy.id(), max_length)
+    return sys.intern(length_limited_id(prefix, policy.id(), max_length))
 
 
 def profile_chain_name(prefix: str, profile: ProfileID | str, max_length: int) -> str:
     name = profile if isinstance(profile, str) else profile.name
-    return length_limited_id(prefix, name, max_length)
+    return sys.intern(length_limited_id(prefix, name, max_length))

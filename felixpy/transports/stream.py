@@ -47,6 +47,7 @@ class StreamFeed:
         self._recv, self._sendall, self._closer = recv, sendall, closer
         self._events = events
         self._max_frame = max_frame
+        self._count = 0  # messages decoded so far
         self._wlock = threading.Lock()
         self._closed = threading.Event()
         self._reader = threading.Thread(target=self._read_loop, name=f"feed-{self.name}", daemon=True)
@@ -57,31 +58,13 @@ class StreamFeed:
 
     def _read_loop(self) -> None:
         decoder = FrameDecoder(self._max_frame)
-        count = 0
         error: str | None = None
         try:
-            while not self._closed.is_set():
-                chunk = self._recv(READ_CHUNK)
-                if not chunk:
-                    if decoder.pending():
-                        raise FramingError(f"stream ended inside a frame ({decoder.pending()} bytes pending) "
-                                           f"after {count} messages")
-                    break
-                frames = decoder.feed(chunk)
-                batch = []
-                try:
-                    for raw in frames:
-                        batch.append(decode_to_dataplane(raw, count))
-                        count += 1
-                finally:
-                    # The complete, valid messages before a bad one still count.
-                    if batch:
-                        self._events.put(FeedMessages(self, batch))
-                if decoder.error is not None:
-                    raise decoder.error
+            while not self._closed.is_set() and self._read_once(decoder):
+                pass
         except (FramingError, BadMessage) as exc:
             error = str(exc)
-            log.error("Malformed input; dropping feed", feed=self.name, error=error, good_messages=count)
+            log.error("Malformed input; dropping feed", feed=self.name, error=error, good_messages=self._count)
         except OSError as exc:
             if not self._closed.is_set():
                 error = f"read failed: {exc}"
@@ -89,6 +72,32 @@ class StreamFeed:
         finally:
             self._events.put(FeedClosed(self, error))
             self.close()
+
+    def _read_once(self, decoder: FrameDecoder) -> bool:
+        """One read: post its complete messages; False at EOF.
+
+        A method of its own so the chunk, its frames and the batch are released before
+        the next (blocking) read rather than held until it returns: up to 256 KiB idle.
+        """
+        chunk = self._recv(READ_CHUNK)
+        if not chunk:
+            if decoder.pending():
+                raise FramingError(f"stream ended inside a frame ({decoder.pending()} bytes pending) "
+                                   f"after {self._count} messages")
+            return False
+        frames = decoder.feed(chunk)
+        batch = []
+        try:
+            for raw in frames:
+                batch.append(decode_to_dataplane(raw, self._count))
+                self._count += 1
+        finally:
+            # The complete, valid messages before a bad one still count.
+            if batch:
+                self._events.put(FeedMessages(self, batch))
+        if decoder.error is not None:
+            raise decoder.error
+        return True
 
     def send(self, msg: pb.FromDataplane) -> None:
         if self._closed.is_set():

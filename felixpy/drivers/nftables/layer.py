@@ -13,12 +13,15 @@ the root (any later layer's apply then finds nothing to do).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 
 from felixpy.drivers.generictables import model as m
 from felixpy.drivers.generictables.table import MapMetadata
 from felixpy.drivers.nftables.names import LAYERS, map_name_for, namespaced
 from felixpy.drivers.nftables.table import NftablesTable
+
+NS_MEMO_SIZE = 1024
 
 
 class NftablesLayer:
@@ -30,10 +33,13 @@ class NftablesLayer:
         self.name = layer
         self.ip_version = root.ip_version
         self.root = root
+        # id(rules) -> (rules, namespaced rules); the source is kept so its id stays its own.
+        self._ns_memo: dict[int, tuple[tuple[m.Rule, ...], tuple[m.Rule, ...]]] = {}
 
     # -- names --------------------------------------------------------------------------
     def _ns(self, name: str) -> str:
-        return namespaced(self.name, name)
+        # Interned: a chain's name and every jump/goto to it are one string.
+        return sys.intern(namespaced(self.name, name))
 
     def _ns_action(self, action: m.Action) -> m.Action:
         if isinstance(action, m.Jump):
@@ -56,7 +62,28 @@ class NftablesLayer:
         return m.Rule(m.Match(crits), action, rule.comments)
 
     def _ns_rules(self, rules: Sequence[m.Rule]) -> tuple[m.Rule, ...]:
-        return tuple(self._ns_rule(r) for r in rules)
+        """The rules with names namespaced; a tuple is namespaced once and its result shared.
+
+        Endpoint chains with the same policies share one rule tuple (the rules layer memoises
+        their bodies); without this each chain would get its own copy of every jump here.
+        """
+        if not isinstance(rules, tuple):
+            return self._ns_rules_uncached(rules)
+        hit = self._ns_memo.get(id(rules))
+        if hit is not None and hit[0] is rules:
+            return hit[1]
+        out = self._ns_rules_uncached(rules)
+        memo = self._ns_memo
+        memo[id(rules)] = (rules, out)
+        if len(memo) > NS_MEMO_SIZE:
+            del memo[next(iter(memo))]
+        return out
+
+    def _ns_rules_uncached(self, rules: Sequence[m.Rule]) -> tuple[m.Rule, ...]:
+        out = tuple(self._ns_rule(r) for r in rules)
+        if isinstance(rules, tuple) and all(a is b for a, b in zip(out, rules)):
+            return rules  # nothing renamed: keep identity
+        return out
 
     # -- Table protocol -----------------------------------------------------------------
     def insert_or_append_rules(self, chain_name: str, rules: Sequence[m.Rule]) -> None:

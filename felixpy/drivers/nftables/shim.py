@@ -20,13 +20,19 @@ protocol for unit tests.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from felixpy.errors import CommandError
 
 _ARGV = ["libnftables", "json"]
+# A run whose input or output is at least this big (a start of day, a full listing) hands the
+# C heap libnftables freed back to the kernel: ~3.8 KB per rule, held in the calling thread's
+# malloc arena, where the next big run (the other family's table, on another apply thread)
+# could not reuse it.
+BIG_RUN_BYTES = 1 << 20
 
 
 class NftError(CommandError):
@@ -68,7 +74,12 @@ class LibNftables:
 
     def _cmd(self, text: str) -> tuple[int, str, str]:
         rc, out, err = self._nft.cmd(text)
-        return int(rc), str(out), str(err)
+        out = str(out)
+        if len(text) + len(out) >= BIG_RUN_BYTES:
+            trim = _malloc_trim()
+            if trim is not None:
+                trim(0)
+        return int(rc), out, str(err)
 
     def run(self, commands: Sequence[dict[str, Any]]) -> None:
         if not commands:
@@ -97,3 +108,17 @@ class LibNftables:
             raise error
         objs: list[dict[str, Any]] = json.loads(out)["nftables"] if out else []
         return objs
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``; None elsewhere (musl)."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn
