@@ -17,30 +17,43 @@ mark-and-sweep.  Every operation is O(1) per key except the resync and the
 "replace all desired" helper.
 
 Values are compared with ``==``; use immutable values (tuples, frozen
-dataclasses).  There is no I/O here.
+dataclasses) that equal themselves (the bulk operations compare whole dicts,
+which treats an object as equal to itself, as every Python container does).
+There is no I/O here.
+
+Bulk operations (:meth:`replace_all_desired`, :meth:`replace_dataplane` and
+their ``*_keys`` forms for set-like trackers whose values are all one constant)
+leave exactly the state, pending lists and their order included, that the
+equivalent sequence of one-key calls would, but do the work in dict and set
+operations rather than a Python call per key: an IP set of 100,000 members is
+filled, or resynced, in a few milliseconds.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-_ABSENT = object()  # distinct from any stored value, None included
+_ABSENT: Any = object()  # distinct from any stored value, None included
 
 K = TypeVar("K")
 V = TypeVar("V")
 
 
 class DeltaTracker(Generic[K, V]):
-    __slots__ = ("_desired", "_dataplane", "_pending_updates", "_pending_deletions", "_equal")
+    __slots__ = ("_desired", "_dataplane", "_pending_updates", "_pending_deletions", "_equal", "_plain_eq")
 
     def __init__(self, values_equal: Callable[[V, V], bool] | None = None) -> None:
         self._desired: dict[K, V] = {}
         self._dataplane: dict[K, V] = {}
-        # Dicts used as insertion-ordered sets: stable, deterministic apply order.
-        self._pending_updates: dict[K, None] = {}
-        self._pending_deletions: dict[K, None] = {}
-        self._equal = values_equal or (lambda a, b: a == b)
+        # Dicts used as insertion-ordered sets: stable, deterministic apply order.  Only
+        # the keys mean anything (a bulk operation may copy a whole dict, values and all).
+        self._pending_updates: dict[K, object] = {}
+        self._pending_deletions: dict[K, object] = {}
+        self._equal: Callable[[V, V], bool] = values_equal or operator.eq
+        # Plain ==: whole-dict comparisons may stand in for per-key ones.
+        self._plain_eq = values_equal is None
 
     # -- desired side -----------------------------------------------------
     def set_desired(self, key: K, value: V) -> None:
@@ -59,17 +72,72 @@ class DeltaTracker(Generic[K, V]):
             self._pending_deletions[key] = None
 
     def replace_all_desired(self, items: Mapping[K, V]) -> None:
-        """Declare the complete desired state (keys not in *items* go)."""
-        for key in [k for k in self._desired if k not in items]:
-            self.delete_desired(key)
-        for key, value in items.items():
-            self.set_desired(key, value)
+        """Declare the complete desired state (keys not in *items* go).
+
+        The same as :meth:`delete_desired` of each desired key not in *items*
+        (in desired order) then :meth:`set_desired` of each item (in *items*
+        order), done in bulk.
+        """
+        self._replace_all_desired(items, owned=False)
+
+    def replace_all_desired_keys(self, keys: Iterable[K], value: V) -> None:
+        """:meth:`replace_all_desired` with *value* for every key (a set-like tracker's members)."""
+        self._replace_all_desired(dict.fromkeys(keys, value), owned=True)
+
+    def _replace_all_desired(self, items: Mapping[K, V], owned: bool) -> None:
+        desired = self._desired
+        dp = self._dataplane
+        pu = self._pending_updates
+        pd = self._pending_deletions
+        # 1. Desired keys that go: no longer to write; to delete if the kernel has them.
+        if desired and not desired.keys() <= items.keys():
+            removed = [k for k in desired if k not in items]
+            for k in removed:
+                del desired[k]
+                pu.pop(k, None)
+            if dp:
+                pd.update(dict.fromkeys([k for k in removed if k in dp]))
+        # 2. The new values: existing keys keep their place, new ones follow in *items* order.
+        if not desired:
+            self._desired = items if owned and isinstance(items, dict) else dict(items)
+        else:
+            desired.update(items)
+        # 3. Desired keys are never pending deletion.
+        if pd:
+            drop = [k for k in pd if k in items] if len(pd) <= len(items) else [k for k in items if k in pd]
+            for k in drop:
+                del pd[k]
+        # 4. Pending updates: every item unless the kernel already holds that value.
+        if not dp:
+            if pu:
+                pu.update(items)
+            else:
+                self._pending_updates = dict(items)  # a copy of a dict is one memcpy
+            return
+        get = dp.get
+        eq = self._equal
+        if pu:
+            # Items the kernel already matches are no longer pending.
+            for k in [k for k in pu if k in items and (d := get(k, _ABSENT)) is not _ABSENT
+                      and eq(d, items[k])]:
+                del pu[k]
+        if self._plain_eq:
+            if items.items() <= dp.items():
+                return  # the kernel holds every item already (a re-sent, unchanged state)
+            need = [k for k, v in items.items() if (d := get(k, _ABSENT)) is _ABSENT or not d == v]
+        else:
+            need = [k for k, v in items.items() if (d := get(k, _ABSENT)) is _ABSENT or not eq(d, v)]
+        pu.update(dict.fromkeys(need))
 
     def get_desired(self, key: K) -> V | None:
         return self._desired.get(key)
 
     def desired_items(self) -> Iterator[tuple[K, V]]:
         return iter(self._desired.items())
+
+    def desired_keys(self) -> list[K]:
+        """Every desired key, in order (a snapshot)."""
+        return list(self._desired)
 
     def desired_len(self) -> int:
         return len(self._desired)
@@ -87,15 +155,44 @@ class DeltaTracker(Generic[K, V]):
 
     def replace_dataplane(self, items: Mapping[K, V] | Iterable[tuple[K, V]]) -> None:
         """Resync: the kernel holds exactly *items* (only objects we own)."""
-        self._dataplane = dict(items.items() if isinstance(items, Mapping) else items)
-        self._pending_updates.clear()
-        self._pending_deletions.clear()
-        for key, value in self._desired.items():
-            if key not in self._dataplane or not self._equal(self._dataplane[key], value):
-                self._pending_updates[key] = None
-        for key in self._dataplane:
-            if key not in self._desired:
-                self._pending_deletions[key] = None
+        if isinstance(items, dict):
+            self._dataplane = dict(items)  # the fast whole-table copy
+        else:
+            self._dataplane = dict(items.items() if isinstance(items, Mapping) else items)
+        self._recompute_all()
+
+    def replace_dataplane_keys(self, keys: Iterable[K], value: V) -> None:
+        """:meth:`replace_dataplane` with *value* for every key (a set-like tracker's members)."""
+        self._dataplane = dict.fromkeys(keys, value)
+        self._recompute_all()
+
+    def _recompute_all(self) -> None:
+        """Both work lists from scratch: updates in desired order, deletions in dataplane order."""
+        desired = self._desired
+        dp = self._dataplane
+        if not dp:
+            self._pending_updates = dict(desired)
+            self._pending_deletions = {}
+            return
+        if not desired:
+            self._pending_updates = {}
+            self._pending_deletions = dict(dp)
+            return
+        if self._plain_eq and len(desired) == len(dp) and desired == dp:
+            self._pending_updates = {}  # in sync: the common case after a restart
+            self._pending_deletions = {}
+            return
+        get = dp.get
+        if self._plain_eq:
+            need = [k for k, v in desired.items() if (d := get(k, _ABSENT)) is _ABSENT or not d == v]
+        else:
+            eq = self._equal
+            need = [k for k, v in desired.items() if (d := get(k, _ABSENT)) is _ABSENT or not eq(d, v)]
+        self._pending_updates = dict.fromkeys(need)
+        if dp.keys() <= desired.keys():
+            self._pending_deletions = {}
+        else:
+            self._pending_deletions = dict.fromkeys([k for k in dp if k not in desired])
 
     def get_dataplane(self, key: K) -> V | None:
         return self._dataplane.get(key)
@@ -110,6 +207,10 @@ class DeltaTracker(Generic[K, V]):
     def pending_updates(self) -> list[tuple[K, V]]:
         """Snapshot of (key, desired value) still to write."""
         return [(k, self._desired[k]) for k in self._pending_updates]
+
+    def pending_update_keys(self) -> list[K]:
+        """Snapshot of the keys still to write, in order (:meth:`pending_updates` without values)."""
+        return list(self._pending_updates)
 
     def pending_deletions(self) -> list[K]:
         """Snapshot of keys still to remove from the kernel."""

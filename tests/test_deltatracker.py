@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -76,3 +78,139 @@ def test_none_is_an_ordinary_value() -> None:
     t.set_desired("a", None)
     t.delete_desired("a")
     assert t.pending_updates() == [] and t.in_sync()
+
+
+# --------------------------------------------------------------------------- bulk operations
+class OneKeyAtATime:
+    """The reference: the bulk operations spelled out as the one-key calls they stand for."""
+
+    def __init__(self, equal: Callable[[int, int], bool] = lambda a, b: a == b) -> None:
+        self.desired: dict[int, int] = {}
+        self.dataplane: dict[int, int] = {}
+        self.updates: dict[int, None] = {}
+        self.deletions: dict[int, None] = {}
+        self.equal = equal
+
+    def set_desired(self, k: int, v: int) -> None:
+        self.desired[k] = v
+        self.deletions.pop(k, None)
+        if k in self.dataplane and self.equal(self.dataplane[k], v):
+            self.updates.pop(k, None)
+        else:
+            self.updates[k] = None
+
+    def delete_desired(self, k: int) -> None:
+        if k not in self.desired and k not in self.dataplane:
+            return
+        self.desired.pop(k, None)
+        self.updates.pop(k, None)
+        if k in self.dataplane:
+            self.deletions[k] = None
+
+    def replace_all_desired(self, items: dict[int, int]) -> None:
+        for k in [k for k in self.desired if k not in items]:
+            self.delete_desired(k)
+        for k, v in items.items():
+            self.set_desired(k, v)
+
+    def _recompute(self, k: int) -> None:
+        self.updates.pop(k, None)
+        self.deletions.pop(k, None)
+        if k in self.desired:
+            if k not in self.dataplane or not self.equal(self.dataplane[k], self.desired[k]):
+                self.updates[k] = None
+        elif k in self.dataplane:
+            self.deletions[k] = None
+
+    def set_dataplane(self, k: int, v: int) -> None:
+        self.dataplane[k] = v
+        self._recompute(k)
+
+    def delete_dataplane(self, k: int) -> None:
+        self.dataplane.pop(k, None)
+        self._recompute(k)
+
+    def replace_dataplane(self, items: dict[int, int]) -> None:
+        self.dataplane = dict(items)
+        self.updates = {k: None for k, v in self.desired.items()
+                        if k not in self.dataplane or not self.equal(self.dataplane[k], v)}
+        self.deletions = {k: None for k in self.dataplane if k not in self.desired}
+
+
+keys_st = st.integers(0, 7)
+bulk_st = st.dictionaries(keys_st, st.integers(0, 2), max_size=8)
+key_list_st = st.lists(keys_st, max_size=10)  # duplicates: the last mention counts, as in dict.fromkeys
+bulk_ops = st.lists(st.one_of(
+    st.tuples(st.sampled_from(["sd", "dd", "sp", "dp"]), keys_st, st.integers(0, 2)),
+    st.tuples(st.sampled_from(["rad", "rdp"]), bulk_st),
+    st.tuples(st.sampled_from(["radk", "rdpk"]), key_list_st, st.integers(0, 2)),
+), max_size=40)
+
+
+def _check_same(t: DeltaTracker[int, int], ref: OneKeyAtATime) -> None:
+    # Same contents *and* same order: the order is the order of the lines written to the kernel.
+    assert list(t.desired_items()) == list(ref.desired.items())
+    assert t.desired_keys() == list(ref.desired)
+    assert list(t.dataplane_items()) == list(ref.dataplane.items())
+    assert t.pending_updates() == [(k, ref.desired[k]) for k in ref.updates]
+    assert t.pending_update_keys() == list(ref.updates)
+    assert t.pending_deletions() == list(ref.deletions)
+    assert t.in_sync() == (not ref.updates and not ref.deletions)
+
+
+def _run_bulk(seq: list[tuple], t: DeltaTracker[int, int], ref: OneKeyAtATime) -> None:
+    for op in seq:
+        kind = op[0]
+        if kind == "sd":
+            t.set_desired(op[1], op[2]); ref.set_desired(op[1], op[2])
+        elif kind == "dd":
+            t.delete_desired(op[1]); ref.delete_desired(op[1])
+        elif kind == "sp":
+            t.set_dataplane(op[1], op[2]); ref.set_dataplane(op[1], op[2])
+        elif kind == "dp":
+            t.delete_dataplane(op[1]); ref.delete_dataplane(op[1])
+        elif kind == "rad":
+            t.replace_all_desired(op[1]); ref.replace_all_desired(op[1])
+        elif kind == "rdp":
+            t.replace_dataplane(op[1]); ref.replace_dataplane(op[1])
+        elif kind == "radk":
+            t.replace_all_desired_keys(op[1], op[2]); ref.replace_all_desired(dict.fromkeys(op[1], op[2]))
+        else:
+            t.replace_dataplane_keys(op[1], op[2]); ref.replace_dataplane(dict.fromkeys(op[1], op[2]))
+        _check_same(t, ref)
+
+
+@given(bulk_ops)
+def test_bulk_operations_equal_their_one_key_sequences(seq: list[tuple]) -> None:
+    _run_bulk(seq, DeltaTracker(), OneKeyAtATime())
+
+
+@given(bulk_ops)
+def test_bulk_operations_with_a_custom_equality(seq: list[tuple]) -> None:
+    def same_parity(a: int, b: int) -> bool:
+        return a % 2 == b % 2
+
+    _run_bulk(seq, DeltaTracker(same_parity), OneKeyAtATime(same_parity))
+
+
+def test_replace_all_desired_keeps_the_order_of_surviving_keys() -> None:
+    t: DeltaTracker[str, int] = DeltaTracker()
+    t.replace_all_desired({"a": 1, "b": 2, "c": 3})
+    t.replace_dataplane({"b": 2, "z": 9})
+    t.replace_all_desired({"d": 4, "c": 30, "a": 1})
+    assert t.desired_keys() == ["a", "c", "d"]
+    assert t.pending_update_keys() == ["a", "c", "d"]
+    assert t.pending_deletions() == ["z", "b"]
+
+
+def test_bulk_keys_forms_on_a_large_set() -> None:
+    members = [f"10.0.{i >> 8}.{i & 255}" for i in range(20_000)]
+    t: DeltaTracker[str, bool] = DeltaTracker()
+    t.replace_all_desired_keys(members, True)
+    assert t.pending_update_keys() == members
+    t.replace_dataplane_keys(members, True)
+    assert t.in_sync()
+    t.replace_dataplane_keys(members[1:] + ["192.0.2.1"], True)
+    assert t.pending_update_keys() == members[:1] and t.pending_deletions() == ["192.0.2.1"]
+    t.replace_all_desired_keys(members[2:], True)
+    assert t.pending_update_keys() == [] and t.pending_deletions() == ["192.0.2.1", members[1]]

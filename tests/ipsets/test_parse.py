@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from felixpy.drivers.ipsets.parse import (is_in_use, is_not_found, parse_list, parse_list_names, parse_save,
-                                          restore_error_line)
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from felixpy.drivers.ipsets.parse import (ListedSet, is_in_use, is_not_found, parse_list, parse_list_names,
+                                          parse_save, restore_error_line)
 
 LIST_ALL = """\
 Name: cali40a
@@ -128,3 +134,75 @@ def test_restore_errors() -> None:
     assert is_not_found("ipset v7.17: The set with the given name does not exist")
     assert is_in_use("ipset v7.17: Set cannot be destroyed: it is in use by a kernel component")
     assert is_in_use("ipset v7.17: Set cannot be renamed: it is in use by another system")
+
+
+# ----------------------------------------------------------------------------- save: the bulk path
+def _reference_save(text: str, want: Callable[[str], bool]) -> list[tuple[object, ...]]:
+    """``parse_save`` as first written, one line at a time (the oracle for the bulk path)."""
+    out: list[ListedSet] = []
+    by_name: dict[str, ListedSet] = {}
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if line.startswith("create "):
+            tokens = line.split()
+            if len(tokens) < 3:
+                raise ValueError("bad create line")
+            s = ListedSet(tokens[1], type=tokens[2])
+            for k in range(3, len(tokens) - 1):
+                if tokens[k] == "family":
+                    s.family = tokens[k + 1]
+                elif tokens[k] == "maxelem":
+                    s.max_size = int(tokens[k + 1])
+            out.append(s)
+            by_name[s.name] = s
+            prefix = f"add {s.name} "
+            end = i
+            while end < len(lines) and lines[end].startswith(prefix):
+                end += 1
+            if want(s.name):
+                s.members = [m[len(prefix):] for m in lines[i:end]]
+            i = end
+        elif line.startswith("add "):
+            _, name, member = line.split(" ", 2)
+            s2 = by_name.get(name)
+            if s2 is not None and want(name):
+                s2.members = (s2.members or []) + [member]
+    for s in out:
+        if s.members is None and want(s.name):
+            s.members = []
+    return [(s.name, s.type, s.family, s.max_size, s.members) for s in out]
+
+
+_SAVE_PIECES = [
+    "create A hash:ip family inet maxelem 5", "create B hash:net family inet6 hashsize 1 maxelem 9", "create C x",
+    "create A hash:ip", "add A 1.1.1.1", "add A 2.2.2.2", "add B ::1", "add B x y z", "add C q", "add D 1", "",
+    "junk", "add  A 3", " create A hash:ip", "add A 1\r", "create\tA hash:ip maxelem 7", "add A x\nadd B y",
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(lines=st.lists(st.sampled_from(_SAVE_PIECES), max_size=12), end=st.sampled_from(["", "\n", "\n\n"]),
+       wanted=st.sampled_from(["all", "not B", "none"]))
+def test_save_equals_the_line_by_line_reading(lines: list[str], end: str, wanted: str) -> None:
+    def want(name: str) -> bool:
+        return wanted == "all" or (wanted == "not B" and name != "B")
+
+    text = "\n".join(lines) + end
+    try:
+        expected = _reference_save(text, want)
+    except ValueError:
+        with pytest.raises(ValueError):
+            parse_save(text, want)
+        return
+    assert [(s.name, s.type, s.family, s.max_size, s.members) for s in parse_save(text, want)] == expected
+
+
+def test_save_of_a_large_set_keeps_every_member_in_order() -> None:
+    members = [f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in range(50_000)]
+    text = "create cali40s:big hash:ip family inet hashsize 1024 maxelem 1048576\n" + "".join(
+        f"add cali40s:big {m}\n" for m in members)
+    (s,) = parse_save(text)
+    assert s.members == members

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from felixpy.drivers.iptables import detect, savefile
@@ -191,3 +195,82 @@ def test_metrics_register_once() -> None:
     assert c.restore_calls is a.restore_calls and c.chains is a.chains
     c.restore_calls.inc()
     assert reg.get_sample_value("felix_iptables_restore_calls_total") == 1.0
+
+
+# ----------------------------------------------------------------------------- save parser: fast path
+def _reference_parse(text: str, old_re: re.Pattern[str] | None) -> savefile.SaveState:
+    """The parser as first written: every line of ``splitlines()``, one at a time (the oracle)."""
+    hashes: dict[str, list[str]] = {}
+    full: dict[str, list[str]] = {}
+    has_ours: set[str] = set()
+    for line in text.splitlines():
+        if not line:
+            continue
+        if line[0] == "#":
+            if line.startswith("# Table ") and line.endswith(" is incompatible, use 'nft' tool."):
+                raise savefile.SaveParseError("incompatible")
+            continue
+        if line[0] == ":":
+            end = line.find(" ")
+            hashes[line[1:end] if end > 0 else line[1:]] = []
+            continue
+        if line[0] == "[":
+            m = re.match(r"^\[(\d+):(\d+)\] ", line)
+            if not m:
+                continue
+            line = line[m.end():]
+        if not line.startswith("-A "):
+            continue
+        end = line.find(" ", 3)
+        chain = line[3:end] if end > 0 else line[3:]
+        m2 = HASH_RE.search(line)
+        h = m2.group(1) if m2 else (savefile.OLD_INSERT if old_re is not None and old_re.search(line) else "")
+        hashes.setdefault(chain, []).append(h)
+        if not OWNED_RE.match(chain):
+            if h:
+                has_ours.add(chain)
+            full.setdefault(chain, []).append(line if h else "-")
+    return savefile.SaveState(hashes, {c: r for c, r in full.items() if c in has_ours})
+
+
+_SAVE_LINES = [
+    '-A cali-a -m comment --comment "cali:AAAAAAAAAAAAAAAA" -j x', "-A cali-a -j y", "-A cali-a", "-A cali-a ",
+    "-A FORWARD -j cali-a", '-A FORWARD -m comment --comment "cali:BBBBBBBBBBBBBBBB" -j cali-a',
+    "-A FORWARD -j felix-x", "-A FORWARD -j an-old-rule", ":cali-a - [0:0]", ":FORWARD ACCEPT [0:0]", ":X",
+    "# c", '[1:2] -A cali-a -m comment --comment "cali:CC" -j z', "[1:2] -A FORWARD -j q", "[bad", "*filter",
+    "COMMIT", "", "-A  cali-a x", "-A cali-a\t-j x", "-A x--comment cali:abc -j y",
+    '-A cali-b --comment cali:ZZ --comment "cali:YY"', "-A cali-b\r-A cali-b z", "-A cali-a x\x1c-A cali-a y",
+    '-A FORWARD -m comment --comment "cali:\u00e9" -j x', "-A DOCKER -j ACCEPT", " -A cali-a x", "-AX y",
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(lines=st.lists(st.sampled_from(_SAVE_LINES), max_size=14), end=st.sampled_from(["", "\n", "\n\n", "\r\n"]),
+       with_old=st.booleans())
+def test_parse_save_equals_the_line_by_line_reading(lines: list[str], end: str, with_old: bool) -> None:
+    # Runs of one chain's rules take a bulk path (ASCII, "\n" only); anything else the line loop.
+    text = "\n".join(lines) + end
+    old = OLD_RE if with_old else None
+    try:
+        want = _reference_parse(text, old)
+    except savefile.SaveParseError:
+        with pytest.raises(savefile.SaveParseError):
+            savefile.parse_save(text, hash_re=HASH_RE, owned_re=OWNED_RE, old_insert_re=old)
+        return
+    got = savefile.parse_save(text, hash_re=HASH_RE, owned_re=OWNED_RE, old_insert_re=old)
+    assert list(got.hashes.items()) == list(want.hashes.items())
+    assert list(got.full_rules.items()) == list(want.full_rules.items())
+
+
+def test_restore_buffer_write_lines() -> None:
+    a, b = RestoreBuffer(), RestoreBuffer()
+    for buf in (a, b):
+        buf.start_transaction("filter")
+    a.write_lines([])
+    a.write_lines(["-A x -j y", "-A x -j z"])
+    b.write_line("-A x -j y")
+    b.write_line("-A x -j z")
+    for buf in (a, b):
+        buf.end_transaction()
+    assert a.text() == b.text() == "*filter\n-A x -j y\n-A x -j z\nCOMMIT\n"
+    assert a.lines_written == b.lines_written == 4

@@ -161,3 +161,18 @@ def test_line_forms() -> None:
     assert rnd.render_replace(rule, "c", 3, "H", F0) == '-R c 3 -m comment --comment "cali:H" -p udp --jump DROP'
     assert rnd.insert_at_line("c", 2, "H", "") == '-I c 2 -m comment --comment "cali:H"'
     assert rnd.append_line("c", "", "--jump DROP") == "-A c --jump DROP"
+
+
+def test_bulk_helpers_equal_the_one_line_forms() -> None:
+    rnd = render.IptablesRenderer()
+    bodies = ["-p udp --jump DROP", "", '-m comment --comment "x" --jump ACCEPT']
+    hashes = ["AAAAAAAAAAAAAAAA", "BBBBBBBBBBBBBBBB", "CCCCCCCCCCCCCCCC"]
+    assert rnd.append_lines("c", hashes, bodies) == [rnd.append_line("c", h, b) for h, b in zip(hashes, bodies)]
+    special = ["HASH", "", "CCCCCCCCCCCCCCCC"]  # the placeholder and "no hash" forms go the general way
+    assert rnd.append_lines("c", special, bodies) == [rnd.append_line("c", h, b) for h, b in zip(special, bodies)]
+    # Hashing from bodies is hashing the texts Felix hashes.
+    from felixpy.drivers.generictables import hashing
+    for chain in ("cali-x", "FORWARD*appends*", "unicode-\u00e9"):
+        assert render.rule_hashes_from_bodies(chain, bodies) == hashing.rule_hashes(
+            chain, render.hash_texts(chain, bodies))
+    assert render.rule_hashes_from_bodies("c", []) == []

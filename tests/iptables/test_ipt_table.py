@@ -545,3 +545,43 @@ def test_from_config(fake: FakeIptables) -> None:
     argv = [a for a, _ in fake.calls if a[0].endswith("-restore")][-1]
     assert argv[-2:] == ("--wait-interval", "20000")
     assert "--random-fully" not in fake.save("nat", 6, backend="nft")
+
+
+def test_each_rule_is_rendered_once_per_cold_apply(make_table: Callable[..., IptablesTable], fake: FakeIptables,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hashed while the save runs, then the same rendering is written: no second rendering.
+    rendered: list[Rule] = []
+    real = render.render_body
+
+    def counting(rule: Rule, features: Features) -> str:
+        rendered.append(rule)
+        return real(rule, features)
+
+    monkeypatch.setattr(render, "render_body", counting)
+    t = make_table()
+    t.insert_or_append_rules("FORWARD", [Rule(action=Jump("cali-FORWARD"))])
+    t.update_chains(CHAINS)
+    t.apply()
+    during_apply = list(rendered)
+    programmed = [c for c in CHAINS if c.name in fake.chain_names("filter")]
+    assert programmed
+    chain_rules = [r for c in programmed for r in c.rules]
+    assert sorted(map(id, [r for r in during_apply if any(r is x for x in chain_rules)])) == sorted(
+        map(id, chain_rules))
+    assert t.dataplane_hashes() == {**t.dataplane_hashes(), **{
+        c.name: render.rule_hashes(c.name, c.rules, FEATURES) for c in programmed}}
+
+
+def test_unrenderable_rule_still_raises_from_apply(make_table: Callable[..., IptablesTable],
+                                                   fake: FakeIptables) -> None:
+    # Hashing during the save must not change where a bad rule is reported.
+    t = make_table()
+    t.insert_or_append_rules("FORWARD", [Rule(action=Jump("cali-bad"))])
+    t.update_chain(Chain("cali-bad", (Rule(action=Drop()), Rule(Match().mark_clear(0), Accept()))))
+    with pytest.raises(ValueError, match="zero mark"):
+        t.apply()
+    assert "cali-bad" not in fake.chain_names("filter")
+    t.update_chain(Chain("cali-bad", (Rule(action=Drop()),)))
+    t.apply()
+    assert fake.chain_specs("filter", "cali-bad") == [
+        f'-m comment --comment "cali:{render.rule_hashes("cali-bad", [Rule(action=Drop())], FEATURES)[0]}" -j DROP']

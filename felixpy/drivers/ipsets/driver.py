@@ -186,7 +186,7 @@ class IPSets:
                 # In the kernel but its members were never read (it was unwanted):
                 # read them before writing, or every add would be a duplicate.
                 self._queue.add(name, ResyncPriority.MUST)
-        tracker.replace_all_desired(dict.fromkeys(canon, True))
+        tracker.replace_all_desired_keys(canon, True)
         self._update_dirtiness(name)
 
     def add_members(self, set_id: str, members: Iterable[str]) -> None:
@@ -448,7 +448,7 @@ class IPSets:
         if tracker is None:
             return
         extras_before = tracker.num_pending_deletions()
-        tracker.replace_dataplane(dict.fromkeys(members, True))
+        tracker.replace_dataplane_keys(members, True)
         missing = tracker.num_pending_updates()
         extras = tracker.num_pending_deletions() - extras_before
         if missing or extras > 0:
@@ -588,10 +588,10 @@ class IPSets:
         if tracker.dataplane_len() == 0:
             # New or rebuilt set: everything goes in (cheaper than pending_updates()).
             dels: list[str] = []
-            adds = [m for m, _ in tracker.desired_items()]
+            adds = tracker.desired_keys()
         else:
             dels = tracker.pending_deletions()
-            adds = [m for m, _ in tracker.pending_updates()]
+            adds = tracker.pending_update_keys()
         # One C-level join per set rather than one string per member; an entry of
         # *lines* may hold many lines (count_lines counts them for the metric).
         if dels:
@@ -609,7 +609,7 @@ class IPSets:
     @staticmethod
     def _mark_written(tracker: DeltaTracker[str, bool], dels: list[str], adds: list[str]) -> None:
         if not dels and tracker.dataplane_len() == 0:
-            tracker.replace_dataplane(dict.fromkeys(adds, True))
+            tracker.replace_dataplane_keys(adds, True)
         else:
             for m in dels:
                 tracker.delete_dataplane(m)

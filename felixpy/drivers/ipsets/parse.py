@@ -102,16 +102,46 @@ def parse_list(text: str, want_members: Callable[[str], bool] = lambda _n: True)
 
 
 def parse_save(text: str, want_members: Callable[[str], bool] = lambda _n: True) -> list[ListedSet]:
-    """Parse ``ipset save`` output: create lines, then that set's add lines."""
+    """Parse ``ipset save`` output: create lines, then that set's add lines.
+
+    The text is cut at its ``create`` lines; a set's members are the run of
+    ``add NAME `` lines that follows its create line.  When that run is the
+    whole of the set's block (as ``ipset save`` writes it) the members are cut
+    out with one ``split`` instead of line by line.
+    """
     out: list[ListedSet] = []
     by_name: dict[str, ListedSet] = {}
-    lines = text.split("\n")
-    n = len(lines)
-    i = 0
-    while i < n:
-        line = lines[i]
-        i += 1
-        if line.startswith("create "):
+
+    def loose_lines(lines: list[str]) -> None:
+        """Lines outside a set's run: an add line out of order is attached to its set."""
+        for line in lines:
+            if line.startswith("add "):
+                _, name, member = line.split(" ", 2)
+                s2 = by_name.get(name)
+                if s2 is not None and want_members(name):
+                    if s2.members is None:
+                        s2.members = []
+                    s2.members.append(member)
+
+    # Offsets of the create lines (each starts the text or follows a newline).
+    starts = [0] if text.startswith("create ") else []
+    pos = text.find("\ncreate ")
+    while pos >= 0:
+        starts.append(pos + 1)
+        pos = text.find("\ncreate ", pos + 1)
+    if not starts:
+        loose_lines(text.split("\n"))
+    else:
+        if starts[0] > 0:
+            loose_lines(text[:starts[0] - 1].split("\n"))
+        last = len(starts) - 1
+        for idx, begin in enumerate(starts):
+            stop = starts[idx + 1] - 1 if idx < last else len(text)  # excludes the newline before the next create
+            nl = text.find("\n", begin, stop)
+            line = text[begin:stop] if nl < 0 else text[begin:nl]
+            body = "" if nl < 0 else text[nl + 1:stop]
+            if idx == last and body.endswith("\n"):
+                body = body[:-1]  # the text's final newline: an empty last line, ignored either way
             tokens = line.split()
             if len(tokens) < 3:
                 raise ValueError(f"bad create line {line!r}")
@@ -119,24 +149,29 @@ def parse_save(text: str, want_members: Callable[[str], bool] = lambda _n: True)
             _parse_header_options(tokens[3:], s)
             out.append(s)
             by_name[s.name] = s
-            # ipset save emits a set's members right after its create line: take
-            # the whole run in one slice when we want them, else skip it.
+            if not body:
+                continue
             prefix = f"add {s.name} "
-            end = i
-            while end < n and lines[end].startswith(prefix):
-                end += 1
-            if want_members(s.name):
-                plen = len(prefix)
-                s.members = [m[plen:] for m in lines[i:end]]
-            i = end
-        elif line.startswith("add "):
-            # An add line out of order: attach it to its set.
-            _, name, member = line.split(" ", 2)
-            s2 = by_name.get(name)
-            if s2 is not None and want_members(name):
-                if s2.members is None:
-                    s2.members = []
-                s2.members.append(member)
+            plen = len(prefix)
+            wanted = want_members(s.name)
+            if body.startswith(prefix):
+                # Usually every line of the block is one of this set's add lines.
+                sep = "\n" + prefix
+                if wanted:
+                    members = body[plen:].split(sep)
+                    if body.count("\n") == len(members) - 1:  # every newline began an add line
+                        s.members = members
+                        continue
+                elif body.count(sep) == body.count("\n"):
+                    continue
+            lines = body.split("\n")
+            n = len(lines)
+            run = 0
+            while run < n and lines[run].startswith(prefix):
+                run += 1
+            if wanted:
+                s.members = [m[plen:] for m in lines[:run]]
+            loose_lines(lines[run:])
     for s in out:
         if s.members is None and want_members(s.name):
             s.members = []

@@ -42,13 +42,12 @@ MAX_COMMENT_LENGTH = 256
 _SHELL_UNSAFE = re.compile(r"[^\w @%+=:,./-]", re.ASCII)
 
 
+_ESCAPE = _SHELL_UNSAFE.sub
+
+
 def escape_comment(comment: str) -> str:
     """Felix's lossy comment escaping: unsafe characters → ``_``, then truncate to 256."""
-    return _SHELL_UNSAFE.sub("_", comment)[:MAX_COMMENT_LENGTH]
-
-
-def _neg(negate: bool) -> str:
-    return "! " if negate else ""
+    return _ESCAPE("_", comment)[:MAX_COMMENT_LENGTH]
 
 
 def _check_mark(mark: int, mask: int) -> None:
@@ -59,7 +58,26 @@ def _check_mark(mark: int, mask: int) -> None:
 
 
 def _multiport(ports: Sequence[PortRange]) -> str:
-    return ",".join([str(p.first) if p.first == p.last else f"{p.first}:{p.last}" for p in ports])
+    if len(ports) == 1:
+        p = ports[0]
+        return str(p.first) if p.first == p.last else f"{p.first}:{p.last}"
+    out = []
+    for p in ports:
+        first, last = p.first, p.last
+        out.append(str(first) if first == last else f"{first}:{last}")
+    return ",".join(out)
+
+
+def _source_ports(c: SourcePorts) -> str:
+    if c.negate:
+        return "-m multiport ! --source-ports " + _multiport(c.ports)
+    return "-m multiport --source-ports " + _multiport(c.ports)
+
+
+def _dest_ports(c: DestPorts) -> str:
+    if c.negate:
+        return "-m multiport ! --destination-ports " + _multiport(c.ports)
+    return "-m multiport --destination-ports " + _multiport(c.ports)
 
 
 def _mark_clear(c: MarkClear) -> str:
@@ -82,7 +100,7 @@ def _mark_single_bit(c: MarkSingleBitSet) -> str:
 
 def _mark_with_mask(c: MarkMatchesWithMask) -> str:
     _check_mark(c.mark, c.mask)
-    return f"-m mark {_neg(c.negate)}--mark {c.mark:#x}/{c.mask:#x}"
+    return f"-m mark {'! ' if c.negate else ''}--mark {c.mark:#x}/{c.mask:#x}"
 
 
 def _conn_mark(c: ConnMarkMatchesWithMask) -> str:  # [UNVERIFIED] fragment
@@ -96,7 +114,7 @@ def _tcp_flags(c: TCPFlagsSet) -> str:  # [UNVERIFIED]: the long form iptables-s
 
 def _src_addr_type(c: SrcAddrType) -> str:
     limit = " --limit-iface-out" if c.limit_iface_out else ""
-    return f"-m addrtype {_neg(c.negate)}--src-type {c.addr_type}{limit}"
+    return f"-m addrtype {'! ' if c.negate else ''}--src-type {c.addr_type}{limit}"
 
 
 def _unsupported(c: Any) -> str:
@@ -105,12 +123,12 @@ def _unsupported(c: Any) -> str:
 
 def _icmp(c: ICMPType) -> str:
     tc = str(c.type) if c.code is None else f"{c.type}/{c.code}"
-    return f"-m icmp {_neg(c.negate)}--icmp-type {tc}"
+    return f"-m icmp {'! ' if c.negate else ''}--icmp-type {tc}"
 
 
 def _icmp6(c: ICMPV6Type) -> str:
     tc = str(c.type) if c.code is None else f"{c.type}/{c.code}"
-    return f"-m icmp6 {_neg(c.negate)}--icmpv6-type {tc}"
+    return f"-m icmp6 {'! ' if c.negate else ''}--icmpv6-type {tc}"
 
 
 _CRITERIA: dict[type, Callable[[Any], str]] = {
@@ -120,23 +138,23 @@ _CRITERIA: dict[type, Callable[[Any], str]] = {
     MarkMatchesWithMask: _mark_with_mask,
     ConnMarkMatchesWithMask: _conn_mark,
     TCPFlagsSet: _tcp_flags,
-    InInterface: lambda c: f"{_neg(c.negate)}--in-interface {c.iface}",
-    OutInterface: lambda c: f"{_neg(c.negate)}--out-interface {c.iface}",
+    InInterface: lambda c: f"{'! ' if c.negate else ''}--in-interface {c.iface}",
+    OutInterface: lambda c: f"{'! ' if c.negate else ''}--out-interface {c.iface}",
     RPFCheckFailed: lambda c: "-m rpfilter --invert --validmark",
-    IPVSConnection: lambda c: f"-m ipvs {_neg(c.negate)}--ipvs",
+    IPVSConnection: lambda c: f"-m ipvs {'! ' if c.negate else ''}--ipvs",
     SrcAddrType: _src_addr_type,
-    DestAddrType: lambda c: f"-m addrtype {_neg(c.negate)}--dst-type {c.addr_type}",
-    ConntrackState: lambda c: f"-m conntrack {_neg(c.negate)}--ctstate {c.states}",
-    Protocol: lambda c: f"{_neg(c.negate)}-p {c.name}",
-    ProtocolNum: lambda c: f"{_neg(c.negate)}-p {c.num}",
-    SourceNet: lambda c: f"{_neg(c.negate)}--source {c.net}",
-    DestNet: lambda c: f"{_neg(c.negate)}--destination {c.net}",
-    SourceIPSet: lambda c: f"-m set {_neg(c.negate)}--match-set {c.name} src",
-    DestIPSet: lambda c: f"-m set {_neg(c.negate)}--match-set {c.name} dst",
-    SourceIPPortSet: lambda c: f"-m set {_neg(c.negate)}--match-set {c.name} src,src",
-    DestIPPortSet: lambda c: f"-m set {_neg(c.negate)}--match-set {c.name} dst,dst",
-    SourcePorts: lambda c: f"-m multiport {_neg(c.negate)}--source-ports {_multiport(c.ports)}",
-    DestPorts: lambda c: f"-m multiport {_neg(c.negate)}--destination-ports {_multiport(c.ports)}",
+    DestAddrType: lambda c: f"-m addrtype {'! ' if c.negate else ''}--dst-type {c.addr_type}",
+    ConntrackState: lambda c: f"-m conntrack {'! ' if c.negate else ''}--ctstate {c.states}",
+    Protocol: lambda c: f"{'! ' if c.negate else ''}-p {c.name}",
+    ProtocolNum: lambda c: f"{'! ' if c.negate else ''}-p {c.num}",
+    SourceNet: lambda c: f"{'! ' if c.negate else ''}--source {c.net}",
+    DestNet: lambda c: f"{'! ' if c.negate else ''}--destination {c.net}",
+    SourceIPSet: lambda c: f"-m set {'! ' if c.negate else ''}--match-set {c.name} src",
+    DestIPSet: lambda c: f"-m set {'! ' if c.negate else ''}--match-set {c.name} dst",
+    SourceIPPortSet: lambda c: f"-m set {'! ' if c.negate else ''}--match-set {c.name} src,src",
+    DestIPPortSet: lambda c: f"-m set {'! ' if c.negate else ''}--match-set {c.name} dst,dst",
+    SourcePorts: _source_ports,
+    DestPorts: _dest_ports,
     DestPort: lambda c: f"-m multiport --destination-ports {c.port}",  # [UNVERIFIED]
     ICMPType: _icmp,
     ICMPV6Type: _icmp6,
@@ -231,12 +249,20 @@ def render_action(action: Action | None, features: Features) -> str:
 
 def render_body(rule: Rule, features: Features) -> str:
     """Everything after the hash comment: extra comments, match, action (empty parts skipped)."""
-    parts = [f'-m comment --comment "{escape_comment(c)}"' for c in rule.comments] if rule.comments else []
-    criteria = rule.match.criteria
-    if criteria:
-        crit = _CRITERIA
-        parts.extend([crit[type(c)](c) for c in criteria])
+    # Hot: every rule of a chain is rendered whenever the chain is hashed (all of them
+    # at a restart), so the escaping and the dispatch are inlined.
+    comments = rule.comments
     action = rule.action
+    crit = _CRITERIA
+    if comments:
+        if len(comments) == 1:
+            parts = [f'-m comment --comment "{_ESCAPE("_", comments[0])[:MAX_COMMENT_LENGTH]}"']
+        else:
+            parts = [f'-m comment --comment "{_ESCAPE("_", c)[:MAX_COMMENT_LENGTH]}"' for c in comments]
+        for c in rule.match.criteria:
+            parts.append(crit[type(c)](c))
+    else:
+        parts = [crit[type(c)](c) for c in rule.match.criteria]
     if action is not None:
         a = _ACTIONS[type(action)](action, features)
         if a:
@@ -269,6 +295,13 @@ class IptablesRenderer:
     def append_line(self, chain: str, hash_: str, body: str) -> str:
         return _join(f"-A {chain}", self.comment_frag(hash_), body)
 
+    def append_lines(self, chain: str, hashes: Sequence[str], bodies: Sequence[str]) -> list[str]:
+        """:meth:`append_line` for each (hash, body) pair: a whole chain's lines at once."""
+        if "HASH" in hashes or "" in hashes:  # the special comment forms: take the general path
+            return [self.append_line(chain, h, b) for h, b in zip(hashes, bodies)]
+        head = f'-A {chain} -m comment --comment "{self.hash_prefix}'
+        return [f'{head}{h}" {b}' if b else f'{head}{h}"' for h, b in zip(hashes, bodies)]
+
     def insert_line(self, chain: str, hash_: str, body: str) -> str:
         return _join(f"-I {chain}", self.comment_frag(hash_), body)
 
@@ -296,7 +329,8 @@ def hash_texts(chain_name: str, bodies: Sequence[str]) -> list[str]:
 
 
 def rule_hashes_from_bodies(chain_name: str, bodies: Sequence[str]) -> list[str]:
-    return hashing.rule_hashes(chain_name, hash_texts(chain_name, bodies))
+    """:func:`rule_hashes` from already rendered bodies (the hash texts are never built)."""
+    return hashing.rule_hashes_joined(chain_name, f"-A {chain_name} HASH", bodies)
 
 
 def rule_hashes(chain_name: str, rules: Sequence[Rule], features: Features) -> list[str]:

@@ -60,7 +60,15 @@ class RestoreBuffer:
         self._open()
         self._write(line)
 
+    def write_lines(self, lines: list[str]) -> None:
+        """:meth:`write_line` for each of *lines*, in order (one call for a whole chain)."""
+        if lines:
+            self._open()
+            self._lines.extend(lines)
+            self.lines_written += len(lines)
+
     def text(self) -> str:
         if self._table:
             raise RuntimeError("text() inside a transaction")
-        return "".join(line + "\n" for line in self._lines)
+        lines = self._lines
+        return "\n".join(lines) + "\n" if lines else ""

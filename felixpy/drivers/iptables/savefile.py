@@ -68,51 +68,131 @@ class SaveState:
     full_rules: dict[str, list[str]] = field(default_factory=dict)
 
 
+# A run of one chain's rules as *-save prints them: consecutive "-A <chain> …" lines.
+_RULE_RUN = re.compile(r"^-A (\S+) [^\n]*\n(?:-A \1 [^\n]*\n)*", re.M)
+# Line boundaries str.splitlines() honours besides "\n" (in ASCII text).
+_OTHER_LINE_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")
+
+
 def parse_save(text: str, *, hash_re: re.Pattern[str], owned_re: re.Pattern[str],
                old_insert_re: re.Pattern[str] | None = None) -> SaveState:
+    """What a save says: per chain, one hash per rule; full text where :class:`SaveState` keeps it.
+
+    Equivalent to reading ``text.splitlines()`` one line at a time.  In the usual
+    text (ASCII, ``\n`` line ends) each run of one chain's rules is found with one
+    regex match and hashed with one ``map`` of the hash regex; everything between
+    runs (headers, declarations, counters, comments) goes through the line loop.
+    """
     hashes: dict[str, list[str]] = {}
     full: dict[str, list[str]] = {}
     has_ours: set[str] = set()
     owned_cache: dict[str, bool] = {}
-    for line in text.splitlines():
-        if not line:
-            continue
-        c0 = line[0]
-        if c0 == "#":
-            if _NFT_INCOMPATIBLE.match(line):
-                raise SaveParseError("iptables-save failed: incompatible nft rules in the table")
-            continue
-        if c0 == ":":
-            end = line.find(" ")
-            hashes[line[1:end] if end > 0 else line[1:]] = []
-            continue
-        if c0 == "[":
-            m = _COUNTERS.match(line)
-            if not m:
-                continue
-            line = line[m.end():]
-        if not line.startswith("-A "):
-            continue
-        end = line.find(" ", 3)
-        chain = line[3:end] if end > 0 else line[3:]
-        m = hash_re.search(line)
-        if m is not None:
-            hash_ = m.group(1)
-        elif old_insert_re is not None and old_insert_re.search(line):
-            hash_ = OLD_INSERT
-        else:
-            hash_ = FOREIGN
-        lst = hashes.get(chain)
-        if lst is None:
-            lst = hashes[chain] = []
-        lst.append(hash_)
+    search = hash_re.search
+    old_search = old_insert_re.search if old_insert_re is not None else None
+
+    def is_owned(chain: str) -> bool:
         owned = owned_cache.get(chain)
         if owned is None:
             owned = owned_cache[chain] = owned_re.match(chain) is not None
-        if not owned:
-            if hash_:
-                has_ours.add(chain)
-            full.setdefault(chain, []).append(line if hash_ else FOREIGN_PLACEHOLDER)
+        return owned
+
+    def rule_hash(m: re.Match[str] | None, line: str) -> str:
+        if m is not None:
+            return m[1]
+        if old_search is not None and old_search(line):
+            return OLD_INSERT
+        return FOREIGN
+
+    def add_run(chain: str, lines: list[str]) -> None:
+        """Rules of *chain*, every line starting ``-A <chain> ``."""
+        matches = list(map(search, lines))
+        if None in matches:
+            run_hashes = [rule_hash(m, line) for m, line in zip(matches, lines)]
+        else:
+            run_hashes = [m[1] for m in matches]  # type: ignore[index]
+        lst = hashes.get(chain)
+        if lst is None:
+            hashes[chain] = run_hashes
+        else:
+            lst.extend(run_hashes)
+        if not is_owned(chain):
+            fl = full.get(chain)
+            if fl is None:
+                fl = full[chain] = []
+            for h, line in zip(run_hashes, lines):
+                if h:
+                    has_ours.add(chain)
+                    fl.append(line)
+                else:
+                    fl.append(FOREIGN_PLACEHOLDER)
+
+    def add_lines(lines: list[str]) -> None:
+        """Any lines, one at a time."""
+        cur_prefix = "\n"  # "-A <chain> " of the last rule line (no line starts with it initially)
+        cur_chain = ""
+        cur_hashes: list[str] = []
+        cur_full: list[str] | None = None  # the chain's full-rule list, if it is not owned
+        for line in lines:
+            if not line.startswith(cur_prefix):
+                if not line:
+                    continue
+                c0 = line[0]
+                if c0 == "#":
+                    if _NFT_INCOMPATIBLE.match(line):
+                        raise SaveParseError("iptables-save failed: incompatible nft rules in the table")
+                    continue
+                if c0 == ":":
+                    end = line.find(" ")
+                    hashes[line[1:end] if end > 0 else line[1:]] = []
+                    cur_prefix = "\n"  # the declaration may have replaced the current chain's list
+                    continue
+                if c0 == "[":
+                    m = _COUNTERS.match(line)
+                    if not m:
+                        continue
+                    line = line[m.end():]
+                if not line.startswith(cur_prefix):
+                    if not line.startswith("-A "):
+                        continue
+                    end = line.find(" ", 3)
+                    if end > 0:
+                        cur_chain = line[3:end]
+                        cur_prefix = line[:end + 1]
+                    else:  # "-A <chain>" and nothing else: no fast path for it
+                        cur_chain = line[3:]
+                        cur_prefix = "\n"
+                    lst = hashes.get(cur_chain)
+                    if lst is None:
+                        lst = hashes[cur_chain] = []
+                    cur_hashes = lst
+                    if is_owned(cur_chain):
+                        cur_full = None
+                    else:
+                        fl = full.get(cur_chain)
+                        if fl is None:
+                            fl = full[cur_chain] = []
+                        cur_full = fl
+            hash_ = rule_hash(search(line), line)
+            cur_hashes.append(hash_)
+            if cur_full is not None:
+                if hash_:
+                    has_ours.add(cur_chain)
+                    cur_full.append(line)
+                else:
+                    cur_full.append(FOREIGN_PLACEHOLDER)
+
+    if text.isascii() and not any(c in text for c in _OTHER_LINE_BREAKS):
+        pos = 0
+        for run in _RULE_RUN.finditer(text):
+            start, stop = run.span()
+            if start > pos:
+                add_lines(text[pos:start].splitlines())
+            add_run(run[1], text[start:stop - 1].split("\n"))
+            pos = stop
+        if pos < len(text):
+            add_lines(text[pos:].splitlines())
+    else:
+        add_lines(text.splitlines())
     return SaveState(hashes, {c: r for c, r in full.items() if c in has_ours})
 
 

@@ -169,6 +169,9 @@ class IptablesTable:
         self._dp_hashes: dict[str, list[str]] = {}
         self._dp_full_rules: dict[str, list[str]] = {}
         self._hash_cache: dict[str, list[str]] = {}
+        # Bodies rendered along with a _hash_cache entry, kept until the apply that
+        # writes them (each rule is rendered once per change); dropped after each apply.
+        self._fresh_bodies: dict[str, list[str]] = {}
         self._hash_features: Features | None = None
         # Timers (seconds, from the injected clock).
         now = clock()
@@ -244,6 +247,7 @@ class IptablesTable:
             self._decref_targets(chain.name, old.rules)
         self._chains[chain.name] = chain
         self._hash_cache.pop(chain.name, None)
+        self._fresh_bodies.pop(chain.name, None)
         if self._referenced(chain.name):
             self._add_rules(len(chain.rules) - (len(old.rules) if old else 0))
             self._dirty_chains.add(chain.name)
@@ -261,6 +265,7 @@ class IptablesTable:
         self._decref_targets(name, old.rules)
         del self._chains[name]
         self._hash_cache.pop(name, None)
+        self._fresh_bodies.pop(name, None)
         if self._referenced(name):
             self._add_rules(-len(old.rules))
             self._dirty_chains.add(name)
@@ -338,6 +343,7 @@ class IptablesTable:
             # Hashes depend on the rendering, which depends on features: recompute, and
             # rewrite whatever renders differently now (Felix only picks that up on restart).
             self._hash_cache.clear()
+            self._fresh_bodies.clear()
             if self._hash_features is not None:
                 self._log.info("iptables features changed; rechecking all chains")
                 self._dirty_chains.update(c for c in self._chains if self._referenced(c))
@@ -346,15 +352,43 @@ class IptablesTable:
             self._hash_features = f
         return f
 
-    def _chain_hashes(self, chain: Chain, features: Features) -> tuple[list[str], list[str] | None]:
-        """The chain's hashes (cached) and, when freshly computed, the rendered bodies."""
-        cached = self._hash_cache.get(chain.name)
+    def _chain_hashes(self, chain: Chain, features: Features,
+                      keep_bodies: bool = True) -> tuple[list[str], list[str] | None]:
+        """The chain's hashes (cached) and, if still held, its rendered bodies.
+
+        Bodies are held from the hashing until the end of the next apply, so a
+        rule is rendered once for both its hash and its restore line.
+        """
+        name = chain.name
+        cached = self._hash_cache.get(name)
         if cached is not None:
-            return cached, None
-        bodies = [render.render_body(r, features) for r in chain.rules]
-        hashes = render.rule_hashes_from_bodies(chain.name, bodies)
-        self._hash_cache[chain.name] = hashes
+            return cached, self._fresh_bodies.get(name)
+        rb = render.render_body
+        bodies = [rb(r, features) for r in chain.rules]
+        hashes = render.rule_hashes_from_bodies(name, bodies)
+        self._hash_cache[name] = hashes
+        if keep_bodies:
+            self._fresh_bodies[name] = bodies
         return hashes, bodies
+
+    def _prehash_dirty_chains(self, features: Features) -> None:
+        """Hash (and render) the dirty chains the coming apply will compare.
+
+        Runs while ``*-save`` does (its ``while_running`` hook): the work is the
+        same the apply would do right after, independent of what the save says,
+        and overlapping it with the save's own run takes it off a restart's and a
+        cold start's critical path.  A rule that fails to render is left for the
+        apply, which raises just as it would have without this step.
+        """
+        cache = self._hash_cache
+        try:
+            for name in sorted(self._dirty_chains):  # the order apply writes them in
+                if name not in cache:
+                    chain = self._desired(name)
+                    if chain is not None:
+                        self._chain_hashes(chain, features)
+        except Exception:  # deferred: the apply re-renders that chain and raises there
+            pass
 
     def _expected_insert_append(self, chain_name: str, num_foreign: int, features: Features
                                 ) -> tuple[list[str], list[str], list[str], list[str], list[str]]:
@@ -382,7 +416,7 @@ class IptablesTable:
         self._features.refresh_features()
         features = self._check_features()
         self._last_read = self._clock()
-        state = self._read_with_retries()
+        state = self._read_with_retries(features)
         new = state.hashes
         dirty_c, dirty_ia = self._dirty_chains, self._dirty_insert_append
         # Chains we believe we programmed: still as we left them?
@@ -421,13 +455,13 @@ class IptablesTable:
         self._dp_full_rules = state.full_rules
         self._in_sync = True
 
-    def _read_with_retries(self) -> SaveState:
+    def _read_with_retries(self, features: Features | None = None) -> SaveState:
         delay = 0.1
         retries = SAVE_RETRIES
         while True:
             self._on_still_alive()
             try:
-                return self._attempt_read()
+                return self._attempt_read(features)
             except (CommandError, SaveParseError) as e:
                 self._metrics.save_errors.inc()
                 self._log.warning("iptables-save failed", cmd=self.save_cmd, error=str(e))
@@ -439,11 +473,12 @@ class IptablesTable:
                 self._sleep(delay)
                 delay *= 2
 
-    def _attempt_read(self) -> SaveState:
+    def _attempt_read(self, features: Features | None = None) -> SaveState:
         start = self._clock()
         self._metrics.save_calls.inc()
+        hook = None if features is None else (lambda: self._prehash_dirty_chains(features))
         try:
-            res = self._runner.run([self.save_cmd, "-t", self.name]).check()
+            res = self._runner.run([self.save_cmd, "-t", self.name], while_running=hook).check()
         finally:
             dur = self._clock() - start
             self._peak_save = max(self._peak_save * 0.99, dur)
@@ -531,12 +566,12 @@ class IptablesTable:
         dp_hashes = self._dp_hashes
         dirty = self._dirty_chains
         new_hashes: dict[str, list[str] | None] = {}
-        fresh_bodies: dict[str, list[str]] = {}  # bodies rendered while hashing, reused for writing
         order = sorted(dirty)
+        wanted = {name: self._desired(name) for name in order}  # fixed for the whole write
 
         # Pass 1: create/flush chains we are about to (re)write or delete.
         for name in order:
-            desired = self._desired(name)
+            desired = wanted[name]
             present = name in dp_hashes
             if desired is None:
                 if not present:
@@ -546,9 +581,7 @@ class IptablesTable:
             elif self._nft:
                 # iptables-nft: rewrite a changed chain whole (Felix works around an
                 # iptables-nft-restore rule-index bug this way); skip it if already right.
-                hashes, bodies = self._chain_hashes(desired, features)
-                if bodies is not None:
-                    fresh_bodies[name] = bodies
+                hashes, _ = self._chain_hashes(desired, features)
                 if present and hashes == dp_hashes[name]:
                     dirty.discard(name)
                     continue
@@ -560,15 +593,21 @@ class IptablesTable:
         for name in order:
             if name not in dirty:
                 continue
-            chain = self._desired(name)
+            chain = wanted[name]
             if chain is None:
                 continue
             hashes, bodies = self._chain_hashes(chain, features)
-            if bodies is None:
-                bodies = fresh_bodies.get(name)
             prev: list[str] = [] if self._nft else dp_hashes.get(name, [])
             new_hashes[name] = hashes
+            if prev == hashes:
+                continue  # legacy: already right (nft: only an empty chain gets here with nothing to write)
             np, nc = len(prev), len(hashes)
+            if np == 0:
+                # A new or flushed chain: every rule is appended, in order.
+                if bodies is None:
+                    bodies = [render.render_body(r, features) for r in chain.rules]
+                buf.write_lines(rnd.append_lines(name, hashes, bodies))
+                continue
             for i in range(max(np, nc)):
                 if i < np and i < nc:
                     if prev[i] == hashes[i]:
@@ -624,10 +663,10 @@ class IptablesTable:
             buf.end_transaction()
             buf.start_transaction(self.name)
             for name in order:
-                if name in dirty and self._desired(name) is None:
+                if name in dirty and wanted[name] is None:
                     buf.write_forward_reference(name)
         for name in order:
-            if name in dirty and self._desired(name) is None:
+            if name in dirty and wanted[name] is None:
                 buf.write_line(f"--delete-chain {name}")
                 new_hashes[name] = None
         buf.end_transaction()
@@ -642,6 +681,7 @@ class IptablesTable:
 
         self._dirty_chains = set()
         self._dirty_insert_append = set()
+        self._fresh_bodies = {}
         for name, written in new_hashes.items():
             if written is None:
                 dp_hashes.pop(name, None)
@@ -683,4 +723,4 @@ class IptablesTable:
         chain = self._chains.get(chain_name)
         if chain is None:
             return []
-        return self._chain_hashes(chain, self._check_features())[0]
+        return self._chain_hashes(chain, self._check_features(), keep_bodies=False)[0]
