@@ -178,14 +178,14 @@ class EndpointManager:
                 return
             log.info("Endpoint shares an interface with an existing one; new one wins", iface=iface,
                      endpoint=key, existing=holder)
-            old = self._active[holder]
-            self._shadowed[holder] = (old.proto_id, old.endpoint)
+            loser = self._active[holder]
+            self._shadowed[holder] = (loser.proto_id, loser.endpoint)
             self._deactivate(holder)
             self._status_dirty.add(holder)
-        old = self._active.get(key)
-        if old is not None and old.endpoint.name != iface:
+        previous = self._active.get(key)
+        if previous is not None and previous.endpoint.name != iface:
             self._deactivate(key)
-            self._promote_shadowed(old.endpoint.name)  # the old interface is free now
+            self._promote_shadowed(previous.endpoint.name)  # the old interface is free now
         tiers = tiers_from_proto(ep.tiers, self._selectors)
         new_groups = self._groups_to_program(tiers)
         self._incref_groups(new_groups)
@@ -360,9 +360,9 @@ class EndpointManager:
         self._status_dirty.clear()
         # An interface still waiting to be configured will be retried; keep its status fresh.
         for iface in self._to_reconfigure:
-            key = self._iface_to_key.get(iface)
-            if key is not None and iface in self._up_ifaces:
-                self._status_dirty.add(key)
+            waiting = self._iface_to_key.get(iface)
+            if waiting is not None and iface in self._up_ifaces:
+                self._status_dirty.add(waiting)
 
     # For tests and observability.
     def active_ifaces(self) -> Mapping[str, WlKey]:
