@@ -190,20 +190,13 @@ class IPSets:
         self._update_dirtiness(name)
 
     def add_members(self, set_id: str, members: Iterable[str]) -> None:
-        name = self.names.name_for_main(set_id)
-        meta = self._sets.get_desired(name)
-        if meta is None:
-            self._log.warning("Member update for an unknown IP set; ignored", set_id=set_id)
-            return
-        canon = self._canonicalise(set_id, IPSetType(meta.type), members)
-        if not canon:
-            return
-        tracker = self._members[name]
-        for m in canon:
-            tracker.set_desired(m, True)
-        self._update_dirtiness(name)
+        self._change_members(set_id, members, add=True)
 
     def remove_members(self, set_id: str, members: Iterable[str]) -> None:
+        self._change_members(set_id, members, add=False)
+
+    def _change_members(self, set_id: str, members: Iterable[str], *, add: bool) -> None:
+        """A delta on a known set: members are validated for the set's type, then recorded."""
         name = self.names.name_for_main(set_id)
         meta = self._sets.get_desired(name)
         if meta is None:
@@ -214,7 +207,10 @@ class IPSets:
             return
         tracker = self._members[name]
         for m in canon:
-            tracker.delete_desired(m)
+            if add:
+                tracker.set_desired(m, True)
+            else:
+                tracker.delete_desired(m)
         self._update_dirtiness(name)
 
     def remove_ip_set(self, set_id: str) -> None:
