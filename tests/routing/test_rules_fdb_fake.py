@@ -113,3 +113,21 @@ def test_fdb_failures_resync_and_recover(flag: FailFlags) -> None:
     fdb.apply()
     assert fdb_state(fake) == ({("10.5.0.1", "66:00:00:00:00:02")}, {("66:00:00:00:00:02", "192.168.0.2")})
     assert fdb.in_sync()
+
+
+def test_fake_keys_vxlan_vni_per_family_like_the_kernel() -> None:
+    import errno
+
+    import pytest
+
+    from felixpy.drivers.netlink.errors import NetlinkCallError
+    from felixpy.drivers.netlink.fake import FakeNetlink
+    from felixpy.drivers.netlink.types import LinkSpec, VXLANInfo
+
+    nl = FakeNetlink()
+    nl.link_add(LinkSpec(name="vxlan.calico", kind="vxlan", vxlan=VXLANInfo(vni=4096, port=4789, local="198.18.0.1")))
+    nl.link_add(LinkSpec(name="vxlan-v6.calico", kind="vxlan",
+                         vxlan=VXLANInfo(vni=4096, port=4789, local="fd00:198::1")))
+    with pytest.raises(NetlinkCallError) as exc:
+        nl.link_add(LinkSpec(name="vxlan.other", kind="vxlan", vxlan=VXLANInfo(vni=4096, port=4789, local="198.18.0.9")))
+    assert exc.value.errno == errno.EEXIST

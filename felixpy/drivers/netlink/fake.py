@@ -7,8 +7,9 @@ mimics the kernel behaviours the drivers depend on: routes are keyed by
 stored as 1024; routes via a missing link fail with ENODEV and via a down link
 with ENETDOWN; taking a link down or deleting it flushes its routes,
 neighbours, FDB entries and addresses; deleting something absent fails with
-ESRCH/ENOENT; a second VXLAN device with the same VNI and port fails with
-EEXIST; link kinds listed in ``unsupported_kinds`` fail with EOPNOTSUPP (use
+ESRCH/ENOENT; a second VXLAN device with the same VNI and port *in the same
+address family* (judged by its local address) fails with EEXIST, as in the
+kernel, where vxlan.calico and vxlan-v6.calico share VNI 4096 and port 4789; link kinds listed in ``unsupported_kinds`` fail with EOPNOTSUPP (use
 ``{"ipip", "wireguard"}`` to imitate this project's kernel).
 
 Failure injection follows Felix's mocknetlink ``FailFlags``: ``fail_next``
@@ -193,8 +194,10 @@ class FakeNetlink:
         if any(link.name == spec.name for link in self.links.values()):
             raise NetlinkCallError(f"link add {spec.name}", _errno.EEXIST)
         if spec.vxlan is not None:
+            v6 = ":" in (spec.vxlan.local or "")
             for link in self.links.values():
-                if link.vxlan and link.vxlan.vni == spec.vxlan.vni and link.vxlan.port == spec.vxlan.port:
+                if (link.vxlan and link.vxlan.vni == spec.vxlan.vni and link.vxlan.port == spec.vxlan.port
+                        and (":" in (link.vxlan.local or "")) == v6):
                     raise NetlinkCallError(f"link add {spec.name}", _errno.EEXIST, "VNI in use")
             if spec.vxlan.parent_index and spec.vxlan.parent_index not in self.links:
                 raise NetlinkCallError(f"link add {spec.name}", _errno.ENODEV)
