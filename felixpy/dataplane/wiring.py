@@ -31,7 +31,7 @@ after ``InSync``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +126,22 @@ def _detect_backend(config: Config, deps: KernelDeps) -> str:
     return detect_backend(deps.iptables_runner, config.IptablesBackend)
 
 
+def program_static_chains(renderer: RuleRenderer, tables: Mapping[str, Any]) -> None:
+    """Start of day: static chains and the hooks into the kernel chains (recorded only), plus the
+    inactive forms of chains the static chains jump to whose owners (the service-loop and
+    floating-IP managers) are not ported yet."""
+    for name, table in tables.items():
+        table.update_chains(renderer.static_chains(name))
+    for hook in renderer.kernel_hooks():
+        table = tables[hook.table]
+        if hook.always_append:
+            table.append_rules(hook.chain, hook.rules)
+        else:
+            table.insert_or_append_rules(hook.chain, hook.rules)
+    tables["nat"].update_chains([renderer.fip_dnat_chain({}), renderer.fip_snat_chain({})])
+    tables["filter"].update_chain(renderer.cidr_block_chain([]))
+
+
 def _iptables_tables(config: Config, v: int, backend: str, deps: KernelDeps) -> dict[str, Any]:
     from felixpy.drivers.iptables.detect import FeatureDetector
     from felixpy.drivers.iptables.table import IptablesTable
@@ -182,19 +198,7 @@ def _build_family(dp: InternalDataplane, config: Config, v: int, backend: str, d
         tables = _iptables_tables(config, v, backend, deps)
         ipsets = IPSets(v, deps.ipset_runner)
         apply_tables = list(tables.values())
-    # Start of day: static chains and the hooks into the kernel chains (recorded only).
-    for name, table in tables.items():
-        table.update_chains(renderer.static_chains(name))
-    for hook in renderer.kernel_hooks():
-        table = tables[hook.table]
-        if hook.always_append:
-            table.append_rules(hook.chain, hook.rules)
-        else:
-            table.insert_or_append_rules(hook.chain, hook.rules)
-    # Chains the static chains jump to whose owners (service-loop and floating-IP
-    # managers) are not ported yet: their inactive forms.
-    tables["nat"].update_chains([renderer.fip_dnat_chain({}), renderer.fip_snat_chain({})])
-    tables["filter"].update_chain(renderer.cidr_block_chain([]))
+    program_static_chains(renderer, tables)
 
     dp.register_ipsets(ipsets)
     dp.register_manager(IPSetsManager(f"ipv{v}", ipsets, config.MaxIpsetSize))

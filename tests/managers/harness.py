@@ -45,6 +45,7 @@ from felixpy.managers.status import EndpointStatusCombiner
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import RendererOptions, RuleRenderer
 from felixpy.rules.ipset_names import main_ipset_name
+from felixpy.dataplane.wiring import program_static_chains
 from felixpy.testing.faketable import FakeTable, fake_tables
 
 GNP = "GlobalNetworkPolicy"
@@ -133,17 +134,8 @@ class Family:
 
 
 def program_static(renderer: RuleRenderer, tables: dict[str, FakeTable]) -> None:
-    """What wiring records at start of day: static chains, kernel hooks, not-yet-owned chains."""
-    for name, table in tables.items():
-        table.update_chains(renderer.static_chains(name))
-    for hook in renderer.kernel_hooks():
-        t = tables[hook.table]
-        if hook.always_append:
-            t.append_rules(hook.chain, hook.rules)
-        else:
-            t.insert_or_append_rules(hook.chain, hook.rules)
-    tables["nat"].update_chains([renderer.fip_dnat_chain({}), renderer.fip_snat_chain({})])
-    tables["filter"].update_chain(renderer.cidr_block_chain([]))
+    """What wiring records at start of day (the very same function, so the two cannot drift)."""
+    program_static_chains(renderer, tables)
 
 
 def program_start_of_day(renderer: RuleRenderer, tables: dict[str, FakeTable]) -> None:
