@@ -363,24 +363,18 @@ class InternalDataplane:
                       detail=str(exc))
 
     def _parallel(self, report: ApplyReport, name: str, work: Iterable[tuple[Any, Callable[[], Any]]]) -> bool:
-        futs = [(obj, self._executor.submit(fn)) for obj, fn in work]
-        ok = True
-        fatal: FatalDataplaneError | None = None
-        for obj, fut in futs:
-            try:
-                fut.result()
-            except FatalDataplaneError as exc:
-                fatal = fatal or exc
-            except Exception as exc:
-                ok = False
-                self._fail(report, f"{name}/v{getattr(obj, 'ip_version', '?')}", exc)
-        if fatal is not None:
-            raise fatal
-        return ok
+        futs = [(f"{name}/v{getattr(obj, 'ip_version', '?')}", self._executor.submit(fn)) for obj, fn in work]
+        return self._collect(report, futs)
 
     def _join(self, background: list[tuple[Syncer, Future[None]]], report: ApplyReport) -> None:
+        self._collect(report, [(f"routes:{type(syncer).__name__}", fut) for syncer, fut in background])
+
+    def _collect(self, report: ApplyReport, futs: list[tuple[str, Future[Any]]]) -> bool:
+        """Wait for every future; failures are recorded per step, a fatal one re-raised after all
+        have finished (so no background work is left running when the daemon exits)."""
+        ok = True
         fatal: FatalDataplaneError | None = None
-        for syncer, fut in background:
+        for step, fut in futs:
             try:
                 fut.result()
             except FatalDataplaneError as exc:
@@ -388,9 +382,11 @@ class InternalDataplane:
             except UnsupportedFeature as exc:
                 self._unsupported(exc)
             except Exception as exc:
-                self._fail(report, f"routes:{type(syncer).__name__}", exc)
+                ok = False
+                self._fail(report, step, exc)
         if fatal is not None:
             raise fatal
+        return ok
 
     def _fail(self, report: ApplyReport, step: str, exc: BaseException) -> None:
         self.needs_sync = True
