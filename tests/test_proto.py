@@ -209,6 +209,74 @@ def test_field_numbers_match_felix(message: str, field: str, number: int) -> Non
     assert getattr(pb, message).DESCRIPTOR.fields_by_name[field].number == number
 
 
+# Every field, with its number and type, of the messages most at risk of drifting from Felix: the
+# policy-sync report (rarely exercised, and where ``RuleTrace.none`` once had the wrong type), the
+# status messages we send, and the envelopes.  A field added, dropped, renumbered or retyped in one of
+# these messages fails ``test_at_risk_messages_match_felix_exactly``.
+# Type spelling: proto scalar name, or the message/enum name relative to the package; "repeated " prefix.
+AT_RISK_FIELDS: dict[str, list[tuple[str, int, str]]] = {
+    "DataplaneStats": [
+        ("src_ip", 1, "string"), ("dst_ip", 2, "string"), ("src_port", 3, "int32"), ("dst_port", 4, "int32"),
+        ("protocol", 5, "Protocol"), ("stats", 6, "repeated Statistic"), ("rules", 7, "repeated RuleTrace"),
+        ("action", 8, "Action"),
+    ],
+    "Statistic": [
+        ("direction", 1, "Statistic.Direction"), ("relativity", 2, "Statistic.Relativity"),
+        ("kind", 3, "Statistic.Kind"), ("action", 4, "Action"), ("value", 5, "int64"),
+    ],
+    "RuleTrace": [
+        ("policy", 1, "PolicyID"), ("profile", 2, "ProfileID"), ("none", 3, "bool"),
+        ("direction", 4, "RuleTrace.Direction"), ("rule_num", 5, "int32"),
+    ],
+    "ReportResult": [("successful", 1, "bool")],
+    "ProcessStatusUpdate": [("iso_timestamp", 1, "string"), ("uptime", 2, "double")],
+    "EndpointStatus": [("status", 1, "string")],
+    "HostEndpointStatusUpdate": [("id", 1, "HostEndpointID"), ("status", 2, "EndpointStatus")],
+    "HostEndpointStatusRemove": [("id", 1, "HostEndpointID")],
+    "WorkloadEndpointStatusRemove": [("id", 1, "WorkloadEndpointID")],
+    "IPSetUpdate": [("id", 1, "string"), ("members", 2, "repeated string"), ("type", 3, "IPSetUpdate.IPSetType")],
+    "IPSetDeltaUpdate": [("id", 1, "string"), ("added_members", 2, "repeated string"),
+                         ("removed_members", 3, "repeated string")],
+    "IPSetRemove": [("id", 1, "string")],
+    "Encapsulation": [("ipip_enabled", 1, "bool"), ("vxlan_enabled", 2, "bool"), ("vxlan_enabled_v6", 3, "bool"),
+                      ("no_encap_enabled", 4, "bool")],
+}
+
+_SCALARS = {getattr(FieldDescriptor, n): n[len("TYPE_"):].lower() for n in dir(FieldDescriptor)
+            if n.startswith("TYPE_") and n not in ("TYPE_MESSAGE", "TYPE_ENUM", "TYPE_GROUP")}
+
+
+def _type_spelling(fd: FieldDescriptor) -> str:
+    if fd.type == FieldDescriptor.TYPE_MESSAGE:
+        name = fd.message_type.full_name
+    elif fd.type == FieldDescriptor.TYPE_ENUM:
+        name = fd.enum_type.full_name
+    else:
+        name = _SCALARS[fd.type]
+    name = name.removeprefix(pb.DESCRIPTOR.package + ".")
+    return f"repeated {name}" if fd.is_repeated else name
+
+
+def test_type_spelling_tells_types_apart() -> None:
+    rt = pb.RuleTrace.DESCRIPTOR.fields_by_name
+    assert [_type_spelling(rt[n]) for n in ("policy", "none", "direction", "rule_num")] == \
+        ["PolicyID", "bool", "RuleTrace.Direction", "int32"]
+    assert _type_spelling(pb.DataplaneStats.DESCRIPTOR.fields_by_name["stats"]) == "repeated Statistic"
+
+
+@pytest.mark.parametrize("message", sorted(AT_RISK_FIELDS))
+def test_at_risk_messages_match_felix_exactly(message: str) -> None:
+    actual = sorted((fd.name, fd.number, _type_spelling(fd)) for fd in getattr(pb, message).DESCRIPTOR.fields)
+    assert actual == sorted(AT_RISK_FIELDS[message])
+
+
+def test_rule_trace_none_is_a_flag_in_the_id_oneof() -> None:
+    trace = pb.RuleTrace(none=True, direction=pb.RuleTrace.OUTBOUND)
+    assert trace.WhichOneof("id") == "none"
+    decoded = pb.RuleTrace.FromString(trace.SerializeToString())
+    assert decoded.none is True and decoded.WhichOneof("id") == "none"
+
+
 def test_key_field_types() -> None:
     fields = pb.ToDataplane.DESCRIPTOR.fields_by_name
     assert fields["sequence_number"].type == FieldDescriptor.TYPE_UINT64
@@ -222,7 +290,8 @@ def test_key_field_types() -> None:
 
 def test_enum_values_match_felix() -> None:
     assert (pb.ANY, pb.IPV4, pb.IPV6) == (0, 4, 6)
-    assert [pb.RouteType.Value(n) for n in pb.RouteType.keys()]  # noqa: SIM118 - enum wrapper, not a dict == [0, 1, 2, 4, 8, 16, 32]
+    route_types = [pb.RouteType.Value(n) for n in pb.RouteType.keys()]  # noqa: SIM118 - enum wrapper, not a dict
+    assert route_types == [0, 1, 2, 4, 8, 16, 32]
     assert (pb.NONE, pb.NO_ENCAP, pb.VXLAN, pb.IPIP) == (0, 1, 2, 3)
     assert (pb.IPSetUpdate.IP, pb.IPSetUpdate.IP_AND_PORT, pb.IPSetUpdate.NET) == (0, 1, 2)
     assert (pb.NO_ROLE, pb.SOURCE, pb.TARGET) == (0, 1, 2)
