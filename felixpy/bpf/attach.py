@@ -37,8 +37,6 @@ log = structlog.get_logger(__name__)
 TC_PRIO = 1
 TC_HANDLE = 1
 PREAMBLE_NAME = "cali_tc_preambl"
-XDP_FLAGS_SKB_MODE = 1 << 1
-XDP_FLAGS_DRV_MODE = 1 << 2
 ETH_P_ALL = 3
 _PARENT = {defs.HOOK_TC_INGRESS: "ffff:fff2", defs.HOOK_TC_EGRESS: "ffff:fff3"}
 _TCX_TYPE = {defs.HOOK_TC_INGRESS: sc.ATTACH_TCX_INGRESS, defs.HOOK_TC_EGRESS: sc.ATTACH_TCX_EGRESS}
@@ -220,23 +218,6 @@ def detach_tcx(link_fd: int | None = None, *, pin_path: str | None = None) -> No
 
 def tcx_programs(ifindex: int, hook: int) -> list[int]:
     return sc.prog_query_tcx(ifindex, _TCX_TYPE[hook])
-
-
-# ---------------------------------------------------------------------------------------------
-# XDP
-
-
-def attach_xdp(ifindex: int, prog_fd: int, *, mode: int = XDP_FLAGS_SKB_MODE) -> None:
-
-    with _ipr() as ipr:
-        ipr.link("set", index=ifindex,
-                 xdp={"attrs": [("IFLA_XDP_FD", prog_fd), ("IFLA_XDP_FLAGS", mode)]})
-
-
-def detach_xdp(ifindex: int, *, mode: int = XDP_FLAGS_SKB_MODE) -> None:
-
-    with _ipr() as ipr:
-        ipr.link("set", index=ifindex, xdp={"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", mode)]})
 
 
 def ifindex_of(ifname: str) -> int:

@@ -234,18 +234,3 @@ def load_variant(variant: Variant, pin_root: str) -> Loaded:
         log.info("bpf variant loaded", variant=variant.label, compile_s=round(t1 - t0, 3),
                  load_s=round(t2 - t1, 4))
         return loaded
-
-
-def cached_variants() -> list[Loaded]:
-    return list(_cache.values())
-
-
-def drop_cache() -> None:
-    """Forget cached variants (their bcc modules are cleaned up, closing the program fds)."""
-    with _lock:
-        for v in _cache.values():
-            try:
-                v.bpf.cleanup()
-            except Exception:  # pragma: no cover - best effort
-                pass
-        _cache.clear()

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,12 +92,3 @@ def start_daemon(netns: str, *, transport: str = "unix", env: Mapping[str, str] 
             raise RuntimeError(f"daemon did not listen within {wait_socket}s:\n{d.logs()}")
         time.sleep(0.02)
     return d
-
-
-@contextlib.contextmanager
-def running_daemon(netns: str, **kw: object) -> Iterator[DaemonProcess]:
-    d = start_daemon(netns, **kw)  # type: ignore[arg-type]
-    try:
-        yield d
-    finally:
-        d.stop()

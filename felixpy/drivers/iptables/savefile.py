@@ -17,7 +17,7 @@ Counters (``-c``: ``[pkts:bytes] -A …``) are tolerated everywhere.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 OLD_INSERT = "OLD INSERT RULE"
@@ -220,25 +220,3 @@ def parse_save_counters(text: str, hash_prefix: str = "cali:") -> list[CountedRu
         hm = hre.search(rest)
         out.append(CountedRule(chain, hm.group(1) if hm else "", int(m.group(1)), int(m.group(2)), rest))
     return out
-
-
-def chains_of(text: str) -> list[str]:
-    """Chain names declared in a save dump, in order."""
-    return [line[1:].split(" ", 1)[0] for line in text.splitlines() if line.startswith(":")]
-
-
-def rules_by_chain(text: str) -> dict[str, list[str]]:
-    """Every declared chain → its ``-A`` lines with the ``-A <chain> `` head removed."""
-    out: dict[str, list[str]] = {c: [] for c in chains_of(text)}
-    for line in text.splitlines():
-        m = _COUNTERS.match(line)
-        if m:
-            line = line[m.end():]
-        if line.startswith("-A "):
-            chain, _, spec = line[3:].partition(" ")
-            out.setdefault(chain, []).append(spec)
-    return out
-
-
-def join_lines(lines: Iterable[str]) -> str:
-    return "".join(line + "\n" for line in lines)

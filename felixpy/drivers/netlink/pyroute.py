@@ -338,7 +338,3 @@ class PyrouteNetlink:
                 self._do(f"wireguard peer {peer.public_key[:8]}", lambda: wg.set(name, peer=p))
         finally:
             wg.close()
-
-
-def family_name(family: int) -> str:
-    return {AF_INET: "ipv4", AF_INET6: "ipv6"}.get(family, str(family))
