@@ -27,7 +27,6 @@ import queue
 import signal
 import socketserver
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -127,7 +126,7 @@ class Daemon:
         self._iface_cache: dict[tuple[str, str], IfaceStateUpdate | IfaceAddrsUpdate] = {}
         self._iface_in_sync = False
         self.has_iface_monitor = False
-        self._started = time.monotonic()
+        self._started = self._clock.monotonic()
         self._heap = HeapTrimmer(self._clock.monotonic)
         self.exit_code: int | None = None
 
@@ -335,7 +334,7 @@ class Daemon:
             s.next_status = self._clock.monotonic() + s.config.ReportingIntervalSecs
             s.send(pb.ProcessStatusUpdate(
                 iso_timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                uptime=time.monotonic() - self._started))
+                uptime=self._clock.monotonic() - self._started))
         if s is not None and s.config is not None:
             ready = dp is not None and dp.in_sync_reported and dp.iface_in_sync
             self.health.report("InternalDataplaneMainLoop", live=True, ready=ready)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from felixpy.config import Config
-from felixpy.dataplane.clock import FakeClock
+from felixpy.testing.clock import FakeClock
 from felixpy.dataplane.core import InternalDataplane
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 from felixpy.errors import DataplaneError, FatalDataplaneError

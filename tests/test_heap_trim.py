@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from felixpy.daemon import HeapTrimmer, _malloc_trim
-from felixpy.dataplane.clock import FakeClock
+from felixpy.testing.clock import FakeClock
 
 
 def test_trims_after_applies_at_most_once_per_interval() -> None:

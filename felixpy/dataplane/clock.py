@@ -1,4 +1,8 @@
-"""An injectable clock, so the loop's decisions are testable without real time."""
+"""Injectable time, so the loop's decisions are testable without real time.
+
+:class:`Clock` is the protocol every composition root takes; :class:`SystemClock` is the
+real one.  The fake lives with the other test support, in :mod:`felixpy.testing.clock`.
+"""
 
 from __future__ import annotations
 
@@ -13,16 +17,3 @@ class Clock(Protocol):
 class SystemClock:
     def monotonic(self) -> float:
         return time.monotonic()
-
-
-class FakeClock:
-    """Manually advanced clock for tests."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds

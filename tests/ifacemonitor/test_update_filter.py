@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from felixpy.dataplane.clock import FakeClock
+from felixpy.testing.clock import FakeClock
 from felixpy.ifacemonitor.events import AddrEvent, Link, LinkEvent
 from felixpy.ifacemonitor.update_filter import FLAP_DAMPING_DELAY, UpdateFilter
 

@@ -11,7 +11,8 @@ from structlog.testing import capture_logs
 
 from felixpy.drivers.ipsets import IPSets
 from felixpy.drivers.ipsets.driver import MAX_RETRY_ATTEMPTS
-from felixpy.drivers.ipsets.fake import FakeClock, FakeIPSet
+from felixpy.drivers.ipsets.fake import FakeIPSet
+from felixpy.testing.clock import FakeClock
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetsDataplane, IPSetType
 from felixpy.errors import FatalDataplaneError
 
@@ -24,7 +25,7 @@ class Env:
     fake: FakeIPSet
 
     def driver(self, ip_version: int = 4, **kw: object) -> IPSets:
-        return IPSets(ip_version, self.fake, clock=self.clock, sleep=self.clock.sleep, **kw)  # type: ignore[arg-type]
+        return IPSets(ip_version, self.fake, clock=self.clock.monotonic, sleep=self.clock.sleep, **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture

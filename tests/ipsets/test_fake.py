@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from felixpy.drivers.ipsets.fake import FakeClock, FakeIPSet
+from felixpy.drivers.ipsets.fake import FakeIPSet
+from felixpy.testing.clock import FakeClock
 from felixpy.drivers.ipsets.parse import parse_list, parse_save
 
 
@@ -94,7 +95,7 @@ def test_injection_and_calls_and_clock() -> None:
     f.inject("list", name="b", times=None)
     assert not f.run(["ipset", "list", "b"]).ok and not f.run(["ipset", "list", "b"]).ok
     assert f.run(["ipset", "list", "a"]).ok
-    assert clock() == 1000.0 + 3 * 0.5
+    assert clock.monotonic() == 1000.0 + 3 * 0.5
     assert len(f.commands("restore")) == 4
 
 

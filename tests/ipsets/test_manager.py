@@ -9,7 +9,8 @@ import structlog
 from structlog.testing import capture_logs
 
 from felixpy.drivers.ipsets import IPSets
-from felixpy.drivers.ipsets.fake import FakeClock, FakeIPSet
+from felixpy.drivers.ipsets.fake import FakeIPSet
+from felixpy.testing.clock import FakeClock
 from felixpy.drivers.ipsets_api import IPSetType
 from felixpy.managers.base import Manager
 from felixpy.managers.ipsets import IPSetsManager, split_by_family
@@ -31,7 +32,8 @@ def kernel() -> FakeIPSet:
 def drivers(kernel: FakeIPSet) -> tuple[IPSets, IPSets]:
     clock = kernel.clock
     assert clock is not None
-    return (IPSets(4, kernel, clock=clock, sleep=clock.sleep), IPSets(6, kernel, clock=clock, sleep=clock.sleep))
+    return (IPSets(4, kernel, clock=clock.monotonic, sleep=clock.sleep),
+            IPSets(6, kernel, clock=clock.monotonic, sleep=clock.sleep))
 
 
 def apply(*ds: IPSets) -> None:

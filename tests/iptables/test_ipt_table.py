@@ -14,7 +14,8 @@ from felixpy.drivers.generictables.model import (
 )
 from felixpy.drivers.iptables import render, savefile
 from felixpy.drivers.iptables.detect import Features, StaticFeatures
-from felixpy.drivers.iptables.fake import FakeClock, FakeIptables
+from felixpy.drivers.iptables.fake import FakeIptables
+from felixpy.testing.clock import FakeClock
 from felixpy.drivers.iptables.metrics import get_metrics
 from felixpy.drivers.iptables.table import IptablesTable
 from felixpy.errors import FatalDataplaneError
@@ -49,7 +50,7 @@ def make_table(fake: FakeIptables, clock: FakeClock, backend: str,
                registry: CollectorRegistry) -> Callable[..., IptablesTable]:
     def make(name: str = "filter", ip_version: int = 4, **kw: object) -> IptablesTable:
         kw.setdefault("features", StaticFeatures(FEATURES))
-        return IptablesTable(name, ip_version, runner=fake, backend=backend, clock=clock, sleep=clock.sleep,
+        return IptablesTable(name, ip_version, runner=fake, backend=backend, clock=clock.monotonic, sleep=clock.sleep,
                              metrics=get_metrics(registry), **kw)  # type: ignore[arg-type]
     return make
 

@@ -9,7 +9,8 @@ from prometheus_client import CollectorRegistry
 from felixpy.drivers.generictables.model import Accept, Chain, Drop, Jump, Match, Return, Rule
 from felixpy.drivers.iptables import render, savefile
 from felixpy.drivers.iptables.detect import Features, StaticFeatures
-from felixpy.drivers.iptables.fake import FakeClock, FakeIptables
+from felixpy.drivers.iptables.fake import FakeIptables
+from felixpy.testing.clock import FakeClock
 from felixpy.drivers.iptables.metrics import get_metrics
 from felixpy.drivers.iptables.table import IptablesTable
 
@@ -36,7 +37,7 @@ drift_st = st.one_of(
 
 def make(fake: FakeIptables, backend: str, clock: FakeClock, mode: str) -> IptablesTable:
     return IptablesTable("filter", 4, runner=fake, backend=backend, features=StaticFeatures(FEATURES),
-                         clock=clock, sleep=clock.sleep, insert_mode=mode, metrics=get_metrics(CollectorRegistry()))
+                         clock=clock.monotonic, sleep=clock.sleep, insert_mode=mode, metrics=get_metrics(CollectorRegistry()))
 
 
 def apply_drift(fake: FakeIptables, drift: tuple[str, str, int | None]) -> None:

@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from felixpy.config import Config
-from felixpy.dataplane.clock import FakeClock
+from felixpy.testing.clock import FakeClock
 from felixpy.dataplane.core import ApplyReport, InternalDataplane
 from felixpy.drivers.ipsets import IPSets
-from felixpy.drivers.ipsets.fake import FakeClock as IPSetClock
 from felixpy.drivers.ipsets.fake import FakeIPSet
 from felixpy.drivers.netlink.errors import LinkNotFound
 from felixpy.drivers.netlink.fake import FakeNetlink
@@ -164,7 +163,7 @@ class Node:
         self.nl = CountingNetlink(self.netlink)
         self.sysctls = CountingSysctls()
         self.sysctls.values["net/ipv4/conf/default/rp_filter"] = "1"
-        self.ipset_kernel = FakeIPSet(IPSetClock())
+        self.ipset_kernel = FakeIPSet(FakeClock())
         self.combiner = EndpointStatusCombiner()
         self.status: dict[tuple[str, str, str], str] = {}
         self.status_updates: list[EndpointStatus] = []
@@ -182,7 +181,7 @@ class Node:
         program_static(renderer, tables)
         clock = self.ipset_kernel.clock
         assert clock is not None
-        ipsets = IPSets(v, self.ipset_kernel, clock=clock, sleep=clock.sleep)
+        ipsets = IPSets(v, self.ipset_kernel, clock=clock.monotonic, sleep=clock.sleep)
         rt = None
         if self.route_sync:
             rt = RouteTable(ip_version=v, new_handle=self.nl.factory,

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from felixpy.config import Config
-from felixpy.dataplane.clock import FakeClock
+from felixpy.testing.clock import FakeClock
 from felixpy.dataplane.core import InternalDataplane
 from felixpy.dataplane.wiring import KernelDeps, build_dataplane
 from felixpy.drivers.cmdshim import CommandResult

@@ -6,15 +6,16 @@ from typing import Any
 
 import pytest
 
-from nft_helpers import Clock, Harness, inside_netns
+from nft_helpers import Harness, inside_netns
 
 from felixpy.drivers.nftables.fake import FakeNft
 from felixpy.drivers.nftables.shim import NftShim
+from felixpy.testing.clock import FakeClock
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock()
 
 
 @pytest.fixture
@@ -23,7 +24,7 @@ def fake() -> FakeNft:
 
 
 @pytest.fixture
-def make(clock: Clock) -> Callable[..., Harness]:
+def make(clock: FakeClock) -> Callable[..., Harness]:
     def _make(shim: NftShim, ip_version: int = 4, **kw: Any) -> Harness:
         return Harness(ip_version, shim, clock, **kw)
     return _make

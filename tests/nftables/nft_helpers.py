@@ -16,6 +16,7 @@ from felixpy.drivers.nftables.members import member_from_element
 from felixpy.drivers.nftables.names import LAYERS
 from felixpy.drivers.nftables.shim import NftShim
 from felixpy.drivers.nftables.table import NftablesTable
+from felixpy.testing.clock import FakeClock
 
 
 def family(v: int) -> str:
@@ -81,24 +82,19 @@ def tbl(v: int) -> dict[str, str]:
     return {"family": family(v), "table": "calico"}
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 class Harness:
-    """A root table and its layers over some shim, with a fake clock and recorded sleeps."""
+    """A root table and its layers over some shim, on a fake clock (its sleeps advance it and are recorded)."""
 
-    def __init__(self, ip_version: int, shim: NftShim, clock: Clock, **kw: Any) -> None:
+    def __init__(self, ip_version: int, shim: NftShim, clock: FakeClock, **kw: Any) -> None:
         self.ip_version = ip_version
         self.shim = shim
         self.clock = clock
-        self.sleeps: list[float] = []
-        self.root = NftablesTable(ip_version, shim, sleep=self.sleeps.append, now=clock, **kw)
+        self.root = NftablesTable(ip_version, shim, sleep=clock.sleep, now=clock.monotonic, **kw)
         self.layers = {name: NftablesLayer(name, self.root) for name in LAYERS}
+
+    @property
+    def sleeps(self) -> list[float]:
+        return self.clock.sleeps
 
     @property
     def filter(self) -> NftablesLayer:

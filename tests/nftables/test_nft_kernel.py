@@ -132,7 +132,7 @@ def test_drift_repaired(kernel_nft: NftShim, make: Callable[..., Harness], v: in
     good_sets = hp.sets(kernel_nft, v)
     _kernel_drift(v)[drift]()
     assert hp.chains(kernel_nft, v) != good or hp.sets(kernel_nft, v) != good_sets
-    h.clock.t += 181
+    h.clock.advance(181)
     h.root.apply()
     after = hp.chains(kernel_nft, v)
     assert {n: [c for _, c, _ in x["rules"]] for n, x in after.items()} == \

@@ -10,13 +10,14 @@ from felixpy.drivers.generictables.model import Accept, Chain, Jump, Match, Rule
 from felixpy.drivers.nftables.fake import FakeNft
 from felixpy.drivers.nftables.layer import NftablesLayer
 
-from nft_helpers import Clock, Harness
+from felixpy.testing.clock import FakeClock
+from nft_helpers import Harness
 
 BODY = (Rule(Match().conntrack_state("INVALID"), Accept()), Rule(Match(), Jump("cali-pi-x")))
 
 
 def test_chains_sharing_a_rule_tuple_share_the_namespaced_one() -> None:
-    h = Harness(4, FakeNft(), Clock())
+    h = Harness(4, FakeNft(), FakeClock())
     h.filter.update_chains([Chain("cali-tw-a", BODY), Chain("cali-tw-b", BODY), Chain("cali-pi-x", ())])
     chains = h.root._chains
     a, b = chains["filter-cali-tw-a"], chains["filter-cali-tw-b"]
@@ -28,7 +29,7 @@ def test_chains_sharing_a_rule_tuple_share_the_namespaced_one() -> None:
 
 def test_namespacing_memo_is_bounded_and_correct_after_eviction(monkeypatch: Any) -> None:
     monkeypatch.setattr("felixpy.drivers.nftables.layer.NS_MEMO_SIZE", 2)
-    h = Harness(6, FakeNft(), Clock())
+    h = Harness(6, FakeNft(), FakeClock())
     layer: NftablesLayer = h.filter
     bodies = [(Rule(Match(), Jump(f"cali-pi-{i}")),) for i in range(5)]
     for round_ in range(2):
@@ -65,7 +66,7 @@ def _big(h: Harness, n: int) -> None:
 
 def test_big_transactions_of_both_families_take_turns() -> None:
     shim = SlowScriptShim()
-    hs = [Harness(v, shim, Clock(), text_threshold=10) for v in (4, 6)]
+    hs = [Harness(v, shim, FakeClock(), text_threshold=10) for v in (4, 6)]
     for h in hs:
         _big(h, 20)
     threads = [threading.Thread(target=h.root.apply) for h in hs]

@@ -208,7 +208,7 @@ def test_drift_is_repaired_by_the_refresh(make: Callable[..., Harness], fake: Fa
     runs = fake.run_calls
     h.root.apply()                                   # memory is trusted until the refresh
     assert fake.run_calls == runs
-    h.clock.t += 181
+    h.clock.advance(181)
     h.root.apply()
     after = hp.chains(fake, 4)
     assert {n: [c for _, c, _ in x["rules"]] for n, x in after.items()} == \
@@ -449,11 +449,11 @@ def test_set_deletions_are_capped_per_transaction(make: Callable[..., Harness], 
 def test_refresh_delay_and_disabled_refresh(make: Callable[..., Harness], fake: FakeNft) -> None:
     h = make(fake)
     h.root.apply()
-    h.clock.t += 100
+    h.clock.advance(100)
     assert h.root.apply() == pytest.approx(80.0)
     h2 = make(FakeNft(), refresh_interval=0)
     assert h2.root.apply() is None
-    h2.clock.t += 10**6
+    h2.clock.advance(10**6)
     h2.root.apply()
     assert h2.shim.list_calls == 1    # type: ignore[attr-defined]
 

@@ -1,4 +1,4 @@
-"""Shared helpers for the routing tests: a fake clock, a recording conntrack runner."""
+"""Shared helpers for the routing tests: a recording conntrack runner, a main route table over the fake."""
 
 from __future__ import annotations
 
@@ -9,17 +9,7 @@ from felixpy.drivers.cmdshim import CommandResult
 from felixpy.drivers.netlink.fake import FakeNetlink
 from felixpy.drivers.routetable import MainTableOwnershipPolicy, RouteTable
 from felixpy.drivers.routetable.conntrack import ConntrackCleanupTracker, ConntrackFlusher
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from felixpy.testing.clock import FakeClock
 
 
 class ConntrackRecorder:
@@ -53,4 +43,4 @@ def main_table(fake: FakeNetlink, clock: FakeClock, *, ip_version: int = 4, runn
         ownership=MainTableOwnershipPolicy(workload_iface_prefixes=["cali"], device_route_protocol=device_proto,
                                            remove_external_routes=remove_external,
                                            vxlan_iface="vxlan.calico" if ip_version == 4 else "vxlan-v6.calico"),
-        static_arp=static_arp, conntrack=conntrack, clock=clock)
+        static_arp=static_arp, conntrack=conntrack, clock=clock.monotonic)

@@ -33,9 +33,8 @@ from felixpy.managers.ipip import IPIPManager
 from felixpy.managers.routeclass import RouteClass
 from felixpy.managers.vxlan import VXLANManager
 from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.testing.clock import FakeClock
 from felixpy.testing.netns import run_in
-
-from .helpers import FakeClock
 
 pytestmark = pytest.mark.kernel
 LW = RouteClass.LOCAL_WORKLOAD
@@ -59,7 +58,7 @@ def routes(ns: str, v: str = "-4") -> set[str]:
 def table(ns: str, clock: FakeClock, ip_version: int = 4, conntrack: ConntrackCleanupTracker | None = None,
           static_arp: bool = False) -> RouteTable:
     return RouteTable(
-        ip_version=ip_version, new_handle=lambda: PyrouteNetlink(ns), clock=clock, conntrack=conntrack,
+        ip_version=ip_version, new_handle=lambda: PyrouteNetlink(ns), clock=clock.monotonic, conntrack=conntrack,
         static_arp=static_arp,
         ownership=MainTableOwnershipPolicy(workload_iface_prefixes=["cali"], device_route_protocol=3,
                                            remove_external_routes=True,
@@ -196,7 +195,7 @@ def test_vxlan_manager_device_fdb_and_drift(netns: str, v: int) -> None:
     rt = table(ns, clock, v)
     fdb = VXLANFDB(ip_version=v, iface_name=dev, new_handle=factory)
     m = VXLANManager(cfg=Config(), hostname="node1", ip_version=v, route_table=rt, fdb=fdb, new_handle=factory,
-                     clock=clock)
+                     clock=clock.monotonic)
     m.on_update(pb.VXLANTunnelEndpointUpdate(**me))
     m.on_update(pb.VXLANTunnelEndpointUpdate(**peer))
     m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst=blk, dst_node_name="node2"))
@@ -381,7 +380,7 @@ def test_restart_without_drift_writes_nothing(netns: str) -> None:
 
     def new_table() -> RouteTable:
         rt = RouteTable(ip_version=4, new_handle=lambda: CountingHandle(PyrouteNetlink(ns), counts),  # type: ignore
-                        static_arp=True, clock=FakeClock(),
+                        static_arp=True, clock=FakeClock().monotonic,
                         ownership=MainTableOwnershipPolicy(workload_iface_prefixes=["cali"], device_route_protocol=3,
                                                            remove_external_routes=True))
         for i in range(3):
@@ -418,7 +417,7 @@ def test_v6_restart_without_drift_writes_nothing(netns: str) -> None:
 
     def new_table() -> RouteTable:
         rt = RouteTable(ip_version=6, new_handle=lambda: CountingHandle(PyrouteNetlink(ns), counts),  # type: ignore
-                        clock=FakeClock(), device_route_source_address="fd50::1",
+                        clock=FakeClock().monotonic, device_route_source_address="fd50::1",
                         ownership=MainTableOwnershipPolicy(workload_iface_prefixes=["cali"], device_route_protocol=3,
                                                            remove_external_routes=True))
         rt.set_routes(LW, "cali1", [Target(f"fd65::{k}/128") for k in range(1, 6)])

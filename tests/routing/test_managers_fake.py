@@ -21,7 +21,9 @@ from felixpy.managers.vxlan import VXLANManager
 from felixpy.managers.wireguard import WireguardManager, public_key_of
 from felixpy.proto import felixbackend_pb2 as pb
 
-from .helpers import FakeClock, main_table
+from felixpy.testing.clock import FakeClock
+
+from .helpers import main_table
 
 
 class FakeIPSets:
@@ -56,7 +58,7 @@ def vxlan_node(ip_version: int = 4, cfg: Config | None = None) -> tuple[FakeNetl
     ipsets = FakeIPSets()
     m = VXLANManager(cfg=cfg or Config(ExternalNodesCIDRList=("172.16.0.0/16",)), hostname="node1",
                      ip_version=ip_version, route_table=rt, fdb=fdb, new_handle=fake.factory, ipsets=ipsets,
-                     clock=clock)
+                     clock=clock.monotonic)
     return fake, m, ipsets, clock
 
 

@@ -15,7 +15,9 @@ from felixpy.errors import DataplaneError
 from felixpy.managers.base import IfaceState
 from felixpy.managers.routeclass import RouteClass
 
-from .helpers import ConntrackRecorder, FakeClock, main_table
+from felixpy.testing.clock import FakeClock
+
+from .helpers import ConntrackRecorder, main_table
 
 LW = RouteClass.LOCAL_WORKLOAD
 

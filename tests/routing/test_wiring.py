@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from felixpy.config import Config
-from felixpy.dataplane.clock import FakeClock
+from felixpy.testing.clock import FakeClock
 from felixpy.dataplane.core import InternalDataplane
 from felixpy.dataplane.wiring import KernelDeps, NoRouteTable, build_dataplane, wireguard_table_index
 from felixpy.drivers.netlink.fake import FakeNetlink

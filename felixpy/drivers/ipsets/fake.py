@@ -22,8 +22,8 @@ ipset 7.17's messages:
 Failure injection: :meth:`inject` makes the next matching command(s) fail
 (optionally part-way through a restore); :meth:`make_unlistable` marks a set
 ``ipset list``/``save`` cannot print (as a set made by a newer ipset).  Every
-call is recorded in :attr:`calls`.  :class:`FakeClock` is an injectable clock
-and sleep; :attr:`FakeIPSet.cost` advances it per command, to test time budgets.
+call is recorded in :attr:`calls`.  Given a :class:`~felixpy.testing.clock.FakeClock`,
+:attr:`FakeIPSet.cost` advances it per command, to test time budgets.
 """
 
 from __future__ import annotations
@@ -34,28 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from felixpy.drivers.cmdshim import CommandResult
+from felixpy.testing.clock import FakeClock
 
 VERSION = "ipset v7.17"
 _REVISIONS = {"hash:ip": 6, "hash:net": 7, "hash:ip,port": 7}
 _ADT = frozenset({"add", "del", "test"})
-
-
-class FakeClock:
-    """A manual clock: ``clock()`` reads it, ``clock.sleep(s)`` advances it and records the sleep."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 @dataclass(slots=True)

@@ -21,8 +21,8 @@ It behaves like the real tools where the table relies on them:
 
 Failure injection: :attr:`fail_next_restores`, :attr:`fail_all_restores`,
 :attr:`lock_timeout_next_restores`, :attr:`fail_next_saves`,
-:attr:`fail_all_saves`, :attr:`nft_incompatible`.  :class:`FakeClock` gives the
-table a clock and a sleep that only advance virtual time.
+:attr:`fail_all_saves`, :attr:`nft_incompatible`.  Tests give the table
+:class:`~felixpy.testing.clock.FakeClock`'s ``monotonic`` and ``sleep``, which only advance virtual time.
 """
 
 from __future__ import annotations
@@ -47,24 +47,6 @@ _LONG_TO_SHORT = {"--jump": "-j", "--goto": "-g", "--in-interface": "-i", "--out
                   "--source": "-s", "--destination": "-d", "--protocol": "-p"}
 _FIRST_OPTS = ("-s", "-d", "-i", "-o", "-p")
 LOCK_MESSAGE = "Another app is currently holding the xtables lock. Stopped waiting after 10s."
-
-
-class FakeClock:
-    """Virtual time: ``clock()`` reads it, ``sleep(s)`` advances it and records the sleep."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass(slots=True, eq=False)
