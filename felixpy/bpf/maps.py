@@ -1,4 +1,4 @@
-"""The BPF maps felixpy shares with its programs: specs, pinned wrappers, and in-memory fakes.
+"""The BPF maps felixpy shares with its programs: specs and pinned wrappers (the fake is in :mod:`felixpy.bpf.fake`).
 
 What it owns: every map in :data:`TC_MAP_SPECS`, pinned as ``<pin root>/<name>``.  The pin root
 defaults to ``/sys/fs/bpf/tc/globals`` (Felix's ``bpfdefs.GlobalPinDir``) and is configurable
@@ -127,7 +127,7 @@ def _to_bytes(v: Any, size: int) -> bytes:
 
 
 class BPFMap(Protocol):
-    """What both the kernel-backed :class:`Map` and :class:`FakeMap` offer."""
+    """What both the kernel-backed :class:`Map` and :class:`felixpy.bpf.fake.FakeMap` offer."""
 
     spec: MapSpec
 
@@ -139,7 +139,9 @@ class BPFMap(Protocol):
     def clear(self) -> int: ...
 
 
-class _Typed:
+class MapCodec:
+    """Typed keys/values over raw bytes, shared by :class:`Map` and the in-memory fake."""
+
     spec: MapSpec
 
     def _key(self, key: Any) -> bytes:
@@ -173,7 +175,7 @@ class _Typed:
         return self.spec.value_size
 
 
-class Map(_Typed):
+class Map(MapCodec):
     """A kernel map, addressed through typed keys/values (ctypes objects, ints or bytes).
 
     Per-CPU maps return a list (one value per possible CPU) from :meth:`get`; :meth:`set` with
@@ -268,83 +270,6 @@ class Map(_Typed):
             raise
         m.path = path
         return m
-
-
-class FakeMap(_Typed):
-    """In-memory stand-in with the same interface and semantics: hash, array, LPM-trie
-    longest-prefix lookup, per-CPU lists, ``max_entries`` (E2BIG when full), update flags."""
-
-    def __init__(self, spec: MapSpec) -> None:
-        self.spec = spec
-        self._d: dict[bytes, bytes] = {}
-        if spec.map_type in (sc.MAP_TYPE_ARRAY, sc.MAP_TYPE_PERCPU_ARRAY):
-            zero = self._encode_value(bytes(spec.value_size))
-            for i in range(spec.max_entries):
-                self._d[i.to_bytes(4, "little")] = zero
-        self.fail_next_update: int | None = None  # failure injection: errno for the next set()
-
-    def _lpm_lookup(self, key: bytes) -> bytes | None:
-        want_bits = int.from_bytes(key[:4], "little")
-        data = key[4:]
-        best: tuple[int, bytes] | None = None
-        for k, v in self._d.items():
-            plen = int.from_bytes(k[:4], "little")
-            if plen > want_bits:
-                continue
-            if _prefix_equal(k[4:], data, plen) and (best is None or plen > best[0]):
-                best = (plen, v)
-        return None if best is None else best[1]
-
-    def get(self, key: Any) -> Any:
-        kb = self._key(key)
-        raw = self._lpm_lookup(kb) if self.spec.map_type == sc.MAP_TYPE_LPM_TRIE else self._d.get(kb)
-        return None if raw is None else self._decode_value(raw)
-
-    def set(self, key: Any, value: Any, flags: int = sc.ANY) -> None:
-        if self.fail_next_update is not None:
-            err, self.fail_next_update = self.fail_next_update, None
-            raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", err)
-        kb = self._key(key)
-        exists = kb in self._d
-        if flags == sc.NOEXIST and exists:
-            raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", errno.EEXIST)
-        if flags == sc.EXIST and not exists:
-            raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", errno.ENOENT)
-        if self.spec.map_type in (sc.MAP_TYPE_ARRAY, sc.MAP_TYPE_PERCPU_ARRAY, sc.MAP_TYPE_PROG_ARRAY):
-            if int.from_bytes(kb, "little") >= self.spec.max_entries:
-                raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", errno.E2BIG)
-        elif not exists and len(self._d) >= self.spec.max_entries:
-            raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", errno.E2BIG)
-        self._d[kb] = self._encode_value(value)
-
-    def delete(self, key: Any) -> bool:
-        return self._d.pop(self._key(key), None) is not None
-
-    def keys(self) -> Iterator[Any]:
-        for k in list(self._d):
-            yield self._decode_key(k)
-
-    def items(self) -> Iterator[tuple[Any, Any]]:
-        for k, v in list(self._d.items()):
-            yield self._decode_key(k), self._decode_value(v)
-
-    def clear(self) -> int:
-        n = len(self._d)
-        self._d.clear()
-        return n
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-
-def _prefix_equal(a: bytes, b: bytes, bits: int) -> bool:
-    full, rem = divmod(bits, 8)
-    if a[:full] != b[:full]:
-        return False
-    if rem:
-        mask = (0xFF << (8 - rem)) & 0xFF
-        return (a[full] & mask) == (b[full] & mask)
-    return True
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from felixpy.bpf import maps
 from felixpy.bpf import maptypes as mt
 from felixpy.bpf import syscall as sc
 from felixpy.bpf.errors import BPFSyscallError
+from felixpy.bpf.fake import FakeMap
 
 SMALL_LPM = maps.IPSETS4.sized(16)
 SMALL_HASH = maps.IFSTATE.sized(2)
@@ -41,13 +42,13 @@ def ops(m: maps.BPFMap) -> list[object]:
 
 
 def test_fake_lpm_semantics() -> None:
-    obs = ops(maps.FakeMap(SMALL_LPM))
+    obs = ops(FakeMap(SMALL_LPM))
     assert obs[:6] == [2, 1, None, 3, None, None]
     assert obs[6] == errno.EEXIST and obs[7:9] == [True, False]
 
 
 def test_fake_hash_limits_and_failure_injection() -> None:
-    m = maps.FakeMap(SMALL_HASH)
+    m = FakeMap(SMALL_HASH)
     m.set(1, mt.ifstate_value(1))
     m.set(2, mt.ifstate_value(2))
     with pytest.raises(BPFSyscallError) as ei:
@@ -62,7 +63,7 @@ def test_fake_hash_limits_and_failure_injection() -> None:
 
 
 def test_fake_percpu() -> None:
-    m = maps.FakeMap(COUNTERS)
+    m = FakeMap(COUNTERS)
     maps.ensure_counters(m, 5, 0)
     maps.ensure_counters(m, 5, 0)  # idempotent
     assert maps.counters_total(m, 5, 0) == [0] * 27
@@ -76,7 +77,7 @@ def test_kernel_map_matches_fake() -> None:
         pytest.skip("needs root")
     real = maps.Map.create(SMALL_LPM)
     try:
-        assert ops(real) == ops(maps.FakeMap(SMALL_LPM))
+        assert ops(real) == ops(FakeMap(SMALL_LPM))
     finally:
         real.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from felixpy.bpf import maps
 from felixpy.bpf import maptypes as mt
+from felixpy.bpf.fake import FakeMap
 from felixpy.bpf.ipsets import BPFIPSets, IPSetIDAllocator, member_key
 
 
@@ -27,7 +28,7 @@ def test_member_keys() -> None:
 
 
 def test_writer_applies_deltas() -> None:
-    m = maps.FakeMap(maps.IPSETS4.sized(100))
+    m = FakeMap(maps.IPSETS4.sized(100))
     ids = IPSetIDAllocator()
     w = BPFIPSets(m, ids, v6=False)
     w.replace("s:a", ["10.0.0.0/24", "10.1.0.1", "fd00::1"])
@@ -45,7 +46,7 @@ def test_writer_applies_deltas() -> None:
 
 
 def test_writer_sweeps_unknown_entries_on_first_apply() -> None:
-    m = maps.FakeMap(maps.IPSETS4.sized(100))
+    m = FakeMap(maps.IPSETS4.sized(100))
     m.set(mt.ipset_key(12345, "10.9.9.9"), 1)  # left over by a previous process
     w = BPFIPSets(m, IPSetIDAllocator(), v6=False)
     w.replace("s:a", ["10.0.0.1"])

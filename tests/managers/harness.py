@@ -45,7 +45,7 @@ from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import RendererOptions, RuleRenderer
 from felixpy.rules.ipset_names import main_ipset_name
 from felixpy.dataplane.wiring import program_static_chains
-from felixpy.testing.faketable import FakeTable, fake_tables
+from felixpy.drivers.generictables.fake import FakeTable, fake_tables
 
 GNP = "GlobalNetworkPolicy"
 

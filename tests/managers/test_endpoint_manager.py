@@ -15,7 +15,7 @@ from felixpy.managers.base import IfaceState, IfaceStateUpdate
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import trace_dispatch
 from felixpy.rules.names import CHAIN_FROM_WORKLOAD_DISPATCH, CHAIN_TO_WORKLOAD_DISPATCH
-from felixpy.testing.faketable import FakeTable
+from felixpy.drivers.generictables.fake import FakeTable
 
 from .harness import (
     Node,
@@ -542,7 +542,7 @@ def test_nftables_mode_dispatches_through_verdict_maps(v: int) -> None:
     from felixpy.managers.endpoints import EndpointManager
     from felixpy.managers.status import EndpointStatusCombiner
     from felixpy.rules import RuleRenderer
-    from felixpy.testing.faketable import fake_tables
+    from felixpy.drivers.generictables.fake import fake_tables
 
     from .harness import program_start_of_day
 

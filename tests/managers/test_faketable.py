@@ -7,7 +7,7 @@ import pytest
 from felixpy.drivers.generictables.model import Accept, Chain, Drop, Goto, Jump, Match, Rule
 from felixpy.drivers.generictables.table import MapMetadata, MapsDataplane, Table
 from felixpy.errors import DataplaneError
-from felixpy.testing.faketable import DanglingReferenceError, FakeTable
+from felixpy.drivers.generictables.fake import DanglingReferenceError, FakeTable
 
 
 def jump(*targets: str) -> tuple[Rule, ...]:
@@ -148,7 +148,7 @@ def test_referenced_ip_sets() -> None:
 
 @pytest.mark.parametrize("net", ["fd00::/64", "not-a-net"])
 def test_rule_with_a_net_the_kernel_would_refuse_fails_the_apply(net: str) -> None:
-    from felixpy.testing.faketable import InvalidRuleError
+    from felixpy.drivers.generictables.fake import InvalidRuleError
 
     t = FakeTable("filter", 4)
     t.update_chain(Chain("cali-a", (Rule(Match().source_net(net), Accept()),)))

@@ -13,7 +13,7 @@ from felixpy.managers.policy import PolicyManager
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import PolicyID, RuleRenderer, TierPolicyGroups, group_policies
 from felixpy.rules.groups import INBOUND
-from felixpy.testing.faketable import FakeTable, fake_tables
+from felixpy.drivers.generictables.fake import FakeTable, fake_tables
 
 from .harness import GNP, policy, policy_remove, profile, profile_remove, program_start_of_day, rule
 

@@ -1,0 +1,96 @@
+"""An in-memory fake of a BPF map (:class:`FakeMap`) for tests, with the kernel's semantics.
+
+It offers the :class:`~felixpy.bpf.maps.BPFMap` interface over a dict of raw key/value bytes,
+encoded exactly as :class:`~felixpy.bpf.maps.Map` encodes them for the kernel: hash and array
+maps (arrays pre-filled with zeros, out-of-range index is E2BIG), LPM-trie longest-prefix lookup,
+per-CPU values as lists, ``max_entries`` (E2BIG when a new key would not fit) and the update
+flags (``NOEXIST``/``EXIST``).  Failure injection: :attr:`FakeMap.fail_next_update`.
+``tests/bpf/test_fakemap.py`` checks parity with the kernel for the same operations.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+from typing import Any
+
+from felixpy.bpf import syscall as sc
+from felixpy.bpf.errors import BPFSyscallError
+from felixpy.bpf.maps import MapCodec, MapSpec
+
+
+class FakeMap(MapCodec):
+    """In-memory stand-in with the same interface and semantics: hash, array, LPM-trie
+    longest-prefix lookup, per-CPU lists, ``max_entries`` (E2BIG when full), update flags."""
+
+    def __init__(self, spec: MapSpec) -> None:
+        self.spec = spec
+        self._d: dict[bytes, bytes] = {}
+        if spec.map_type in (sc.MAP_TYPE_ARRAY, sc.MAP_TYPE_PERCPU_ARRAY):
+            zero = self._encode_value(bytes(spec.value_size))
+            for i in range(spec.max_entries):
+                self._d[i.to_bytes(4, "little")] = zero
+        self.fail_next_update: int | None = None  # failure injection: errno for the next set()
+
+    def _lpm_lookup(self, key: bytes) -> bytes | None:
+        want_bits = int.from_bytes(key[:4], "little")
+        data = key[4:]
+        best: tuple[int, bytes] | None = None
+        for k, v in self._d.items():
+            plen = int.from_bytes(k[:4], "little")
+            if plen > want_bits:
+                continue
+            if _prefix_equal(k[4:], data, plen) and (best is None or plen > best[0]):
+                best = (plen, v)
+        return None if best is None else best[1]
+
+    def get(self, key: Any) -> Any:
+        kb = self._key(key)
+        raw = self._lpm_lookup(kb) if self.spec.map_type == sc.MAP_TYPE_LPM_TRIE else self._d.get(kb)
+        return None if raw is None else self._decode_value(raw)
+
+    def set(self, key: Any, value: Any, flags: int = sc.ANY) -> None:
+        if self.fail_next_update is not None:
+            err, self.fail_next_update = self.fail_next_update, None
+            raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", err)
+        kb = self._key(key)
+        exists = kb in self._d
+        if flags == sc.NOEXIST and exists:
+            raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", errno.EEXIST)
+        if flags == sc.EXIST and not exists:
+            raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", errno.ENOENT)
+        if self.spec.map_type in (sc.MAP_TYPE_ARRAY, sc.MAP_TYPE_PERCPU_ARRAY, sc.MAP_TYPE_PROG_ARRAY):
+            if int.from_bytes(kb, "little") >= self.spec.max_entries:
+                raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", errno.E2BIG)
+        elif not exists and len(self._d) >= self.spec.max_entries:
+            raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", errno.E2BIG)
+        self._d[kb] = self._encode_value(value)
+
+    def delete(self, key: Any) -> bool:
+        return self._d.pop(self._key(key), None) is not None
+
+    def keys(self) -> Iterator[Any]:
+        for k in list(self._d):
+            yield self._decode_key(k)
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        for k, v in list(self._d.items()):
+            yield self._decode_key(k), self._decode_value(v)
+
+    def clear(self) -> int:
+        n = len(self._d)
+        self._d.clear()
+        return n
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+def _prefix_equal(a: bytes, b: bytes, bits: int) -> bool:
+    full, rem = divmod(bits, 8)
+    if a[:full] != b[:full]:
+        return False
+    if rem:
+        mask = (0xFF << (8 - rem)) & 0xFF
+        return (a[full] & mask) == (b[full] & mask)
+    return True
