@@ -9,8 +9,11 @@ ROOT=$(pwd)
 VENV=${VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3}
 
+# gcc + libbpf-dev: tests/bpf/test_syscall.py compiles a C probe against libbpf's headers to check
+# the ctypes mirrors of its structs.
 APT_PKGS=(python3-bpfcc libbpfcc linux-headers-amd64 bpftool nftables libnftables1
-          python3-nftables iptables ipset iproute2 iputils-ping conntrack ncat procps)
+          python3-nftables iptables ipset iproute2 iputils-ping conntrack ncat procps
+          gcc libbpf-dev)
 
 need_apt=0
 for p in "${APT_PKGS[@]}"; do

@@ -52,7 +52,7 @@ def test_worker_loaded_programs_work() -> None:
     """Variants compiled in a worker process run in this one (fds passed over SCM_RIGHTS)."""
     if os.geteuid() != 0:
         pytest.skip("needs root")
-    pytest.importorskip("bcc")
+    import bcc  # noqa: F401  - installed by make setup: missing must fail, not skip
     with maps.private_bpffs() as root:
         ms = maps.MapSet(root, sizes={"cali_v4_ct4": 256, "cali_v6_ct4": 256,
                                       "cali_counters6": 64}).ensure()

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from felixpy.bpf import from_proto as fp
 from felixpy.bpf.policy_ir import Action, PortRange
-
-pb = pytest.importorskip("felixpy.proto.felixbackend_pb2")
+from felixpy.proto import felixbackend_pb2 as pb
 
 
 def _pid(name: str, kind: str = "GlobalNetworkPolicy", ns: str = "") -> object:

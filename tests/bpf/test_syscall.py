@@ -83,8 +83,9 @@ EXTRA: dict[type[ctypes.Structure], dict[str, str]] = {
 
 def test_structs_match_c_headers(tmp_path: Path) -> None:
     cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None or not Path("/usr/include/bpf/bpf.h").exists():
-        pytest.skip("needs a C compiler and libbpf's headers (libbpf-dev)")
+    # Installed by scripts/setup.sh (make setup); their absence is a broken setup, not a skip.
+    assert cc is not None, "no C compiler: run make setup (installs gcc)"
+    assert Path("/usr/include/bpf/bpf.h").exists(), "no libbpf headers: run make setup (installs libbpf-dev)"
     checks: list[tuple[str, int]] = []  # (C expression, the value the ctypes mirror has)
     lines = ["#include <stdio.h>", "#include <stddef.h>", "#include <bpf/bpf.h>",
              "#include <linux/bpf.h>", "int main(void) {"]

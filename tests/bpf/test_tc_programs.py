@@ -479,8 +479,8 @@ def test_debug_and_fast_agree_on_many_packets(env: BPFTestEnv) -> None:
 
 def test_policy_from_proto_through_the_chain(env: BPFTestEnv) -> None:
     """felixbackend messages -> IR -> bytecode -> verdicts on real packets."""
-    pb = pytest.importorskip("felixpy.proto.felixbackend_pb2")
     from felixpy.bpf import from_proto as fp
+    from felixpy.proto import felixbackend_pb2 as pb
 
     wl, remote, other = ips(False)
     pid = pb.PolicyID(name="web", namespace="prod", kind="NetworkPolicy")

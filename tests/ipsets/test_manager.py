@@ -106,10 +106,20 @@ def test_bad_input_is_logged_with_the_set_id_and_the_rest_programmed(kernel: Fak
     assert problems == [("error", "s:weird"), ("warning", "s:ok"), ("warning", "s:ok"), ("warning", "s:weird")]
 
 
-def test_other_messages_are_ignored(kernel: FakeIPSet) -> None:
-    m = IPSetsManager("ipv4", drivers(kernel)[0], 1048576)
-    m.on_update(pb.ConfigUpdate()) if hasattr(pb, "ConfigUpdate") else m.on_update(object())
-    m.on_update("nonsense")
+def test_other_messages_leave_the_ip_sets_alone(kernel: FakeIPSet) -> None:
+    v4, v6 = drivers(kernel)
+    m = IPSetsManager("all", [v4, v6], 1048576)
+    m.on_update(update("s:a", ["10.0.0.1", "fd00::1"]))
+    apply(v4, v6)
+    before = {name: kernel.members(name) for name in kernel.sets}
+    assert before == {"cali40s:a": {"10.0.0.1"}, "cali60s:a": {"fd00::1"}}
+    for msg in (pb.ConfigUpdate(config={"MaxIpsetSize": "1"}), pb.InSync(),
+                pb.ActivePolicyRemove(id=pb.PolicyID(name="s:a")), pb.NamespaceRemove(id=pb.NamespaceID(name="s:a")),
+                pb.IPAMPoolUpdate(id="s:a", pool=pb.IPAMPool(cidr="10.0.0.0/8")), "nonsense", object()):
+        m.on_update(msg)
+    apply(v4, v6)
+    assert {name: kernel.members(name) for name in kernel.sets} == before
+    assert m.get_ip_set_type("s:a") is IPSetType.HASH_IP
 
 
 def test_split_by_family() -> None:

@@ -11,8 +11,6 @@ Two kinds of evidence:
 
 from __future__ import annotations
 
-import pytest
-
 from felixpy.drivers.generictables.model import (
     Chain,
     ClearMark,
@@ -24,6 +22,7 @@ from felixpy.drivers.generictables.model import (
     Rule,
     SetMark,
 )
+from felixpy.drivers.iptables import detect, render
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import RendererOptions, RuleRenderer, tiers_from_proto
 from felixpy.rules.names import PolicyID
@@ -87,8 +86,6 @@ def test_chain_names_and_structure() -> None:
 
 
 # ---------------------------------------------------------------------------- cali: hashes
-render = pytest.importorskip("felixpy.drivers.iptables.render")
-detect = pytest.importorskip("felixpy.drivers.iptables.detect")
 FEATURES = detect.Features(SNATFullyRandom=True, MASQFullyRandom=True, RestoreSupportsLock=True, NFLogSize=True)
 
 

@@ -11,6 +11,7 @@ import hashlib
 
 import pytest
 
+from felixpy.drivers.ipsets.naming import IPVersionConfig
 from felixpy.rules import nflog
 from felixpy.rules.ipset_names import main_ipset_name, owns_ipset, temp_ipset_name
 from felixpy.rules.names import (
@@ -138,9 +139,8 @@ def test_ipset_names() -> None:
 
 
 def test_ipset_names_agree_with_the_ipset_driver() -> None:
-    naming = pytest.importorskip("felixpy.drivers.ipsets.naming")
     for v in (4, 6):
-        cfg = naming.IPVersionConfig(v)
+        cfg = IPVersionConfig(v)
         for set_id in ("this-host", "s:" + "q" * 40, "svc:abc", "n:x"):
             assert cfg.name_for_main(set_id) == main_ipset_name(set_id, v)
         for name in ("cali40a", "cali60a", "felix-4x", "felix-6x", "felix-masq-ipam-pools", "calico", "cali4t1"):
