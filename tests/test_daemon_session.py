@@ -1,0 +1,381 @@
+"""The daemon's session logic in-process: feeds, config, build, status — without sockets or root.
+
+A :class:`FakeFeed` plays the part httpx's ``MockTransport`` plays for a client: the test posts
+the events a transport would post (``FeedOpened``, ``FeedMessages``, ``FeedClosed``) onto the
+daemon's queue and reads back what the daemon sent on the feed.  The daemon is the real one with
+the real :func:`~felixpy.dataplane.wiring.build_dataplane`, over stateful fake kernels (iptables
+save/restore, ipset, netlink, sysctls) that outlive each dataplane the way the kernel outlives a
+feed, and on the one :class:`~felixpy.testing.clock.FakeClock`.
+
+The runner is stepped one batch at a time (``Daemon._iterate``: drain a batch, then tick), so
+every assertion sees the state after the daemon has handled exactly what was posted.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from felixpy import config as configmod
+from felixpy.config import Config
+from felixpy.daemon import EXIT_FATAL, EXIT_OK, EXIT_USAGE, Daemon, Stop
+from felixpy.dataplane.core import InternalDataplane
+from felixpy.dataplane.wiring import KernelDeps, build_dataplane
+from felixpy.drivers.cmdshim import CommandResult
+from felixpy.drivers.ipsets.fake import FakeIPSet
+from felixpy.drivers.iptables.fake import FakeIptables
+from felixpy.drivers.netlink.fake import FakeNetlink
+from felixpy.drivers.procsys import FakeSysctls
+from felixpy.managers.base import IfaceState, IfaceStateUpdate
+from felixpy.messages import from_payload_of, to_dataplane
+from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.testing.clock import FakeClock
+from felixpy.transports.base import FeedClosed, FeedMessages, FeedOpened
+
+START = 1000.0
+
+
+class FakeFeed:
+    """One feed's far end: records what the daemon sends; closing is observable."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.sent: list[pb.FromDataplane] = []
+        self.closed = False
+        self._seq = itertools.count()
+
+    def send(self, msg: pb.FromDataplane) -> None:
+        if not self.closed:  # as the real feeds: dropped once closed
+            self.sent.append(msg)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def envelopes(self, payloads: Sequence[Any]) -> list[pb.ToDataplane]:
+        return [to_dataplane(next(self._seq), p) for p in payloads]
+
+    def received(self, kind: str) -> list[Any]:
+        """Payloads of one FromDataplane field (e.g. "dataplane_in_sync"), in order."""
+        return [p for name, p in map(from_payload_of, self.sent) if name == kind]
+
+
+class NoConntrackFlows:
+    """``conntrack`` with no flows to delete."""
+
+    def run(self, argv: Sequence[str], stdin: str | None = None) -> CommandResult:
+        return CommandResult(1, "", "0 flow entries have been deleted.", tuple(argv))
+
+
+class FakeKernel:
+    """The node's kernel state, shared by every dataplane the daemon builds."""
+
+    def __init__(self) -> None:
+        self.iptables = FakeIptables(default_backend="legacy")
+        self.ipset = FakeIPSet()
+        self.netlink = FakeNetlink()
+        self.sysctls = FakeSysctls()
+
+    def deps(self) -> KernelDeps:
+        return KernelDeps(iptables_runner=self.iptables, ipset_runner=self.ipset, sysctls=self.sysctls,
+                          netlink_factory=self.netlink.factory, conntrack_runner=NoConntrackFlows(),
+                          iptables_backend="legacy")
+
+    def workload_iface(self, name: str) -> IfaceStateUpdate:
+        link = self.netlink.add_link(name)
+        self.sysctls.add_iface(name)
+        return IfaceStateUpdate(name, IfaceState.UP, link.index)
+
+    def chains(self, table: str = "filter") -> set[str]:
+        text = self.iptables.save(table, 4, "legacy")
+        return {line[1:].split()[0] for line in text.splitlines() if line.startswith(":cali")}
+
+    def snapshot(self) -> tuple[dict[str, str], dict[str, set[str]]]:
+        tables = {t: self.iptables.save(t, 4, "legacy") for t in ("raw", "mangle", "filter", "nat")}
+        return tables, {name: self.ipset.members(name) for name in self.ipset.sets}
+
+
+class Node:
+    """A real :class:`Daemon` over a :class:`FakeKernel`, stepped by hand."""
+
+    def __init__(self, *, iface_monitor: bool = True, **daemon_kw: Any) -> None:
+        self.kernel = FakeKernel()
+        self.clock = FakeClock(START)
+        self.builds: list[InternalDataplane] = []
+        # environ={}: the test process's FELIX_* variables must not leak into the config.
+        self.daemon = Daemon(build=self._build, clock=self.clock, environ={}, **daemon_kw)
+        self.monitor = self.daemon.iface_callbacks() if iface_monitor else None
+        self._names = itertools.count(1)
+
+    def _build(self, cfg: Config, **kw: Any) -> InternalDataplane:
+        dp = build_dataplane(cfg, deps=self.kernel.deps(), **kw)
+        self.builds.append(dp)
+        return dp
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.daemon.exit_code
+
+    def pump(self) -> None:
+        """Let the runner handle everything posted so far (batch by batch, each followed by a tick)."""
+        while not self.daemon.events.empty() and self.daemon.exit_code is None:
+            self.daemon._iterate()
+
+    def open(self) -> FakeFeed:
+        feed = FakeFeed(f"fake-{next(self._names)}")
+        self.daemon.events.put(FeedOpened(feed))
+        self.pump()
+        return feed
+
+    def send(self, feed: FakeFeed, *payloads: Any) -> None:
+        self.daemon.events.put(FeedMessages(feed, feed.envelopes(payloads)))
+        self.pump()
+
+    def close(self, feed: FakeFeed, error: str | None = None) -> None:
+        self.daemon.events.put(FeedClosed(feed, error))
+        self.pump()
+
+    def iface_up(self, name: str) -> None:
+        assert self.monitor is not None
+        self.monitor["on_state"](self.kernel.workload_iface(name))
+        self.pump()
+
+    def iface_in_sync(self) -> None:
+        assert self.monitor is not None
+        self.monitor["on_in_sync"]()
+        self.pump()
+
+    def tick(self, seconds: float) -> None:
+        """Let virtual time pass and wake the runner once (an event it ignores, then its tick)."""
+        self.clock.advance(seconds)
+        self.daemon.events.put(object())
+        self.pump()
+
+    def stop(self) -> int:
+        self.daemon.events.put(Stop("test"))
+        return self.daemon.run()
+
+
+@pytest.fixture
+def node() -> Iterator[Node]:
+    n = Node()
+    yield n
+    if n.exit_code is None:
+        n.stop()
+    for dp in n.builds:
+        dp.close()
+
+
+def config(**params: str) -> pb.ConfigUpdate:
+    return pb.ConfigUpdate(config={"ReportingIntervalSecs": "0", **params})
+
+
+def wid(name: str) -> pb.WorkloadEndpointID:
+    return pb.WorkloadEndpointID(orchestrator_id="k8s", workload_id=f"default/{name}", endpoint_id="eth0")
+
+
+def wep(name: str, ip: str) -> pb.WorkloadEndpointUpdate:
+    return pb.WorkloadEndpointUpdate(id=wid(name), endpoint=pb.WorkloadEndpoint(
+        state="active", name=f"cali{name}", ipv4_nets=[ip], profile_ids=["kns.default"]))
+
+
+PROFILE = pb.ActiveProfileUpdate(id=pb.ProfileID(name="kns.default"), profile=pb.Profile(
+    inbound_rules=[pb.Rule(action="allow")], outbound_rules=[pb.Rule(action="allow")]))
+CLIENTS = pb.IPSetUpdate(id="s:clients", members=["10.65.0.2"], type=pb.IPSetUpdate.IP)
+
+
+def start_of_day(node: Node, feed: FakeFeed, *extra: Any) -> None:
+    node.send(feed, config(), CLIENTS, PROFILE, wep("a", "10.65.0.1/32"), *extra, pb.InSync())
+
+
+# ------------------------------------------------------------------------------------ start of day
+def test_nothing_reaches_the_kernel_before_in_sync(node: Node) -> None:
+    node.iface_up("calia")
+    node.iface_in_sync()
+    feed = node.open()
+    node.send(feed, config(), CLIENTS, PROFILE, wep("a", "10.65.0.1/32"))
+    assert len(node.builds) == 1  # the config arrived: the dataplane is built...
+    assert node.kernel.chains() == set() and node.kernel.ipset.sets == {}  # ...but programs nothing
+    assert feed.sent == []
+
+    node.send(feed, pb.InSync())
+    assert {"cali-FORWARD", "cali-tw-calia", "cali-fw-calia", "cali-pri-kns.default"} <= node.kernel.chains()
+    assert node.kernel.ipset.members("cali40s:clients") == {"10.65.0.2"}
+    assert len(feed.received("dataplane_in_sync")) == 1
+    assert [u.id for u in feed.received("workload_endpoint_status_update")] == [wid("a")]
+    assert feed.received("workload_endpoint_status_update")[0].status.status == "up"
+    assert [m.sequence_number for m in feed.sent] == list(range(len(feed.sent)))  # numbered from 0
+
+
+def test_the_interface_monitor_must_be_in_sync_too(node: Node) -> None:
+    feed = node.open()
+    start_of_day(node, feed)
+    assert node.kernel.chains() == set() and feed.received("dataplane_in_sync") == []
+    node.iface_up("calia")
+    assert node.kernel.chains() == set()
+    node.iface_in_sync()
+    assert "cali-tw-calia" in node.kernel.chains()
+    assert len(feed.received("dataplane_in_sync")) == 1
+
+
+def test_without_an_interface_monitor_in_sync_alone_applies() -> None:
+    n = Node(iface_monitor=False)
+    try:
+        feed = n.open()
+        start_of_day(n, feed)
+        assert "cali-tw-calia" in n.kernel.chains()
+        assert feed.received("workload_endpoint_status_update")[0].status.status == "down"  # never seen up
+    finally:
+        n.stop()
+        for dp in n.builds:
+            dp.close()
+
+
+def test_in_sync_without_a_config_builds_with_the_defaults(node: Node) -> None:
+    node.iface_in_sync()
+    feed = node.open()
+    node.send(feed, CLIENTS)
+    assert node.builds == []  # buffered until the config is known
+    node.send(feed, pb.InSync())
+    (dp,) = node.builds
+    assert dp.config == configmod.load({}, environ={})[0]
+    assert node.kernel.ipset.members("cali40s:clients") == {"10.65.0.2"}  # the buffer was replayed
+    assert len(feed.received("dataplane_in_sync")) == 1
+
+
+def test_endpoint_removal_is_reported(node: Node) -> None:
+    node.iface_up("calia")
+    node.iface_in_sync()
+    feed = node.open()
+    start_of_day(node, feed)
+    node.send(feed, pb.WorkloadEndpointRemove(id=wid("a")))
+    assert [r.id for r in feed.received("workload_endpoint_status_remove")] == [wid("a")]
+    assert "cali-tw-calia" not in node.kernel.chains()
+
+
+# ------------------------------------------------------------------------------------ status
+def test_process_status_is_reported_on_the_injected_clock(node: Node) -> None:
+    node.iface_in_sync()
+    feed = node.open()
+    node.send(feed, config(ReportingIntervalSecs="5"), pb.InSync())
+    node.tick(4.9)
+    assert feed.received("process_status_update") == []
+    node.tick(0.1)
+    (status,) = feed.received("process_status_update")
+    assert status.uptime == pytest.approx(5.0)  # virtual seconds since the daemon started
+    assert status.iso_timestamp.endswith("+00:00")
+    node.tick(5.0)
+    assert [s.uptime for s in feed.received("process_status_update")] == pytest.approx([5.0, 10.0])
+
+
+def test_reporting_interval_zero_sends_no_process_status(node: Node) -> None:
+    node.iface_in_sync()
+    feed = node.open()
+    node.send(feed, config(), pb.InSync())
+    node.tick(3600)
+    assert feed.received("process_status_update") == []
+
+
+# ------------------------------------------------------------------------------------ config
+def test_a_config_change_needing_a_restart_exits_129(node: Node) -> None:
+    node.iface_in_sync()
+    feed = node.open()
+    start_of_day(node, feed)
+    node.send(feed, config(MaxIpsetSize="1000"))
+    assert node.exit_code == configmod.EXIT_CONFIG_CHANGED == 129
+
+
+def test_an_informational_config_change_keeps_running(node: Node) -> None:
+    node.iface_in_sync()
+    feed = node.open()
+    start_of_day(node, feed)
+    node.send(feed, config(CalicoVersion="v9.9"))
+    assert node.exit_code is None and len(node.builds) == 1
+
+
+def test_a_process_level_change_on_a_new_feed_exits_129(node: Node) -> None:
+    node.iface_in_sync()
+    first = node.open()
+    start_of_day(node, first)
+    node.close(first)
+    second = node.open()
+    node.send(second, config(HealthEnabled="true", HealthPort="1"))  # never served: the daemon exits first
+    assert node.exit_code == configmod.EXIT_CONFIG_CHANGED
+    assert len(node.builds) == 1
+
+
+def test_a_config_the_dataplane_cannot_build_exits_2(node: Node) -> None:
+    feed = node.open()
+    node.send(feed, config(BPFEnabled="true"))
+    assert node.exit_code == EXIT_USAGE and node.builds == []
+
+
+# ------------------------------------------------------------------------------------ feeds
+def test_a_dropped_feed_leaves_the_kernel_as_programmed(node: Node) -> None:
+    node.iface_up("calia")
+    node.iface_in_sync()
+    feed = node.open()
+    start_of_day(node, feed)
+    programmed = node.kernel.snapshot()
+    node.close(feed, error="peer went away")
+    assert feed.closed and node.exit_code is None
+    node.tick(60.0)
+    assert node.kernel.snapshot() == programmed
+
+
+def test_the_next_feed_is_a_new_start_of_day(node: Node) -> None:
+    node.iface_up("calia")
+    node.iface_in_sync()
+    first = node.open()
+    start_of_day(node, first)
+    programmed = node.kernel.snapshot()
+    node.close(first)
+
+    node.iface_up("calib")
+    second = node.open()
+    node.send(second, config(), CLIENTS, PROFILE, wep("b", "10.65.0.3/32"))  # "a" is gone, "b" is new
+    assert len(node.builds) == 2
+    assert node.kernel.snapshot() == programmed  # nothing changes before this feed's InSync
+    node.send(second, pb.InSync())
+    assert "cali-tw-calia" not in node.kernel.chains()  # swept by the new start of day
+    assert {"cali-tw-calib", "cali-pri-kns.default"} <= node.kernel.chains()
+    assert node.kernel.ipset.members("cali40s:clients") == {"10.65.0.2"}
+    assert len(second.received("dataplane_in_sync")) == 1
+    assert [m.sequence_number for m in second.sent] == list(range(len(second.sent)))
+
+
+def test_a_second_concurrent_feed_replaces_the_first(node: Node) -> None:
+    """What the runner does today; the shipped transports refuse a second feed before it gets here."""
+    node.iface_up("calia")
+    node.iface_in_sync()
+    first = node.open()
+    start_of_day(node, first)
+    second = node.open()
+    assert first.closed and not second.closed
+    node.send(first, wep("late", "10.65.0.9/32"))  # a replaced feed's leftovers are dropped
+    node.send(second, config(), CLIENTS, PROFILE, wep("a", "10.65.0.1/32"), pb.InSync())
+    assert len(node.builds) == 2
+    assert "cali-tw-calilate" not in node.kernel.chains() and "cali-tw-calia" in node.kernel.chains()
+    assert len(second.received("dataplane_in_sync")) == 1
+
+
+@pytest.mark.parametrize(("error", "code"), [(None, EXIT_OK), ("connection reset", EXIT_FATAL)])
+def test_exit_when_the_feed_closes(error: str | None, code: int) -> None:
+    n = Node(exit_when_feed_closes=True)
+    try:
+        feed = n.open()
+        start_of_day(n, feed)
+        n.close(feed, error)
+        assert n.exit_code == code
+    finally:
+        for dp in n.builds:
+            dp.close()
+
+
+def test_stop_closes_the_feed_and_exits_0(node: Node) -> None:
+    feed = node.open()
+    start_of_day(node, feed)
+    assert node.stop() == EXIT_OK
+    assert feed.closed
