@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from felixpy.config import Config
-from felixpy.testing.clock import FakeClock
 from felixpy.dataplane.core import InternalDataplane
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 from felixpy.errors import DataplaneError, FatalDataplaneError
+from felixpy.testing.clock import FakeClock
 
 
 class InSync:  # the loop recognises the proto InSync by type name

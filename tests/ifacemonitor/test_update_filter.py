@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from felixpy.testing.clock import FakeClock
 from felixpy.ifacemonitor.events import AddrEvent, Link, LinkEvent
 from felixpy.ifacemonitor.update_filter import FLAP_DAMPING_DELAY, UpdateFilter
+from felixpy.testing.clock import FakeClock
 
 
 def make() -> tuple[FakeClock, UpdateFilter]:

@@ -12,9 +12,9 @@ from structlog.testing import capture_logs
 from felixpy.drivers.ipsets import IPSets
 from felixpy.drivers.ipsets.driver import MAX_RETRY_ATTEMPTS
 from felixpy.drivers.ipsets.fake import FakeIPSet
-from felixpy.testing.clock import FakeClock
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetsDataplane, IPSetType
 from felixpy.errors import FatalDataplaneError
+from felixpy.testing.clock import FakeClock
 
 IP, NET, IPPORT = IPSetType.HASH_IP, IPSetType.HASH_NET, IPSetType.HASH_IP_PORT
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from felixpy.drivers.ipsets.fake import FakeIPSet
-from felixpy.testing.clock import FakeClock
 from felixpy.drivers.ipsets.parse import parse_list, parse_save
+from felixpy.testing.clock import FakeClock
 
 
 def restore(f: FakeIPSet, text: str) -> tuple[int, str]:

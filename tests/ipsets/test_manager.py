@@ -10,11 +10,11 @@ from structlog.testing import capture_logs
 
 from felixpy.drivers.ipsets import IPSets
 from felixpy.drivers.ipsets.fake import FakeIPSet
-from felixpy.testing.clock import FakeClock
 from felixpy.drivers.ipsets_api import IPSetType
 from felixpy.managers.base import Manager
 from felixpy.managers.ipsets import IPSetsManager, split_by_family
 from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.testing.clock import FakeClock
 
 
 @pytest.fixture(autouse=True)

@@ -15,10 +15,10 @@ from felixpy.drivers.generictables.model import (
 from felixpy.drivers.iptables import render, savefile
 from felixpy.drivers.iptables.detect import Features, StaticFeatures
 from felixpy.drivers.iptables.fake import FakeIptables
-from felixpy.testing.clock import FakeClock
 from felixpy.drivers.iptables.metrics import get_metrics
 from felixpy.drivers.iptables.table import IptablesTable
 from felixpy.errors import FatalDataplaneError
+from felixpy.testing.clock import FakeClock
 
 FEATURES = Features(SNATFullyRandom=True, MASQFullyRandom=True, RestoreSupportsLock=True, NFLogSize=True)
 HASH_RE = savefile.hash_comment_regex()

@@ -10,9 +10,9 @@ from felixpy.drivers.generictables.model import Accept, Chain, Drop, Jump, Match
 from felixpy.drivers.iptables import render, savefile
 from felixpy.drivers.iptables.detect import Features, StaticFeatures
 from felixpy.drivers.iptables.fake import FakeIptables
-from felixpy.testing.clock import FakeClock
 from felixpy.drivers.iptables.metrics import get_metrics
 from felixpy.drivers.iptables.table import IptablesTable
+from felixpy.testing.clock import FakeClock
 
 FEATURES = Features(MASQFullyRandom=True)
 NAMES = [f"cali-c{i}" for i in range(5)]

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from felixpy.config import Config
-from felixpy.testing.clock import FakeClock
 from felixpy.dataplane.core import InternalDataplane
 from felixpy.dataplane.wiring import KernelDeps, build_dataplane
 from felixpy.drivers.cmdshim import CommandResult
@@ -38,6 +37,7 @@ from felixpy.managers.masq import MasqManager
 from felixpy.managers.policy import PolicyManager
 from felixpy.managers.status import EndpointStatusCombiner
 from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.testing.clock import FakeClock
 
 from .harness import ipset, policy, profile, rule, tier, wep
 

@@ -20,7 +20,6 @@ from felixpy.managers.noencap import NoEncapManager
 from felixpy.managers.vxlan import VXLANManager
 from felixpy.managers.wireguard import WireguardManager, public_key_of
 from felixpy.proto import felixbackend_pb2 as pb
-
 from felixpy.testing.clock import FakeClock
 
 from .helpers import main_table

@@ -14,7 +14,6 @@ from felixpy.drivers.routetable.conntrack import ConntrackFlusher
 from felixpy.errors import DataplaneError
 from felixpy.managers.base import IfaceState
 from felixpy.managers.routeclass import RouteClass
-
 from felixpy.testing.clock import FakeClock
 
 from .helpers import ConntrackRecorder, main_table

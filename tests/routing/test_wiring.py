@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from felixpy.config import Config
-from felixpy.testing.clock import FakeClock
 from felixpy.dataplane.core import InternalDataplane
 from felixpy.dataplane.wiring import KernelDeps, NoRouteTable, build_dataplane, wireguard_table_index
 from felixpy.drivers.netlink.fake import FakeNetlink
@@ -30,6 +29,7 @@ from felixpy.managers.noencap import NoEncapManager
 from felixpy.managers.vxlan import VXLANManager
 from felixpy.managers.wireguard import WireguardManager
 from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.testing.clock import FakeClock
 
 from .helpers import ConntrackRecorder
 
