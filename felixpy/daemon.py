@@ -40,7 +40,8 @@ from felixpy.config import Config
 from felixpy.dataplane.clock import Clock, SystemClock
 from felixpy.dataplane.core import InternalDataplane
 from felixpy.errors import ConfigError, FatalDataplaneError, UnsupportedFeature
-from felixpy.managers.base import EndpointStatus, IfaceAddrsUpdate, IfaceStateUpdate
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceStateUpdate
+from felixpy.managers.base import EndpointStatus
 from felixpy.messages import from_dataplane, payload_of
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.transports.base import Feed, FeedClosed, FeedMessages, FeedOpened

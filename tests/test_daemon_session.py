@@ -29,7 +29,7 @@ from felixpy.drivers.ipsets.fake import FakeIPSet
 from felixpy.drivers.iptables.fake import FakeIptables
 from felixpy.drivers.netlink.fake import FakeNetlink
 from felixpy.drivers.procsys import FakeSysctls
-from felixpy.managers.base import IfaceState, IfaceStateUpdate
+from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
 from felixpy.messages import from_payload_of, to_dataplane
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.testing.clock import FakeClock

@@ -345,7 +345,7 @@ def test_ipv6_drivers_are_applied_like_ipv4() -> None:
 
 
 def test_shared_route_table_is_applied_once_and_gets_iface_state() -> None:
-    from felixpy.managers.base import IfaceState, IfaceStateUpdate
+    from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
 
     dp, clock, tl = make()
 

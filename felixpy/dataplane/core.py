@@ -44,17 +44,8 @@ from felixpy.dataplane.timers import RefreshTimer
 from felixpy.drivers.generictables.table import Table
 from felixpy.drivers.ipsets_api import IPSetsDataplane
 from felixpy.errors import FatalDataplaneError, UnsupportedFeature
-from felixpy.managers.base import (
-    EndpointStatus,
-    IfaceAddrsUpdate,
-    IfaceStateUpdate,
-    Manager,
-    ManagerWithRouteRules,
-    ManagerWithRouteTables,
-    ManagerWithStatus,
-    Syncer,
-    UpdateBatchResolver,
-)
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceStateUpdate
+from felixpy.managers.base import EndpointStatus, Manager, ManagerWithRouteRules, ManagerWithRouteTables, ManagerWithStatus, Syncer, UpdateBatchResolver
 
 log = structlog.get_logger(__name__)
 

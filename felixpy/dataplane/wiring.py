@@ -43,6 +43,7 @@ from felixpy.dataplane.core import InternalDataplane
 from felixpy.drivers.generictables.table import Table
 from felixpy.drivers.procsys import ProcSys, SysctlWriter
 from felixpy.errors import ConfigError, UnsupportedFeature
+from felixpy.kernelnames import vxlan_device_name
 from felixpy.managers.dscp import DSCPManager
 from felixpy.managers.endpoints import EndpointManager
 from felixpy.managers.hostips import HostIPManager
@@ -168,7 +169,7 @@ def _route_table(config: Config, v: int, deps: KernelDeps) -> Any:
         ownership=MainTableOwnershipPolicy(workload_iface_prefixes=config.InterfacePrefix,
                                            device_route_protocol=config.DeviceRouteProtocol,
                                            remove_external_routes=config.RemoveExternalRoutes,
-                                           vxlan_iface="vxlan.calico" if v == 4 else "vxlan-v6.calico"),
+                                           vxlan_iface=vxlan_device_name(v)),
         default_protocol=config.DeviceRouteProtocol,
         device_route_source_address=(config.DeviceRouteSourceAddress if v == 4
                                      else config.DeviceRouteSourceAddressIPv6) or None,
@@ -289,7 +290,7 @@ def _build_routing(dp: InternalDataplane, config: Config, v: int, deps: KernelDe
     """
     from felixpy.drivers.vxlanfdb import VXLANFDB
     from felixpy.managers.noencap import NoEncapManager, noencap_enabled
-    from felixpy.managers.vxlan import VXLANManager, vxlan_device_name
+    from felixpy.managers.vxlan import VXLANManager
 
     assert deps.netlink_factory is not None
     new_handle = deps.netlink_factory

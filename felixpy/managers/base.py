@@ -22,32 +22,9 @@ checkable protocols below):
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-
-class IfaceState(enum.Enum):
-    UNKNOWN = "unknown"
-    UP = "up"
-    DOWN = "down"
-
-
-@dataclass(frozen=True, slots=True)
-class IfaceStateUpdate:
-    """An interface's oper state changed (or it vanished: state DOWN, index 0)."""
-
-    name: str
-    state: IfaceState
-    index: int
-
-
-@dataclass(frozen=True, slots=True)
-class IfaceAddrsUpdate:
-    """The full set of addresses now on an interface (None: interface gone)."""
-
-    name: str
-    addrs: frozenset[str] | None = field(default=None)
 
 
 @runtime_checkable

@@ -39,8 +39,8 @@ from felixpy.drivers.generictables.model import Chain
 from felixpy.drivers.generictables.table import MapsDataplane, Table
 from felixpy.drivers.procsys import SysctlWriter, apply_settings, workload_iface_settings
 from felixpy.drivers.routetable.defs import Target
-from felixpy.managers.base import IfaceState, IfaceStateUpdate
-from felixpy.managers.routeclass import RouteClass
+from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
+from felixpy.drivers.routetable.routeclass import RouteClass
 from felixpy.managers.status import EndpointStatusCombiner
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import PolicyGroup, PolicyID, RuleRenderer, TierPolicyGroups, tiers_from_proto

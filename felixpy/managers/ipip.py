@@ -31,15 +31,16 @@ from felixpy.drivers.netlink.api import NetlinkFactory
 from felixpy.drivers.netlink.devices import ensure_simple_device, find_iface_with_address
 from felixpy.drivers.routetable import RouteTable, Target, TargetType
 from felixpy.errors import DataplaneError, FelixpyError, UnsupportedFeature
-from felixpy.managers.base import IfaceState, IfaceStateUpdate, Syncer
+from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
+from felixpy.managers.base import Syncer
 from felixpy.managers.noencap import RemoteRoutes, route_protocol
-from felixpy.managers.routeclass import RouteClass
+from felixpy.drivers.routetable.routeclass import RouteClass
 from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.kernelnames import IPIP_DEVICE
+from felixpy.rules.ipset_names import IPSET_ID_ALL_HOST_NETS
 
 log = structlog.get_logger(__name__)
 
-IPSET_ALL_HOSTS_NETS = "all-hosts-net"
-TUNNEL_DEVICE = "tunl0"
 
 
 def ipip_program_routes(cfg: Config) -> bool:
@@ -65,7 +66,7 @@ class IPIPManager:
         self.routes = RemoteRoutes(
             ip_version=4, pool_type=pb.IPIP, route_table=route_table, new_handle=new_handle,
             class_tunnel=RouteClass.IPIP_TUNNEL, class_same_subnet=RouteClass.IPIP_SAME_SUBNET,
-            class_blackhole=RouteClass.BLACKHOLE_IPIP, protocol=route_protocol(cfg), tunnel_device=TUNNEL_DEVICE,
+            class_blackhole=RouteClass.BLACKHOLE_IPIP, protocol=route_protocol(cfg), tunnel_device=IPIP_DEVICE,
             tunnel_route=self._tunnel_route)
 
     def on_update(self, msg: Any) -> None:
@@ -85,7 +86,7 @@ class IPIPManager:
             self._ipset_dirty = True
             self.routes.dirty = True
         elif isinstance(msg, IfaceStateUpdate):
-            if msg.name == TUNNEL_DEVICE and (msg.state is not IfaceState.UP or msg.index == 0):
+            if msg.name == IPIP_DEVICE and (msg.state is not IfaceState.UP or msg.index == 0):
                 self._device_dirty = True
         elif self.program_routes:
             self.routes.on_update(msg)
@@ -115,7 +116,7 @@ class IPIPManager:
             if self.ipsets is not None:
                 members = sorted(set(self.host_ips.values())) + [c for c in self.cfg.ExternalNodesCIDRList if ":" not in c]
                 self.ipsets.add_or_replace_ip_set(
-                    IPSetMetadata(IPSET_ALL_HOSTS_NETS, IPSetType.HASH_NET, self.cfg.MaxIpsetSize), members)
+                    IPSetMetadata(IPSET_ID_ALL_HOST_NETS, IPSetType.HASH_NET, self.cfg.MaxIpsetSize), members)
             self._ipset_dirty = False
         if self.program_routes:
             self.routes.refresh_parent()
@@ -134,7 +135,7 @@ class IPIPManager:
             if mtu and mtu != self.mtu:
                 self.mtu = mtu
                 self.routes.dirty = True
-            link, created = ensure_simple_device(nl, name=TUNNEL_DEVICE, kind="ipip", feature="IPIP", mtu=mtu,
+            link, created = ensure_simple_device(nl, name=IPIP_DEVICE, kind="ipip", feature="IPIP", mtu=mtu,
                                                  addresses=[addr] if addr else [])
         finally:
             nl.close()

@@ -32,7 +32,7 @@ from felixpy.drivers.netlink.types import DEFAULT_ROUTE_PROTO, RTPROT_BOOT
 from felixpy.drivers.routetable import RouteTable, Target, TargetType
 from felixpy.errors import FelixpyError
 from felixpy.managers.base import Syncer
-from felixpy.managers.routeclass import RouteClass
+from felixpy.drivers.routetable.routeclass import RouteClass
 from felixpy.proto import felixbackend_pb2 as pb
 
 log = structlog.get_logger(__name__)

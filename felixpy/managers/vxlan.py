@@ -40,20 +40,18 @@ from felixpy.drivers.netlink.types import canon_mac
 from felixpy.drivers.routetable import RouteTable, Target, TargetType
 from felixpy.drivers.vxlanfdb import VTEP, VXLANFDB
 from felixpy.errors import DataplaneError, FelixpyError
-from felixpy.managers.base import IfaceState, IfaceStateUpdate, Syncer
+from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
+from felixpy.managers.base import Syncer
 from felixpy.managers.noencap import RemoteRoutes, is_remote_tunnel_route, route_protocol
-from felixpy.managers.routeclass import RouteClass
+from felixpy.drivers.routetable.routeclass import RouteClass
 from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.kernelnames import vxlan_device_name
+from felixpy.rules.ipset_names import IPSET_ID_ALL_VXLAN_SOURCE_NETS
 
 log = structlog.get_logger(__name__)
 
-IPSET_ALL_VXLAN_NETS = "all-vxlan-net"
 DEVICE_RECHECK = 10.0
 DEVICE_RETRY = 1.0
-
-
-def vxlan_device_name(ip_version: int) -> str:
-    return "vxlan.calico" if ip_version == 4 else "vxlan-v6.calico"
 
 
 class VXLANManager:
@@ -201,7 +199,7 @@ class VXLANManager:
         self.fdb.set_vteps(vteps)
         if self.ipsets is not None:
             self.ipsets.add_or_replace_ip_set(
-                IPSetMetadata(IPSET_ALL_VXLAN_NETS, IPSetType.HASH_NET, self.cfg.MaxIpsetSize), sources)
+                IPSetMetadata(IPSET_ID_ALL_VXLAN_SOURCE_NETS, IPSetType.HASH_NET, self.cfg.MaxIpsetSize), sources)
 
     # ------------------------------------------------------------ for the loop
     def route_table_syncers(self) -> list[Syncer]:

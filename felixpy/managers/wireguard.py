@@ -42,8 +42,9 @@ from felixpy.drivers.netlink.types import WireguardDevice, WireguardPeer
 from felixpy.drivers.routerule import RouteRules, make_rule
 from felixpy.drivers.routetable import RouteTable, Target, TargetType
 from felixpy.errors import DataplaneError, FelixpyError, UnsupportedFeature
-from felixpy.managers.base import IfaceState, Syncer
-from felixpy.managers.routeclass import RouteClass
+from felixpy.ifacemonitor.events import IfaceState
+from felixpy.managers.base import Syncer
+from felixpy.drivers.routetable.routeclass import RouteClass
 from felixpy.proto import felixbackend_pb2 as pb
 
 log = structlog.get_logger(__name__)

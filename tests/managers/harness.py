@@ -33,7 +33,8 @@ from felixpy.drivers.netlink.fake import FakeNetlink
 from felixpy.drivers.netlink.types import AF_INET, AF_INET6, Neigh, Route
 from felixpy.drivers.procsys import FakeSysctls
 from felixpy.drivers.routetable import MainTableOwnershipPolicy, RouteTable
-from felixpy.managers.base import EndpointStatus, IfaceState, IfaceStateUpdate
+from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
+from felixpy.managers.base import EndpointStatus
 from felixpy.managers.dscp import DSCPManager
 from felixpy.managers.endpoints import EndpointManager, wl_key
 from felixpy.managers.hostips import HostIPManager

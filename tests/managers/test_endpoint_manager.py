@@ -11,7 +11,7 @@ import pytest
 
 from felixpy.config import Config
 from felixpy.drivers.generictables.model import Accept, Chain, Drop, Goto, InInterface, SourceNet
-from felixpy.managers.base import IfaceState, IfaceStateUpdate
+from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import trace_dispatch
 from felixpy.rules.names import CHAIN_FROM_WORKLOAD_DISPATCH, CHAIN_TO_WORKLOAD_DISPATCH

@@ -30,7 +30,7 @@ from felixpy.drivers.routetable.conntrack import ConntrackCleanupTracker, Conntr
 from felixpy.drivers.vxlanfdb import VXLANFDB
 from felixpy.errors import UnsupportedFeature
 from felixpy.managers.ipip import IPIPManager
-from felixpy.managers.routeclass import RouteClass
+from felixpy.drivers.routetable.routeclass import RouteClass
 from felixpy.managers.vxlan import VXLANManager
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.testing.clock import FakeClock

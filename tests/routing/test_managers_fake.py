@@ -14,7 +14,8 @@ from felixpy.drivers.routerule import RouteRules
 from felixpy.drivers.routetable import ExclusiveOwnershipPolicy, RouteTable
 from felixpy.drivers.vxlanfdb import VXLANFDB
 from felixpy.errors import DataplaneError, UnsupportedFeature
-from felixpy.managers.base import IfaceState, IfaceStateUpdate, ManagerWithRouteRules, ManagerWithRouteTables
+from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
+from felixpy.managers.base import ManagerWithRouteRules, ManagerWithRouteTables
 from felixpy.managers.ipip import IPIPManager
 from felixpy.managers.noencap import NoEncapManager
 from felixpy.managers.vxlan import VXLANManager

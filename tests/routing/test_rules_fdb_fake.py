@@ -9,7 +9,7 @@ from felixpy.drivers.netlink.types import AF_INET, AF_INET6, FDBEntry, Neigh, Ru
 from felixpy.drivers.routerule import RouteRules, make_rule
 from felixpy.drivers.vxlanfdb import VTEP, VXLANFDB, VXLANDeviceDown
 from felixpy.errors import DataplaneError
-from felixpy.managers.base import IfaceState
+from felixpy.ifacemonitor.events import IfaceState
 
 
 def ours(fake: FakeNetlink, family: int = AF_INET) -> set[Rule]:

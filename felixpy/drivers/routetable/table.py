@@ -63,8 +63,8 @@ from felixpy.drivers.routetable.conntrack import ConntrackCleanupTracker, NoConn
 from felixpy.drivers.routetable.defs import ROUTE_SHAPE, Target, canonical_cidr
 from felixpy.drivers.routetable.ownership import OwnershipPolicy
 from felixpy.errors import DataplaneError, FelixpyError
-from felixpy.managers.base import IfaceState
-from felixpy.managers.routeclass import RouteClass
+from felixpy.ifacemonitor.events import IfaceState
+from felixpy.drivers.routetable.routeclass import RouteClass
 
 log = structlog.get_logger(__name__)
 

@@ -34,7 +34,7 @@ from felixpy.drivers.netlink.api import Netlink, NetlinkFactory
 from felixpy.drivers.netlink.errors import NetlinkCallError
 from felixpy.drivers.netlink.types import NUD_PERMANENT, FDBEntry, Neigh, canon_ip, canon_mac, family_of
 from felixpy.errors import DataplaneError
-from felixpy.managers.base import IfaceState
+from felixpy.ifacemonitor.events import IfaceState
 
 log = structlog.get_logger(__name__)
 
