@@ -23,16 +23,11 @@ from felixpy import config as configmod
 from felixpy.config import Config
 from felixpy.daemon import EXIT_FATAL, EXIT_OK, EXIT_USAGE, Daemon, Stop
 from felixpy.dataplane.core import InternalDataplane
-from felixpy.dataplane.wiring import KernelDeps, build_dataplane
-from felixpy.drivers.cmdshim import CommandResult
-from felixpy.drivers.ipsets.fake import FakeIPSet
-from felixpy.drivers.iptables.fake import FakeIptables
-from felixpy.drivers.netlink.fake import FakeNetlink
-from felixpy.drivers.procsys import FakeSysctls
-from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
+from felixpy.dataplane.wiring import build_dataplane
 from felixpy.messages import from_payload_of, to_dataplane
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.testing.clock import FakeClock
+from felixpy.testing.kernel import FakeKernel
 from felixpy.transports.base import FeedClosed, FeedMessages, FeedOpened
 
 START = 1000.0
@@ -62,41 +57,6 @@ class FakeFeed:
         return [p for name, p in map(from_payload_of, self.sent) if name == kind]
 
 
-class NoConntrackFlows:
-    """``conntrack`` with no flows to delete."""
-
-    def run(self, argv: Sequence[str], stdin: str | None = None) -> CommandResult:
-        return CommandResult(1, "", "0 flow entries have been deleted.", tuple(argv))
-
-
-class FakeKernel:
-    """The node's kernel state, shared by every dataplane the daemon builds."""
-
-    def __init__(self) -> None:
-        self.iptables = FakeIptables(default_backend="legacy")
-        self.ipset = FakeIPSet()
-        self.netlink = FakeNetlink()
-        self.sysctls = FakeSysctls()
-
-    def deps(self) -> KernelDeps:
-        return KernelDeps(iptables_runner=self.iptables, ipset_runner=self.ipset, sysctls=self.sysctls,
-                          netlink_factory=self.netlink.factory, conntrack_runner=NoConntrackFlows(),
-                          iptables_backend="legacy")
-
-    def workload_iface(self, name: str) -> IfaceStateUpdate:
-        link = self.netlink.add_link(name)
-        self.sysctls.add_iface(name)
-        return IfaceStateUpdate(name, IfaceState.UP, link.index)
-
-    def chains(self, table: str = "filter") -> set[str]:
-        text = self.iptables.save(table, 4, "legacy")
-        return {line[1:].split()[0] for line in text.splitlines() if line.startswith(":cali")}
-
-    def snapshot(self) -> tuple[dict[str, str], dict[str, set[str]]]:
-        tables = {t: self.iptables.save(t, 4, "legacy") for t in ("raw", "mangle", "filter", "nat")}
-        return tables, {name: self.ipset.members(name) for name in self.ipset.sets}
-
-
 class Node:
     """A real :class:`Daemon` over a :class:`FakeKernel`, stepped by hand."""
 
@@ -113,6 +73,10 @@ class Node:
         dp = build_dataplane(cfg, deps=self.kernel.deps(), **kw)
         self.builds.append(dp)
         return dp
+
+    def chains(self) -> set[str]:
+        """Our chains in the IPv4 filter table."""
+        return {c for c in self.kernel.chains(4, "filter") if c.startswith("cali")}
 
     @property
     def exit_code(self) -> int | None:
@@ -190,6 +154,15 @@ def start_of_day(node: Node, feed: FakeFeed, *extra: Any) -> None:
     node.send(feed, config(), CLIENTS, PROFILE, wep("a", "10.65.0.1/32"), *extra, pb.InSync())
 
 
+def programmed_feed(node: Node) -> FakeFeed:
+    """A feed whose start of day has programmed workload "a" on an interface that is up."""
+    node.iface_up("calia")
+    node.iface_in_sync()
+    feed = node.open()
+    start_of_day(node, feed)
+    return feed
+
+
 # ------------------------------------------------------------------------------------ start of day
 def test_nothing_reaches_the_kernel_before_in_sync(node: Node) -> None:
     node.iface_up("calia")
@@ -197,11 +170,11 @@ def test_nothing_reaches_the_kernel_before_in_sync(node: Node) -> None:
     feed = node.open()
     node.send(feed, config(), CLIENTS, PROFILE, wep("a", "10.65.0.1/32"))
     assert len(node.builds) == 1  # the config arrived: the dataplane is built...
-    assert node.kernel.chains() == set() and node.kernel.ipset.sets == {}  # ...but programs nothing
+    assert node.chains() == set() and node.kernel.ipset.sets == {}  # ...but programs nothing
     assert feed.sent == []
 
     node.send(feed, pb.InSync())
-    assert {"cali-FORWARD", "cali-tw-calia", "cali-fw-calia", "cali-pri-kns.default"} <= node.kernel.chains()
+    assert {"cali-FORWARD", "cali-tw-calia", "cali-fw-calia", "cali-pri-kns.default"} <= node.chains()
     assert node.kernel.ipset.members("cali40s:clients") == {"10.65.0.2"}
     assert len(feed.received("dataplane_in_sync")) == 1
     assert [u.id for u in feed.received("workload_endpoint_status_update")] == [wid("a")]
@@ -212,11 +185,11 @@ def test_nothing_reaches_the_kernel_before_in_sync(node: Node) -> None:
 def test_the_interface_monitor_must_be_in_sync_too(node: Node) -> None:
     feed = node.open()
     start_of_day(node, feed)
-    assert node.kernel.chains() == set() and feed.received("dataplane_in_sync") == []
+    assert node.chains() == set() and feed.received("dataplane_in_sync") == []
     node.iface_up("calia")
-    assert node.kernel.chains() == set()
+    assert node.chains() == set()
     node.iface_in_sync()
-    assert "cali-tw-calia" in node.kernel.chains()
+    assert "cali-tw-calia" in node.chains()
     assert len(feed.received("dataplane_in_sync")) == 1
 
 
@@ -225,7 +198,7 @@ def test_without_an_interface_monitor_in_sync_alone_applies() -> None:
     try:
         feed = n.open()
         start_of_day(n, feed)
-        assert "cali-tw-calia" in n.kernel.chains()
+        assert "cali-tw-calia" in n.chains()
         assert feed.received("workload_endpoint_status_update")[0].status.status == "down"  # never seen up
     finally:
         n.stop()
@@ -246,13 +219,10 @@ def test_in_sync_without_a_config_builds_with_the_defaults(node: Node) -> None:
 
 
 def test_endpoint_removal_is_reported(node: Node) -> None:
-    node.iface_up("calia")
-    node.iface_in_sync()
-    feed = node.open()
-    start_of_day(node, feed)
+    feed = programmed_feed(node)
     node.send(feed, pb.WorkloadEndpointRemove(id=wid("a")))
     assert [r.id for r in feed.received("workload_endpoint_status_remove")] == [wid("a")]
-    assert "cali-tw-calia" not in node.kernel.chains()
+    assert "cali-tw-calia" not in node.chains()
 
 
 # ------------------------------------------------------------------------------------ status
@@ -314,10 +284,7 @@ def test_a_config_the_dataplane_cannot_build_exits_2(node: Node) -> None:
 
 # ------------------------------------------------------------------------------------ feeds
 def test_a_dropped_feed_leaves_the_kernel_as_programmed(node: Node) -> None:
-    node.iface_up("calia")
-    node.iface_in_sync()
-    feed = node.open()
-    start_of_day(node, feed)
+    feed = programmed_feed(node)
     programmed = node.kernel.snapshot()
     node.close(feed, error="peer went away")
     assert feed.closed and node.exit_code is None
@@ -326,10 +293,7 @@ def test_a_dropped_feed_leaves_the_kernel_as_programmed(node: Node) -> None:
 
 
 def test_the_next_feed_is_a_new_start_of_day(node: Node) -> None:
-    node.iface_up("calia")
-    node.iface_in_sync()
-    first = node.open()
-    start_of_day(node, first)
+    first = programmed_feed(node)
     programmed = node.kernel.snapshot()
     node.close(first)
 
@@ -339,8 +303,8 @@ def test_the_next_feed_is_a_new_start_of_day(node: Node) -> None:
     assert len(node.builds) == 2
     assert node.kernel.snapshot() == programmed  # nothing changes before this feed's InSync
     node.send(second, pb.InSync())
-    assert "cali-tw-calia" not in node.kernel.chains()  # swept by the new start of day
-    assert {"cali-tw-calib", "cali-pri-kns.default"} <= node.kernel.chains()
+    assert "cali-tw-calia" not in node.chains()  # swept by the new start of day
+    assert {"cali-tw-calib", "cali-pri-kns.default"} <= node.chains()
     assert node.kernel.ipset.members("cali40s:clients") == {"10.65.0.2"}
     assert len(second.received("dataplane_in_sync")) == 1
     assert [m.sequence_number for m in second.sent] == list(range(len(second.sent)))
@@ -348,16 +312,13 @@ def test_the_next_feed_is_a_new_start_of_day(node: Node) -> None:
 
 def test_a_second_concurrent_feed_replaces_the_first(node: Node) -> None:
     """What the runner does today; the shipped transports refuse a second feed before it gets here."""
-    node.iface_up("calia")
-    node.iface_in_sync()
-    first = node.open()
-    start_of_day(node, first)
+    first = programmed_feed(node)
     second = node.open()
     assert first.closed and not second.closed
     node.send(first, wep("late", "10.65.0.9/32"))  # a replaced feed's leftovers are dropped
     node.send(second, config(), CLIENTS, PROFILE, wep("a", "10.65.0.1/32"), pb.InSync())
     assert len(node.builds) == 2
-    assert "cali-tw-calilate" not in node.kernel.chains() and "cali-tw-calia" in node.kernel.chains()
+    assert "cali-tw-calilate" not in node.chains() and "cali-tw-calia" in node.chains()
     assert len(second.received("dataplane_in_sync")) == 1
 
 

@@ -21,15 +21,9 @@ import pytest
 
 from felixpy.config import Config
 from felixpy.dataplane.core import InternalDataplane
-from felixpy.dataplane.wiring import KernelDeps, build_dataplane
-from felixpy.drivers.cmdshim import CommandResult
+from felixpy.dataplane.wiring import build_dataplane
 from felixpy.drivers.ipsets import IPSets
-from felixpy.drivers.ipsets.fake import FakeIPSet
-from felixpy.drivers.iptables.fake import FakeIptables
 from felixpy.drivers.iptables.table import IptablesTable
-from felixpy.drivers.netlink.fake import FakeNetlink
-from felixpy.drivers.procsys import FakeSysctls
-from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
 from felixpy.managers.dscp import DSCPManager
 from felixpy.managers.endpoints import EndpointManager
 from felixpy.managers.hostips import HostIPManager
@@ -38,50 +32,15 @@ from felixpy.managers.policy import PolicyManager
 from felixpy.managers.status import EndpointStatusCombiner
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.testing.clock import FakeClock
+from felixpy.testing.kernel import TABLES, FakeKernel
 
 from .harness import ipset, policy, profile, rule, tier, wep
 
-TABLES = ("raw", "mangle", "filter", "nat")
 _MATCH_SET = re.compile(r"--match-set (\S+)")
 _TARGET = re.compile(r"(?:^|\s)(?:-j|-g) (\S+)")
 
 
-class NoConntrack:
-    """A ``conntrack`` with nothing to delete."""
-
-    def run(self, argv: Sequence[str], stdin: str | None = None) -> CommandResult:
-        return CommandResult(1, "", "conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.",
-                             tuple(argv))
-
-
-class Kernel:
-    def __init__(self) -> None:
-        self.iptables = FakeIptables(default_backend="legacy")
-        self.ipset = FakeIPSet()
-        self.netlink = FakeNetlink()
-        self.sysctls = FakeSysctls()
-
-    def deps(self) -> KernelDeps:
-        return KernelDeps(iptables_runner=self.iptables, ipset_runner=self.ipset,
-                          netlink_factory=self.netlink.factory, conntrack_runner=NoConntrack(),
-                          sysctls=self.sysctls, iptables_backend="legacy")
-
-    def chains(self, v: int, table: str) -> dict[str, list[str]]:
-        """chain -> rule specs, from ``ip(6)tables-legacy-save``."""
-        out: dict[str, list[str]] = {}
-        for line in self.iptables.save(table, v, "legacy").splitlines():
-            if line.startswith(":"):
-                out[line[1:].split()[0]] = []
-            elif line.startswith("-A "):
-                chain, _, spec = line[3:].partition(" ")
-                out[chain].append(spec)
-        return out
-
-    def ipset_names(self) -> set[str]:
-        return set(self.ipset.sets)
-
-
-def build(config: Config, kernel: Kernel) -> InternalDataplane:
+def build(config: Config, kernel: FakeKernel) -> InternalDataplane:
     return build_dataplane(config, clock=FakeClock(), deps=kernel.deps())
 
 
@@ -91,7 +50,7 @@ def by_family(dp: InternalDataplane, cls: type) -> Counter[int]:
 
 @pytest.mark.parametrize("ipv6", [False, True], ids=["v4-only", "dual-stack"])
 def test_one_set_of_managers_and_drivers_per_family(ipv6: bool) -> None:
-    dp = build(Config(Ipv6Support=ipv6), Kernel())
+    dp = build(Config(Ipv6Support=ipv6), FakeKernel())
     fams = [4, 6] if ipv6 else [4]
     want = Counter(fams)
     for cls in (PolicyManager, EndpointManager, HostIPManager, MasqManager, DSCPManager):
@@ -140,20 +99,18 @@ CONFIGS = [
 _ROUTING_STEPS = ("fdb:", "routes:", "complete:VXLANManager", "complete:IPIPManager", "complete:WireguardManager")
 
 
-def _apply_batch(config: Config) -> tuple[Kernel, InternalDataplane]:
-    kernel = Kernel()
+def _apply_batch(config: Config) -> tuple[FakeKernel, InternalDataplane]:
+    kernel = FakeKernel()
     dp = build(config, kernel)
     for name in ("calia", "calib"):
-        link = kernel.netlink.add_link(name)
-        kernel.sysctls.add_iface(name)
-        dp.on_iface_update(IfaceStateUpdate(name, IfaceState.UP, link.index))
+        dp.on_iface_update(kernel.workload_iface(name))
     for msg in _workload_batch(config.Ipv6Support):
         dp.on_datastore_message(msg)
     dp.set_iface_in_sync()
     return kernel, dp
 
 
-def _check_fail_closed_invariant(kernel: Kernel, families: Sequence[int]) -> None:
+def _check_fail_closed_invariant(kernel: FakeKernel, families: Sequence[int]) -> None:
     sets = kernel.ipset_names()
     for v in families:
         for table in TABLES:
