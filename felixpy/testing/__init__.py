@@ -1,5 +1,6 @@
 """Harness code shared by tests/, fv/ and bench/: namespaces, the daemon as a subprocess,
-CNI-style topology, the connectivity checker, and the one fake clock.
+CNI-style topology, the connectivity checker, a node's kernel assembled from the drivers' fakes
+(``kernel.py``, for building the real dataplane in-process), and the one fake clock.
 
 Where fakes live: a fake sits in a ``fake.py`` beside the thing it fakes, so whoever changes a
 driver sees the stand-in that has to keep up — ``drivers/iptables/fake.py`` (the save/restore
