@@ -14,7 +14,10 @@ every assertion sees the state after the daemon has handled exactly what was pos
 from __future__ import annotations
 
 import itertools
+import queue
+import socket
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +32,7 @@ from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.testing.clock import FakeClock
 from felixpy.testing.kernel import FakeKernel
 from felixpy.transports.base import FeedClosed, FeedMessages, FeedOpened
+from felixpy.transports.stream import UnixSocketServer
 
 START = 1000.0
 
@@ -310,8 +314,36 @@ def test_the_next_feed_is_a_new_start_of_day(node: Node) -> None:
     assert [m.sequence_number for m in second.sent] == list(range(len(second.sent)))
 
 
+def test_the_unix_transport_refuses_a_second_concurrent_feed(tmp_path: Path) -> None:
+    """One feed at a time at the transport: a second connection is closed without reaching the runner."""
+    events: queue.SimpleQueue[object] = queue.SimpleQueue()
+    path = str(tmp_path / "feed.sock")
+    server = UnixSocketServer(path, events)
+    server.start()
+    clients = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3)]
+    try:
+        clients[0].connect(path)
+        first = events.get(timeout=5)
+        assert isinstance(first, FeedOpened)
+        clients[1].connect(path)
+        clients[1].settimeout(5)
+        assert clients[1].recv(1) == b""  # refused: closed by the server
+        assert events.empty()
+        first.feed.close()  # the runner ends the session
+        clients[2].connect(path)
+        seen = [events.get(timeout=5)]
+        while not isinstance(seen[-1], FeedOpened):
+            seen.append(events.get(timeout=5))
+        assert seen[-1].feed is not first.feed  # the next connection is accepted
+        assert all(isinstance(e, FeedClosed) and e.feed is first.feed for e in seen[:-1])
+    finally:
+        server.stop()
+        for c in clients:
+            c.close()
+
+
 def test_a_second_concurrent_feed_replaces_the_first(node: Node) -> None:
-    """What the runner does today; the shipped transports refuse a second feed before it gets here."""
+    """What the runner does if a second feed reaches it (the transports refuse one, see above)."""
     first = programmed_feed(node)
     second = node.open()
     assert first.closed and not second.closed
