@@ -185,8 +185,9 @@ class Daemon:
         wake = now + HEALTH_TICK
         s = self._session
         if s is not None:
-            if s.dataplane is not None:
-                wake = min(wake, s.dataplane.next_wakeup())
+            dp_wake = s.dataplane.next_wakeup() if s.dataplane is not None else None
+            if dp_wake is not None:
+                wake = min(wake, dp_wake)
             if s.next_status is not None:
                 wake = min(wake, s.next_status)
         return max(0.0, wake - now)
@@ -289,6 +290,7 @@ class Daemon:
         self.health.register("InternalDataplaneMainLoop", max(20.0, cfg.DataplaneWatchdogTimeout))
         try:
             dp = self._build(cfg, clock=self._clock, status_sink=lambda ups: self._send_statuses(s, ups),
+                             feed_sink=lambda msgs: self._send_messages(s, msgs),
                              on_first_sync=lambda secs: self._on_first_sync(s, secs), metrics=self.metrics)
         except (UnsupportedFeature, ConfigError) as exc:
             log.critical("Cannot build the dataplane for this configuration", error=str(exc))
@@ -345,6 +347,11 @@ class Daemon:
         log.info("Dataplane in sync", seconds=round(seconds, 3))
         self._heap.trim()  # the start of day is the biggest apply there will be
         s.send(pb.DataplaneInSync())
+
+    def _send_messages(self, s: Session, messages: list[Any]) -> None:
+        """Other dataplane reports for the calc graph (e.g. ``WireguardStatusUpdate``)."""
+        for msg in messages:
+            s.send(msg)
 
     def _send_statuses(self, s: Session, updates: list[EndpointStatus]) -> None:
         for u in updates:

@@ -74,7 +74,7 @@ class Node:
         self._names = itertools.count(1)
 
     def _build(self, cfg: Config, **kw: Any) -> InternalDataplane:
-        dp = build_dataplane(cfg, deps=self.kernel.deps(), **kw)
+        dp = build_dataplane(cfg, deps=self.kernel.deps(self.clock.monotonic), **kw)
         self.builds.append(dp)
         return dp
 

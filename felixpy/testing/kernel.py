@@ -8,7 +8,7 @@ and watch its start of day read back and sweep what the first one programmed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from felixpy.dataplane.wiring import KernelDeps
 from felixpy.drivers.cmdshim import CommandResult
@@ -24,7 +24,10 @@ TABLES = ("raw", "mangle", "filter", "nat")
 class NoConntrackFlows:
     """A ``conntrack`` with nothing to delete."""
 
-    def run(self, argv: Sequence[str], stdin: str | None = None) -> CommandResult:
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+            while_running: Callable[[], None] | None = None) -> CommandResult:
+        if while_running is not None:
+            while_running()
         return CommandResult(1, "", "conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.",
                              tuple(argv))
 
@@ -36,10 +39,15 @@ class FakeKernel:
         self.netlink = FakeNetlink()
         self.sysctls = FakeSysctls()
 
-    def deps(self) -> KernelDeps:
-        return KernelDeps(iptables_runner=self.iptables, ipset_runner=self.ipset,
+    def deps(self, clock: Callable[[], float] | None = None) -> KernelDeps:
+        """What :func:`~felixpy.dataplane.wiring.build` takes; *clock* (e.g. a fake clock's
+        ``monotonic``) times the drivers' device re-checks and route grace periods."""
+        deps = KernelDeps(iptables_runner=self.iptables, ipset_runner=self.ipset,
                           netlink_factory=self.netlink.factory, conntrack_runner=NoConntrackFlows(),
                           sysctls=self.sysctls, iptables_backend="legacy")
+        if clock is not None:
+            deps.clock = clock
+        return deps
 
     def workload_iface(self, name: str) -> IfaceStateUpdate:
         """Create a workload interface (link + its sysctls); the monitor's report that it is up."""

@@ -48,6 +48,7 @@ import structlog
 
 from felixpy.deltatracker import DeltaTracker
 from felixpy.drivers.netlink.api import Netlink, NetlinkFactory
+from felixpy.drivers.netlink.handle import CachedHandle
 from felixpy.drivers.netlink.errors import NetlinkCallError
 from felixpy.drivers.netlink.types import (
     AF_INET,
@@ -103,8 +104,7 @@ class RouteTable:
         self.ip_version = ip_version
         self.family = family_of(ip_version)
         self.table_index = table_index or 254
-        self._new_handle = new_handle
-        self._nl: Netlink | None = None
+        self._nl = CachedHandle(new_handle)
         self.ownership = ownership
         self.default_protocol = default_protocol
         self.device_route_source_address = device_route_source_address
@@ -345,16 +345,10 @@ class RouteTable:
             raise DataplaneError(f"interfaces flapped during route update: {sorted(self._ifaces_to_rescan)}")
 
     def _handle(self) -> Netlink:
-        if self._nl is None:
-            self._nl = self._new_handle()
-        return self._nl
+        return self._nl.get()
 
     def _close_handle(self) -> None:
-        if self._nl is not None:
-            try:
-                self._nl.close()
-            finally:
-                self._nl = None
+        self._nl.drop()
 
     def close(self) -> None:
         self._close_handle()
