@@ -51,13 +51,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
 import structlog
+from google.protobuf.message import Message
 
 from felixpy.config import Config
 from felixpy.dataplane.clock import Clock
-from felixpy.dataplane.core import InternalDataplane
+from felixpy.dataplane.core import ApplyMetrics, InternalDataplane
 from felixpy.drivers.cmdshim import CommandRunner, SubprocessRunner
 from felixpy.drivers.generictables.table import MapsDataplane, Table
 from felixpy.drivers.ipsets_api import IPSetsDataplane
@@ -181,8 +180,8 @@ class BuiltDataplane:
 
 
 def build(config: Config, *, clock: Clock, status_sink: Callable[[list[EndpointStatus]], None] | None = None,
-          feed_sink: Callable[[list[Any]], None] | None = None,
-          on_first_sync: Callable[[float], None] | None = None, metrics: Any = None,
+          feed_sink: Callable[[list[Message]], None] | None = None,
+          on_first_sync: Callable[[float], None] | None = None, metrics: ApplyMetrics | None = None,
           deps: KernelDeps | None = None) -> BuiltDataplane:
     """Every manager and driver for *config*, registered with a new loop (nothing touches the kernel)."""
     if config.BPFEnabled:
@@ -202,9 +201,14 @@ def build(config: Config, *, clock: Clock, status_sink: Callable[[list[EndpointS
     return BuiltDataplane(dp, parts, status, mode)
 
 
-def build_dataplane(config: Config, **kwargs: Any) -> InternalDataplane:
+def build_dataplane(config: Config, *, clock: Clock,
+                    status_sink: Callable[[list[EndpointStatus]], None] | None = None,
+                    feed_sink: Callable[[list[Message]], None] | None = None,
+                    on_first_sync: Callable[[float], None] | None = None, metrics: ApplyMetrics | None = None,
+                    deps: KernelDeps | None = None) -> InternalDataplane:
     """The daemon's build function: :func:`build`, keeping only the loop."""
-    return build(config, **kwargs).dataplane
+    return build(config, clock=clock, status_sink=status_sink, feed_sink=feed_sink, on_first_sync=on_first_sync,
+                 metrics=metrics, deps=deps).dataplane
 
 
 # ------------------------------------------------------------------------------ tables
