@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 
@@ -165,7 +166,9 @@ def test_external_driver_pipes_fd3_fd4(netns: str) -> None:
     script = ("import os,sys; os.dup2(int(sys.argv[1]),3); os.dup2(int(sys.argv[2]),4); "
               "sys.argv=['felixpy-dataplane-driver']; from felixpy.cli import driver_main; sys.exit(driver_main())")
     proc = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-c", script, str(to_r), str(from_w)],
-                            pass_fds=(to_r, from_w), env={**os.environ, "PYTHONPATH": str(REPO)},
+                            pass_fds=(to_r, from_w),
+                            env={**os.environ, "PYTHONPATH": str(REPO),
+                                 "FELIXPY_MTU_FILE": os.path.join(tempfile.mkdtemp(prefix="fpymtu-"), "mtu")},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     os.close(to_r)
     os.close(from_w)

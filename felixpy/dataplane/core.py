@@ -41,9 +41,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
+from google.protobuf.message import Message
 
 from felixpy.config import Config
 from felixpy.dataplane.clock import Clock
@@ -73,6 +74,24 @@ log = structlog.get_logger(__name__)
 IPSET_DELETION_RESCHEDULE = 0.1
 MIN_RESCHEDULE = 0.05
 T = TypeVar("T")
+
+
+class _Observes(Protocol):
+    def observe(self, amount: float) -> None: ...
+
+
+class _Counts(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class ApplyMetrics(Protocol):
+    """What the loop records per apply (``felixpy.metrics.DataplaneMetrics`` provides it)."""
+
+    @property
+    def apply_time(self) -> _Observes: ...
+
+    @property
+    def failures(self) -> _Counts: ...
 
 
 @dataclass
@@ -110,9 +129,9 @@ def _family(obj: object) -> str:
 class InternalDataplane:
     def __init__(self, config: Config, clock: Clock, *,
                  status_sink: Callable[[list[EndpointStatus]], None] | None = None,
-                 feed_sink: Callable[[list[Any]], None] | None = None,
+                 feed_sink: Callable[[list[Message]], None] | None = None,
                  on_first_sync: Callable[[float], None] | None = None,
-                 metrics: Any = None, executor: ThreadPoolExecutor | None = None) -> None:
+                 metrics: ApplyMetrics | None = None, executor: ThreadPoolExecutor | None = None) -> None:
         self.config = config
         self._clock = clock
         self._status_sink = status_sink
@@ -172,7 +191,7 @@ class InternalDataplane:
         return [s for s in [*self.route_syncers(), *self.fdbs, *self.devices] if isinstance(s, WatchesIfaces)]
 
     # ------------------------------------------------------------------------- inputs
-    def on_datastore_message(self, msg: Any) -> None:
+    def on_datastore_message(self, msg: Message) -> None:
         """One proto payload from the calc graph: fan out to every manager."""
         self._fan_out(msg)
         if isinstance(msg, pb.InSync) and not self.datastore_in_sync:
@@ -198,7 +217,7 @@ class InternalDataplane:
             log.info("Interface monitor in sync")
         self.iface_in_sync = True
 
-    def _fan_out(self, msg: Any) -> None:
+    def _fan_out(self, msg: object) -> None:
         for mgr in self.managers:
             try:
                 mgr.on_update(msg)
@@ -325,7 +344,7 @@ class InternalDataplane:
 
     def _publish(self, report: ApplyReport) -> None:
         updates: list[EndpointStatus] = []
-        messages: list[Any] = []
+        messages: list[Message] = []
         for mgr in self.managers:
             if isinstance(mgr, ManagerWithStatus):
                 updates.extend(self._step(report, f"status:{type(mgr).__name__}", mgr.pop_status_updates) or ())

@@ -51,15 +51,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
 import structlog
+from google.protobuf.message import Message
 
 from felixpy.config import Config
 from felixpy.dataplane.clock import Clock
-from felixpy.dataplane.core import InternalDataplane
+from felixpy.dataplane.core import ApplyMetrics, InternalDataplane
 from felixpy.drivers.cmdshim import CommandRunner, SubprocessRunner
 from felixpy.drivers.generictables.table import MapsDataplane, Table
+from felixpy.drivers.hostmtu import HostMTU, mtu_file_path
 from felixpy.drivers.ipsets_api import IPSetsDataplane
 from felixpy.drivers.netlink.api import NetlinkFactory
 from felixpy.drivers.nftables.shim import NftShim
@@ -128,12 +128,14 @@ class KernelDeps:
     netlink handles; ``main_route_table`` builds the family's main route table
     (default: a :class:`~felixpy.drivers.routetable.RouteTable`, or a
     :class:`~felixpy.drivers.routetable.DummyTable` with ``RouteSyncDisabled``);
-    ``sysctls`` writes ``/proc/sys``; ``clock`` times device re-checks and route
-    grace periods.
+    ``sysctls`` writes ``/proc/sys``; ``mtu_file`` is where the pod MTU is written
+    (the daemon's default: ``/var/lib/calico/mtu`` or ``FELIXPY_MTU_FILE``; unset,
+    nothing is written); ``clock`` times device re-checks and route grace periods.
     """
 
     tables: TablesFactory | None = None
     netlink_factory: NetlinkFactory | None = None
+    mtu_file: str | None = None  # Felix's MTU file for the CNI plugin; None: not managed (tests)
     main_route_table: RouteTableFactory | None = None
     sysctls: SysctlWriter = field(default_factory=ProcSys)
     clock: Callable[[], float] = time.monotonic
@@ -181,8 +183,8 @@ class BuiltDataplane:
 
 
 def build(config: Config, *, clock: Clock, status_sink: Callable[[list[EndpointStatus]], None] | None = None,
-          feed_sink: Callable[[list[Any]], None] | None = None,
-          on_first_sync: Callable[[float], None] | None = None, metrics: Any = None,
+          feed_sink: Callable[[list[Message]], None] | None = None,
+          on_first_sync: Callable[[float], None] | None = None, metrics: ApplyMetrics | None = None,
           deps: KernelDeps | None = None) -> BuiltDataplane:
     """Every manager and driver for *config*, registered with a new loop (nothing touches the kernel)."""
     if config.BPFEnabled:
@@ -195,6 +197,11 @@ def build(config: Config, *, clock: Clock, status_sink: Callable[[list[EndpointS
     families = [4, 6] if config.Ipv6Support else [4]
     tables_factory = deps.tables or _default_tables(deps)
     parts = {v: _build_family(dp, config, v, tables_factory(config, v), deps, status) for v in families}
+    if deps.mtu_file is not None:
+        # The one node-level object: Felix's MTU file has no IP family.
+        dp.register_device_syncer(HostMTU(new_handle=deps.netlink(), pattern=config.MTUIfacePattern,
+                                          pod_mtu=lambda host: pod_mtu(config, host), path=deps.mtu_file,
+                                          clock=deps.clock))
     dp.register_manager(status)
     backend = parts[4].tables.backend
     mode = backend if backend == "nftables" else f"iptables-{backend}"
@@ -202,9 +209,16 @@ def build(config: Config, *, clock: Clock, status_sink: Callable[[list[EndpointS
     return BuiltDataplane(dp, parts, status, mode)
 
 
-def build_dataplane(config: Config, **kwargs: Any) -> InternalDataplane:
-    """The daemon's build function: :func:`build`, keeping only the loop."""
-    return build(config, **kwargs).dataplane
+def build_dataplane(config: Config, *, clock: Clock,
+                    status_sink: Callable[[list[EndpointStatus]], None] | None = None,
+                    feed_sink: Callable[[list[Message]], None] | None = None,
+                    on_first_sync: Callable[[float], None] | None = None, metrics: ApplyMetrics | None = None,
+                    deps: KernelDeps | None = None) -> InternalDataplane:
+    """The daemon's build function: :func:`build` with the real kernel (and Felix's MTU file), keeping
+    only the loop."""
+    deps = deps or KernelDeps(mtu_file=mtu_file_path())
+    return build(config, clock=clock, status_sink=status_sink, feed_sink=feed_sink, on_first_sync=on_first_sync,
+                 metrics=metrics, deps=deps).dataplane
 
 
 # ------------------------------------------------------------------------------ tables
@@ -366,6 +380,25 @@ def renderer_options(config: Config) -> RendererOptions:
     """The encapsulation inputs of the rules layer, from the same signal the managers use: with VXLAN on,
     the static chains allow VXLAN from (and to) the ``all-vxlan-net`` set the VXLAN manager keeps."""
     return RendererOptions(vxlan_enabled=vxlan_enabled(config, 4), vxlan_enabled_v6=vxlan_enabled(config, 6))
+
+
+def pod_mtu(config: Config, host_mtu: int) -> int:
+    """Felix's ``determinePodMTU``: the smallest MTU among the enabled encapsulations (each configured, or
+    the host MTU less its overhead), or the host MTU when none is enabled."""
+    candidates = [
+        (config.IpInIpMtu or host_mtu - 20, ipip_enabled(config, 4)),
+        (config.VXLANMTU or host_mtu - 50, vxlan_enabled(config, 4)),
+        (config.VXLANMTUV6 or host_mtu - 70, vxlan_enabled(config, 6)),
+        (config.WireguardMTU or host_mtu - 60, wireguard_enabled(config, 4)),
+        (config.WireguardMTUV6 or host_mtu - 80, wireguard_enabled(config, 6)),
+    ]
+    enabled = [mtu for mtu, on in candidates if on and mtu > 0]
+    if not enabled:
+        return host_mtu
+    mtu = min(enabled)
+    if mtu > host_mtu:
+        log.warning("Configured MTU is larger than the detected host interface MTU", mtu=mtu, host_mtu=host_mtu)
+    return mtu
 
 
 def wireguard_table_index(config: Config, v: int) -> int:
