@@ -58,7 +58,9 @@ ls "$OUT/wheels"
 
 echo "== rootfs: mmdebstrap bookworm (${#PKGS[@]} packages + dependencies)"
 inc=$(IFS=,; echo "${PKGS[*]}")
+# merged-usr hook: /usr merged by usr-is-merged instead of the usrmerge package (which drags perl in).
 mmdebstrap --mode=root --variant=essential --include="$inc" \
+  --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
   --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
