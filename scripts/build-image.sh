@@ -22,14 +22,11 @@ TAG=${IMAGE_TAG:-felixpy:$VERSION}
 # for iptables/nftables-only nodes.
 IMAGE_BPF=${IMAGE_BPF:-1}
 
-# Runtime packages only: each is here for a command or module felixpy uses.
-PKGS=(python3            # the daemon (bookworm: 3.11)
-      iptables ipset     # iptables-legacy/-nft restore/save, ipset restore
-      nftables python3-nftables  # libnftables JSON (nftables mode)
-      iproute2           # ip, tc
-      conntrack          # flushing conntrack for removed endpoints
-      procps)            # sysctl
-[ "$IMAGE_BPF" = 1 ] && PKGS+=(python3-bpfcc)  # bcc (BPF mode); kernel headers come from the host mount
+# Runtime packages only (the list, with why each is there: deploy/image/runtime-packages.txt).
+mapfile -t PKGS < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' -e 's/[[:space:]]*$//' deploy/image/runtime-packages.txt)
+if [ "$IMAGE_BPF" != 1 ]; then
+  mapfile -t PKGS < <(printf '%s\n' "${PKGS[@]}" | grep -vx python3-bpfcc)
+fi
 
 host_pkgs=(mmdebstrap buildah)
 missing=()

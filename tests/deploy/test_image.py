@@ -131,6 +131,30 @@ def test_image_is_runtime_only(image: tuple[Path, dict[str, object]]) -> None:
     assert isinstance(cfg, dict) and cfg["Entrypoint"] == ["felixpy", "run"]
 
 
+def _dockerfile_final_stage() -> dict[str, object]:
+    """ENV, ENTRYPOINT and CMD of the Dockerfile's last stage (continuation lines joined)."""
+    text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
+    stage = text.split("\nFROM ")[-1]
+    out: dict[str, object] = {"Env": {}}
+    for line in stage.splitlines():
+        word, _, rest = line.strip().partition(" ")
+        if word == "ENV":
+            out["Env"] = {**out["Env"], **dict(kv.split("=", 1) for kv in rest.split())}  # type: ignore[dict-item]
+        elif word in ("ENTRYPOINT", "CMD"):
+            out[word.title()] = json.loads(rest)
+    return out
+
+
+def test_dockerfile_matches_the_image(image: tuple[Path, dict[str, object]]) -> None:
+    _, config = image
+    cfg = config["config"]
+    assert isinstance(cfg, dict)
+    docker = _dockerfile_final_stage()
+    assert docker["Entrypoint"] == cfg["Entrypoint"] and docker["Cmd"] == cfg["Cmd"]
+    assert docker["Env"] == dict(e.split("=", 1) for e in cfg["Env"])
+    assert "deploy/image/runtime-packages.txt" in (REPO / "Dockerfile").read_text()
+
+
 @pytest.mark.kernel
 def test_image_daemon_probes_and_enforces_policy(image: tuple[Path, dict[str, object]], the_lab: Lab,
                                                  tmp_path: Path) -> None:
