@@ -70,6 +70,19 @@ static int write_all(int fd, const char *buf, size_t len) {
     return 0;
 }
 
+enum relay_result { RELAY_OK, RELAY_EOF, RELAY_READ_ERROR, RELAY_WRITE_ERROR };
+
+/* Move what one read gives from `from` to `to`; errno is left set on the errors. */
+static enum relay_result relay(int from, int to) {
+    static char buf[BUF_SIZE];
+    ssize_t n = read(from, buf, sizeof(buf));
+    if (n < 0)
+        return errno == EINTR ? RELAY_OK : RELAY_READ_ERROR;
+    if (n == 0)
+        return RELAY_EOF;
+    return write_all(to, buf, (size_t)n) < 0 ? RELAY_WRITE_ERROR : RELAY_OK;
+}
+
 static int connect_felixpy(const char *path, double timeout) {
     struct sockaddr_un addr;
     if (strlen(path) >= sizeof(addr.sun_path)) {
@@ -140,7 +153,6 @@ int main(int argc, char **argv) {
         return 1;
     fprintf(stderr, "%s: relaying Felix <-> felixpy at %s\n", prog, path);
 
-    static char buf[BUF_SIZE];
     struct pollfd fds[2] = {{.fd = FELIX_IN, .events = POLLIN}, {.fd = sock, .events = POLLIN}};
     for (;;) {
         if (poll(fds, 2, -1) < 0) {
@@ -150,33 +162,29 @@ int main(int argc, char **argv) {
             return 1;
         }
         if (fds[0].revents) {
-            ssize_t n = read(FELIX_IN, buf, sizeof(buf));
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n <= 0) {
+            int r = relay(FELIX_IN, sock);
+            if (r == RELAY_EOF || r == RELAY_READ_ERROR) {
                 /* Felix closed its end: a clean end of feed for felixpy. */
                 shutdown(sock, SHUT_WR);
                 say("%s", "Felix closed fd 3; ending the feed (felixpy keeps the kernel as programmed)");
                 return 0;
             }
-            if (write_all(sock, buf, (size_t)n) < 0) {
+            if (r == RELAY_WRITE_ERROR) {
                 say("felixpy went away (write: %s)", strerror(errno));
                 return 1;
             }
         }
         if (fds[1].revents) {
-            ssize_t n = read(sock, buf, sizeof(buf));
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n == 0) {
+            int r = relay(sock, FELIX_OUT);
+            if (r == RELAY_EOF) {
                 say("%s", "felixpy closed the connection");
                 return 1;
             }
-            if (n < 0) {
+            if (r == RELAY_READ_ERROR) {
                 say("felixpy went away (read: %s)", strerror(errno));
                 return 1;
             }
-            if (write_all(FELIX_OUT, buf, (size_t)n) < 0) {
+            if (r == RELAY_WRITE_ERROR) {
                 if (errno == EPIPE) {
                     shutdown(sock, SHUT_WR);
                     say("%s", "Felix closed fd 4; ending the feed");
