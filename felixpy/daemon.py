@@ -280,6 +280,8 @@ class Daemon:
 
     def _start_dataplane(self, s: Session, cfg: Config) -> None:
         self._serve_process_config(cfg)
+        if self.exit_code is not None:
+            return
         s.config = cfg
         self.health.register("InternalDataplaneMainLoop", max(20.0, cfg.DataplaneWatchdogTimeout))
         try:
