@@ -1,4 +1,4 @@
-"""Command line: ``felixpy run | feed | replay | demo | version``.
+"""Command line: ``felixpy run | feed | replay | demo | health | version``.
 
 ``felixpy-dataplane-driver`` (no arguments) is the entry point Felix execs as its
 external ``DataplaneDriver``: messages on fd 3, replies on fd 4.
@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--scenario", default="demo")
 
     sub.add_parser("version", help="print the version")
+    from felixpy import healthcheck
+
+    healthcheck.add_parser(sub)
     return p
 
 
@@ -70,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _feed(args)
     if args.cmd == "replay":
         return _replay(args)
+    if args.cmd == "health":
+        from felixpy import healthcheck
+
+        return healthcheck.main(args)
     if args.cmd == "demo":
         from felixpy import demo
 

@@ -152,6 +152,9 @@ class Daemon:
     # ----------------------------------------------------------------------- runner
     def run(self) -> int:
         log.info("felixpy daemon running")
+        # Probe-able while waiting for a feed: the servers take their settings from the
+        # environment and config file now; a feed's config may move them later.
+        self._serve_process_config(self._load_config({}))
         try:
             while self.exit_code is None:
                 self._iterate()
@@ -277,15 +280,9 @@ class Daemon:
             self.exit_code = configmod.EXIT_CONFIG_CHANGED
 
     def _start_dataplane(self, s: Session, cfg: Config) -> None:
-        if self._process_config is None:
-            self._process_config = cfg
-            self._start_servers(cfg)
-        else:
-            changed = [p for p in PROCESS_PARAMS if getattr(cfg, p) != getattr(self._process_config, p)]
-            if changed:
-                log.warning("Process-level config changed; exiting for restart", changed=changed)
-                self.exit_code = configmod.EXIT_CONFIG_CHANGED
-                return
+        self._serve_process_config(cfg)
+        if self.exit_code is not None:
+            return
         s.config = cfg
         self.health.register("InternalDataplaneMainLoop", max(20.0, cfg.DataplaneWatchdogTimeout))
         try:
@@ -308,6 +305,31 @@ class Daemon:
             s.next_status = self._clock.monotonic() + min(10.0, cfg.ReportingIntervalSecs)
         log.info("Dataplane built", feed=s.feed.name, mode=_mode(cfg), ipv6=cfg.Ipv6Support,
                  replayed=len(buffered))
+
+    def _serve_process_config(self, cfg: Config) -> None:
+        """(Re)bind the health and metrics servers when their settings differ from the running ones.
+
+        Rebinding in place rather than exiting for a restart: the restarted process would
+        start from the environment again and, fed the same config, loop.  The environment
+        wins over a feed's config (layering), so a deployment pins its ports there.
+        """
+        old = self._process_config
+        if old is not None and all(getattr(cfg, p) == getattr(old, p) for p in PROCESS_PARAMS):
+            return
+        if old is not None:
+            log.info("Health/metrics settings changed; rebinding",
+                     changed=[p for p in PROCESS_PARAMS if getattr(cfg, p) != getattr(old, p)])
+        for srv in self._servers:
+            srv.shutdown()
+            srv.server_close()
+        self._servers = []
+        self._process_config = cfg
+        try:
+            self._start_servers(cfg)
+        except OSError as exc:  # e.g. the port is taken (beside calico-node: Felix's 9099/9091)
+            log.critical("Cannot start the health/metrics servers; exiting", error=str(exc),
+                         health_port=cfg.HealthPort, metrics_port=cfg.PrometheusMetricsPort)
+            self.exit_code = EXIT_FATAL
 
     def _start_servers(self, cfg: Config) -> None:
         if cfg.HealthEnabled:
@@ -341,6 +363,8 @@ class Daemon:
         if s is not None and s.config is not None:
             ready = dp is not None and dp.in_sync_reported and dp.iface_in_sync
             self.health.report("InternalDataplaneMainLoop", live=True, ready=ready)
+        elif s is None:  # waiting for a feed: the loop is alive, nothing is programmed for anyone
+            self.health.report("InternalDataplaneMainLoop", live=True, ready=False)
 
     def _on_first_sync(self, s: Session, seconds: float) -> None:
         self.metrics.initial_resync_time.set(seconds)

@@ -9,11 +9,11 @@ ROOT=$(pwd)
 VENV=${VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3}
 
-# gcc + libbpf-dev: tests/bpf/test_syscall.py compiles a C probe against libbpf's headers to check
-# the ctypes mirrors of its structs.
+# gcc, libc6-dev, make: the static driver shim (tests/deploy/test_shim.py builds it);
+# gcc + libbpf-dev: tests/bpf/test_syscall.py compiles a probe against libbpf's headers.
 APT_PKGS=(python3-bpfcc libbpfcc linux-headers-amd64 bpftool nftables libnftables1
           python3-nftables iptables ipset iproute2 iputils-ping conntrack ncat procps
-          gcc libbpf-dev)
+          gcc libc6-dev make libbpf-dev)
 
 need_apt=0
 for p in "${APT_PKGS[@]}"; do

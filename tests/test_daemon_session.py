@@ -269,15 +269,20 @@ def test_an_informational_config_change_keeps_running(node: Node) -> None:
     assert node.exit_code is None and len(node.builds) == 1
 
 
-def test_a_process_level_change_on_a_new_feed_exits_129(node: Node) -> None:
+def test_health_settings_from_a_new_feed_rebind_the_server_without_a_restart(node: Node) -> None:
     node.iface_in_sync()
     first = node.open()
     start_of_day(node, first)
     node.close(first)
     second = node.open()
-    node.send(second, config(HealthEnabled="true", HealthPort="1"))  # never served: the daemon exits first
-    assert node.exit_code == configmod.EXIT_CONFIG_CHANGED
-    assert len(node.builds) == 1
+    node.send(second, config(HealthEnabled="true", HealthHost="127.0.0.1", HealthPort="0"), pb.InSync())
+    assert node.exit_code is None and len(node.builds) == 2
+    (server,) = node.daemon._servers
+    host, port = server.server_address[:2]
+    assert host == "127.0.0.1"
+    with socket.create_connection((host, port), timeout=5) as conn:
+        conn.sendall(b"GET /liveness HTTP/1.0\r\n\r\n")
+        assert conn.recv(64).startswith(b"HTTP/1.0 200")
 
 
 def test_a_config_the_dataplane_cannot_build_exits_2(node: Node) -> None:
