@@ -278,7 +278,9 @@ def test_health_settings_from_a_new_feed_rebind_the_server_without_a_restart(nod
     node.send(second, config(HealthEnabled="true", HealthHost="127.0.0.1", HealthPort="0"), pb.InSync())
     assert node.exit_code is None and len(node.builds) == 2
     (server,) = node.daemon._servers
-    host, port = server.server_address[:2]
+    address = server.server_address
+    assert isinstance(address, tuple)
+    host, port = address[0], address[1]
     assert host == "127.0.0.1"
     with socket.create_connection((host, port), timeout=5) as conn:
         conn.sendall(b"GET /liveness HTTP/1.0\r\n\r\n")
