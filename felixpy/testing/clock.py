@@ -1,14 +1,15 @@
 """The one fake clock: virtual time for every test, advanced by hand or by ``sleep``.
 
 Shape: an object with ``monotonic()`` (the :class:`~felixpy.dataplane.clock.Clock`
-protocol), not a bare callable.  The clock is injected once at the composition roots —
-:class:`~felixpy.daemon.Daemon`, :class:`~felixpy.dataplane.core.InternalDataplane`,
-:func:`~felixpy.dataplane.wiring.build_dataplane`, the interface monitor — which take a
-``Clock`` and hand the bound method ``clock.monotonic`` down to the leaf consumers (tables,
-IP sets, route tables, health, heap trimmer, update filter) that take a
-``Callable[[], float]``.  A bound method fits both kinds of call site; a bare callable fits
-only the leaves, so every root would have to change.  Drivers that also wait (the ipset and
-iptables drivers take ``sleep=``) get ``clock.sleep``, which advances the same virtual time.
+protocol), not a bare callable.  The clock is injected as an object at the composition
+roots — :class:`~felixpy.daemon.Daemon`, :class:`~felixpy.dataplane.core.InternalDataplane`,
+:func:`~felixpy.dataplane.wiring.build`, the interface monitor — while the leaf consumers
+(tables, IP sets, route tables, ``KernelDeps.clock``, health, heap trimmer, update filter)
+take a ``Callable[[], float]``; tests hand those the bound method ``clock.monotonic``.  A
+bound method fits both kinds of call site, a bare callable only the leaves (every root
+would have had to change).  Drivers that also wait (the ipset, iptables and nftables
+drivers take ``sleep=``) get ``clock.sleep``, which advances the same virtual time and
+records each sleep in :attr:`FakeClock.sleeps`.
 """
 
 from __future__ import annotations
