@@ -154,8 +154,8 @@ PROFILE = pb.ActiveProfileUpdate(id=pb.ProfileID(name="kns.default"), profile=pb
 CLIENTS = pb.IPSetUpdate(id="s:clients", members=["10.65.0.2"], type=pb.IPSetUpdate.IP)
 
 
-def start_of_day(node: Node, feed: FakeFeed, *extra: Any) -> None:
-    node.send(feed, config(), CLIENTS, PROFILE, wep("a", "10.65.0.1/32"), *extra, pb.InSync())
+def start_of_day(node: Node, feed: FakeFeed) -> None:
+    node.send(feed, config(), CLIENTS, PROFILE, wep("a", "10.65.0.1/32"), pb.InSync())
 
 
 def programmed_feed(node: Node) -> FakeFeed:
@@ -171,15 +171,18 @@ def programmed_feed(node: Node) -> FakeFeed:
 def test_nothing_reaches_the_kernel_before_in_sync(node: Node) -> None:
     node.iface_up("calia")
     node.iface_in_sync()
+    before = node.kernel.snapshot()
     feed = node.open()
     node.send(feed, config(), CLIENTS, PROFILE, wep("a", "10.65.0.1/32"))
     assert len(node.builds) == 1  # the config arrived: the dataplane is built...
-    assert node.chains() == set() and node.kernel.ipset.sets == {}  # ...but programs nothing
+    assert node.kernel.snapshot() == before  # ...but nothing reaches the kernel
     assert feed.sent == []
 
     node.send(feed, pb.InSync())
     assert {"cali-FORWARD", "cali-tw-calia", "cali-fw-calia", "cali-pri-kns.default"} <= node.chains()
     assert node.kernel.ipset.members("cali40s:clients") == {"10.65.0.2"}
+    assert "10.65.0.1/32" in node.kernel.netlink.routes_in()  # the workload's route
+    assert node.kernel.sysctls.values["net/ipv4/conf/calia/proxy_arp"] == "1"
     assert len(feed.received("dataplane_in_sync")) == 1
     assert [u.id for u in feed.received("workload_endpoint_status_update")] == [wid("a")]
     assert feed.received("workload_endpoint_status_update")[0].status.status == "up"
@@ -305,10 +308,10 @@ def test_a_dropped_feed_leaves_the_kernel_as_programmed(node: Node) -> None:
 
 def test_the_next_feed_is_a_new_start_of_day(node: Node) -> None:
     first = programmed_feed(node)
-    programmed = node.kernel.snapshot()
     node.close(first)
+    node.iface_up("calib")  # a new workload interface appears between the feeds
+    programmed = node.kernel.snapshot()
 
-    node.iface_up("calib")
     second = node.open()
     node.send(second, config(), CLIENTS, PROFILE, wep("b", "10.65.0.3/32"))  # "a" is gone, "b" is new
     assert len(node.builds) == 2

@@ -15,7 +15,8 @@ from felixpy.drivers.cmdshim import CommandResult
 from felixpy.drivers.ipsets.fake import FakeIPSet
 from felixpy.drivers.iptables.fake import FakeIptables
 from felixpy.drivers.netlink.fake import FakeNetlink
-from felixpy.drivers.procsys import FakeSysctls
+from felixpy.drivers.netlink.types import Route
+from felixpy.drivers.procsys.fake import FakeSysctls
 from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
 
 TABLES = ("raw", "mangle", "filter", "nat")
@@ -69,7 +70,8 @@ class FakeKernel:
     def ipset_names(self) -> set[str]:
         return set(self.ipset.sets)
 
-    def snapshot(self) -> tuple[dict[tuple[int, str], str], dict[str, set[str]]]:
-        """Everything programmed in iptables and ipset, to compare before and after."""
+    def snapshot(self) -> tuple[dict[tuple[int, str], str], dict[str, set[str]], dict[str, str], set[Route]]:
+        """Everything programmed (iptables, ipset, sysctls, routes), to compare before and after."""
         tables = {(v, t): self.iptables.save(t, v, "legacy") for v in (4, 6) for t in TABLES}
-        return tables, {name: self.ipset.members(name) for name in self.ipset.sets}
+        sets = {name: self.ipset.members(name) for name in self.ipset.sets}
+        return tables, sets, dict(self.sysctls.values), set(self.netlink.routes.values())
