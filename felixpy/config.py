@@ -6,8 +6,15 @@ name in Felix's docs, a ``FELIX_*`` variable and the code are the same word.
 
 Layers, lowest priority first, as Felix resolves them: built-in defaults <
 ``ConfigUpdate.config`` from the calc graph (already resolved by Felix) <
-the optional config file (``[global]``-less ``Name = value`` lines or YAML
-mapping) < ``FELIX_<Name>`` environment variables (case-insensitive names).
+the optional config file (INI, read as Felix's ``LoadConfigFile`` reads it:
+every section's keys, usually one ``[global]``) < ``FELIX_<Name>`` environment
+variables (case-insensitive names).
+
+Every parameter records its status next to its default (:data:`HONOURED`,
+:data:`IGNORED` or :data:`UNSUPPORTED`); ``docs/config.md`` is generated from
+those records by ``python -m felixpy.configdoc``.  A non-default value of an
+ignored parameter gets one warning per process; an unknown ``FELIX_*``
+variable or file key gets a warning with the closest known name.
 
 Bad values are reported by name (:class:`ConfigProblem`) and fall back to the
 default, as Felix does.  :func:`changed_params` tells the daemon which
@@ -18,19 +25,27 @@ parameters differ between two configs; any change outside
 
 from __future__ import annotations
 
+import configparser
 import dataclasses
+import difflib
 import ipaddress
 import os
 import re
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from felixpy.errors import ConfigError
+
 log = structlog.get_logger(__name__)
 
 EXIT_CONFIG_CHANGED = 129
+HONOURED = "honoured"
+IGNORED = "accepted and ignored"
+UNSUPPORTED = "unsupported (felixpy reports it)"
 NO_RESTART_PARAMS = frozenset({"CalicoVersion", "ClusterGUID", "ClusterType", "HealthTimeoutOverrides"})
 
 
@@ -88,6 +103,7 @@ def _choice(*choices: str) -> Callable[[str], str]:
         except KeyError:
             raise ValueError(f"must be one of {', '.join(choices)}") from None
 
+    parse.choices = choices  # type: ignore[attr-defined]  # read by felixpy.configdoc
     return parse
 
 
@@ -137,8 +153,18 @@ def _route_table_ranges(raw: str) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def _p(default: Any, parse: Callable[[str], Any]) -> Any:
-    return field(default=default, metadata={"parse": parse})
+def _p(default: Any, parse: Callable[[str], Any], status: str = HONOURED, note: str = "", *,
+       warn: bool = True) -> Any:
+    """One parameter: its default, its parser, and what felixpy does with it (*status*, *note*).
+
+    *warn* (ignored parameters only): a non-default value gets a warning; off for parameters that
+    concern only Felix itself, which Felix sends with its own values.
+    """
+    return field(default=default, metadata={"parse": parse, "status": status, "note": note, "warn": warn})
+
+
+def _ignored(default: Any, parse: Callable[[str], Any], note: str, *, warn: bool = True) -> Any:
+    return _p(default, parse, IGNORED, note, warn=warn)
 
 
 FAILSAFE_IN = "tcp:22,udp:68,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667"
@@ -153,9 +179,11 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     # Identity.
     FelixHostname: str = _p("", _str)
     # Driver selection and modes.
-    UseInternalDataplaneDriver: bool = _p(True, _bool)
-    DataplaneDriver: str = _p("calico-iptables-plugin", _str)
-    BPFEnabled: bool = _p(False, _bool)
+    UseInternalDataplaneDriver: bool = _ignored(True, _bool,
+                                                "felixpy is the dataplane driver; which driver Felix runs is Felix's choice", warn=False)
+    DataplaneDriver: str = _ignored("calico-iptables-plugin", _str,
+                                    "felixpy is the dataplane driver; which driver Felix runs is Felix's choice", warn=False)
+    BPFEnabled: bool = _p(False, _bool, UNSUPPORTED, "true: the daemon reports BPF mode unsupported and exits 2")
     NFTablesMode: str = _p("Auto", _choice("Enabled", "Disabled", "Auto"))
     IptablesBackend: str = _p("auto", _choice("auto", "legacy", "nft"))
     Ipv6Support: bool = _p(True, _bool)
@@ -174,8 +202,10 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     NftablesFilterDenyAction: str = _p("DROP", _DENY)
     IptablesNATOutgoingInterfaceFilter: str = _p("", _str)
     NftablesRefreshInterval: float = _p(180.0, _float)
-    NFTablesFlowTableOffload: str = _p("Disabled", _choice("All", "Disabled"))
-    NFTablesFlowTableDataIfacePattern: str = _p("", _str)
+    NFTablesFlowTableOffload: str = _ignored("Disabled", _choice("All", "Disabled"),
+                                             "no flowtable offload in felixpy")
+    NFTablesFlowTableDataIfacePattern: str = _ignored("", _str,
+                                                      "no flowtable offload in felixpy")
     ChainInsertMode: str = _p("insert", _choice("insert", "append"))
     DefaultEndpointToHostAction: str = _p("DROP", _choice("DROP", "RETURN", "ACCEPT"))
     DisableConntrackInvalidCheck: bool = _p(False, _bool)
@@ -188,7 +218,8 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     KubeNodePortRanges: tuple[str, ...] = _p(("30000:32767",), _str_list)
     ServiceLoopPrevention: str = _p("Drop", _choice("Drop", "Reject", "Disabled"))
     WorkloadSourceSpoofing: str = _p("Disabled", _choice("Disabled", "Any"))
-    FloatingIPs: str = _p("Disabled", _choice("Enabled", "Disabled"))
+    FloatingIPs: str = _ignored("Disabled", _choice("Enabled", "Disabled"),
+                                "floating IPs (DNAT) arrive with the host-endpoint work")
     AllowVXLANPacketsFromWorkloads: bool = _p(False, _bool)
     AllowIPIPPacketsFromWorkloads: bool = _p(False, _bool)
     ExternalNodesCIDRList: tuple[str, ...] = _p((), _str_list)
@@ -210,15 +241,21 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     RemoveExternalRoutes: bool = _p(True, _bool)
     RouteTableRanges: tuple[tuple[int, int], ...] = _p(((1, 250),), _route_table_ranges)
     RouteSyncDisabled: bool = _p(False, _bool)
-    RouteSource: str = _p("CalicoIPAM", _choice("CalicoIPAM", "WorkloadIPs"))
+    RouteSource: str = _ignored("CalicoIPAM", _choice("CalicoIPAM", "WorkloadIPs"),
+                                "routes follow the calc graph's RouteUpdates; workload-IP route source not implemented")
     ProgramClusterRoutes: str = _p("EnabledIPIPOnly", _choice("Enabled", "Disabled", "EnabledIPIPOnly", "EnabledNoEncapOnly"))
     IPv4NormalRoutePriority: int = _p(1024, _int)
     IPv6NormalRoutePriority: int = _p(1024, _int)
-    IPv4ElevatedRoutePriority: int = _p(512, _int)
-    IPv6ElevatedRoutePriority: int = _p(512, _int)
-    IPForwarding: str = _p("Enabled", _choice("Enabled", "Disabled"))
-    NetlinkTimeoutSecs: float = _p(10.0, _float)
-    MTUIfacePattern: str = _p(r"^((en|wl|ww|sl|ib)[Pcopsvx].*|(eth|wlan|wwan).*)", _str)
+    IPv4ElevatedRoutePriority: int = _ignored(512, _int,
+                                              "no live-migration route elevation")
+    IPv6ElevatedRoutePriority: int = _ignored(512, _int,
+                                              "no live-migration route elevation")
+    IPForwarding: str = _ignored("Enabled", _choice("Enabled", "Disabled"),
+                                 "the forwarding sysctls are left as they are (pending the sysctl driver)")
+    NetlinkTimeoutSecs: float = _ignored(10.0, _float,
+                                         "netlink calls use pyroute2's own timeouts")
+    MTUIfacePattern: str = _ignored(r"^((en|wl|ww|sl|ib)[Pcopsvx].*|(eth|wlan|wwan).*)", _str,
+                                    "host MTU detection and Felix's MTU file pending the netlink driver")
     # Encapsulation.
     VXLANEnabled: bool | None = _p(None, _bool)
     IpInIpEnabled: bool | None = _p(None, _bool)
@@ -229,8 +266,10 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     IpInIpMtu: int = _p(0, _int)
     IPv4VXLANTunnelAddr: str = _p("", _str)
     IPv6VXLANTunnelAddr: str = _p("", _str)
-    VXLANTunnelMACAddr: str = _p("", _str)
-    VXLANTunnelMACAddrV6: str = _p("", _str)
+    VXLANTunnelMACAddr: str = _ignored("", _str,
+                                       "the VXLAN device MAC comes from the VTEP updates")
+    VXLANTunnelMACAddrV6: str = _ignored("", _str,
+                                         "the VXLAN device MAC comes from the VTEP updates")
     IpInIpTunnelAddr: str = _p("", _str)
     WireguardEnabled: bool = _p(False, _bool)
     WireguardEnabledV6: bool = _p(False, _bool)
@@ -242,22 +281,30 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     WireguardMTU: int = _p(0, _int)
     WireguardMTUV6: int = _p(0, _int)
     WireguardHostEncryptionEnabled: bool = _p(False, _bool)
-    WireguardPersistentKeepAlive: float = _p(0.0, _float)
+    WireguardPersistentKeepAlive: float = _ignored(0.0, _float,
+                                                   "peers are programmed without a keep-alive")
     # XDP / L2.
-    XDPEnabled: bool = _p(True, _bool)
-    GenericXDPEnabled: bool = _p(False, _bool)
+    XDPEnabled: bool = _ignored(True, _bool,
+                                "no XDP acceleration of untracked deny policies")
+    GenericXDPEnabled: bool = _ignored(False, _bool,
+                                       "no XDP acceleration of untracked deny policies")
     XDPRefreshInterval: float = _p(90.0, _float)
-    LocalSubnetL2Reachability: str = _p("Disabled", _choice("Disabled", "Enabled"))
+    LocalSubnetL2Reachability: str = _ignored("Disabled", _choice("Disabled", "Enabled"),
+                                              "no proxy-neighbour manager")
     # Status, health, metrics, logging.
     EndpointReportingEnabled: bool = _p(False, _bool)
-    EndpointReportingDelaySecs: float = _p(1.0, _float)
-    EndpointStatusPathPrefix: str = _p("/var/run/calico", _str)
+    EndpointReportingDelaySecs: float = _ignored(1.0, _float,
+                                                 "status goes out after the apply that changed it")
+    EndpointStatusPathPrefix: str = _ignored("/var/run/calico", _str,
+                                             "no endpoint-status files are written")
     ReportingIntervalSecs: float = _p(30.0, _float)
-    ReportingTTLSecs: float = _p(90.0, _float)
+    ReportingTTLSecs: float = _ignored(90.0, _float,
+                                       "a datastore TTL: Felix's concern, not the driver's", warn=False)
     HealthEnabled: bool = _p(False, _bool)
     HealthHost: str = _p("localhost", _str)
     HealthPort: int = _p(9099, _port)
-    HealthTimeoutOverrides: str = _p("", _str)
+    HealthTimeoutOverrides: str = _ignored("", _str,
+                                           "health reporters keep their built-in timeouts")
     PrometheusMetricsEnabled: bool = _p(False, _bool)
     PrometheusMetricsHost: str = _p("", _str)
     PrometheusMetricsPort: int = _p(9091, _port)
@@ -266,21 +313,35 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     FlowLogsGoldmaneServer: str = _p("", _str)
     FlowLogsLocalReporter: str = _p("Disabled", _choice("Enabled", "Disabled"))
     # BPF.
-    BPFLogLevel: str = _p("off", _choice("off", "info", "debug"))
-    BPFConntrackLogLevel: str = _p("off", _choice("off", "debug"))
-    BPFDataIfacePattern: str = _p(r"^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*)", _str)
-    BPFAttachType: str = _p("Netkit", _choice("Netkit", "TCX", "TC"))
-    BPFRedirectToPeer: str = _p("Enabled", _choice("Enabled", "Disabled", "L2Only"))
-    BPFPolicyDebugEnabled: bool = _p(True, _bool)
-    BPFMapSizeRoute: int = _p(262144, _int)
-    BPFMapSizeConntrack: int = _p(512000, _int)
-    BPFMapSizeIPSets: int = _p(1048576, _int)
-    BPFMapSizeIfState: int = _p(1000, _int)
-    BPFEnforceRPF: str = _p("Loose", _choice("Disabled", "Strict", "Loose"))
+    BPFLogLevel: str = _ignored("off", _choice("off", "info", "debug"),
+                                "BPF mode is not wired into the daemon")
+    BPFConntrackLogLevel: str = _ignored("off", _choice("off", "debug"),
+                                         "BPF mode is not wired into the daemon")
+    BPFDataIfacePattern: str = _ignored(r"^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*)", _str,
+                                        "BPF mode is not wired into the daemon")
+    BPFAttachType: str = _ignored("Netkit", _choice("Netkit", "TCX", "TC"),
+                                  "BPF mode is not wired into the daemon")
+    BPFRedirectToPeer: str = _ignored("Enabled", _choice("Enabled", "Disabled", "L2Only"),
+                                      "BPF mode is not wired into the daemon")
+    BPFPolicyDebugEnabled: bool = _ignored(True, _bool,
+                                           "BPF mode is not wired into the daemon")
+    BPFMapSizeRoute: int = _ignored(262144, _int,
+                                    "BPF mode is not wired into the daemon")
+    BPFMapSizeConntrack: int = _ignored(512000, _int,
+                                        "BPF mode is not wired into the daemon")
+    BPFMapSizeIPSets: int = _ignored(1048576, _int,
+                                     "BPF mode is not wired into the daemon")
+    BPFMapSizeIfState: int = _ignored(1000, _int,
+                                      "BPF mode is not wired into the daemon")
+    BPFEnforceRPF: str = _ignored("Loose", _choice("Disabled", "Strict", "Loose"),
+                                  "BPF mode is not wired into the daemon")
     # Informational (never trigger a restart).
-    CalicoVersion: str = _p("", _str)
-    ClusterGUID: str = _p("", _str)
-    ClusterType: str = _p("", _str)
+    CalicoVersion: str = _ignored("", _str,
+                                  "informational (usage reporting is Felix's)", warn=False)
+    ClusterGUID: str = _ignored("", _str,
+                                "informational (usage reporting is Felix's)", warn=False)
+    ClusterType: str = _ignored("", _str,
+                                "informational (usage reporting is Felix's)", warn=False)
 
     # -- derived views ---------------------------------------------------------------
     @property
@@ -329,10 +390,12 @@ class ConfigProblem:
 
 
 def _apply_layer(values: dict[str, Any], raw_layer: Mapping[str, str], source: str,
-                 problems: list[ConfigProblem]) -> None:
+                 problems: list[ConfigProblem], unknown: list[str] | None = None) -> None:
     for raw_name, raw in raw_layer.items():
         name = _BY_LOWER.get(raw_name.lower())
         if name is None:
+            if unknown is not None:
+                unknown.append(raw_name)
             continue  # Felix ignores parameters it doesn't know (other components use them).
         try:
             if raw.strip().lower() in ("", "none") and _FIELDS[name].default is None:
@@ -343,47 +406,102 @@ def _apply_layer(values: dict[str, Any], raw_layer: Mapping[str, str], source: s
             problems.append(ConfigProblem(name, source, raw, str(exc)))
 
 
+def closest_param(name: str) -> str | None:
+    """The known parameter name closest to *name* (case-insensitive), if any is close."""
+    found = difflib.get_close_matches(name.lower(), list(_BY_LOWER), n=1, cutoff=0.8)
+    return _BY_LOWER[found[0]] if found else None
+
+
 def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     environ = os.environ if environ is None else environ
     return {k[6:]: v for k, v in environ.items() if k.upper().startswith("FELIX_")}
 
 
 def file_layer(path: str) -> dict[str, str]:
-    """``Name = value`` lines (``#`` comments, optional ``[global]``) or a YAML mapping."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if re.search(r"^\s*\w+\s*:", text, re.M) and "=" not in text:
-        import yaml
+    """The config file as Felix's ``LoadConfigFile`` reads it: an INI file whose every section's keys
+    count (conventionally one ``[global]``), ``#``/``;`` comments, later keys winning.
 
-        data = yaml.safe_load(text) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping")
-        return {str(k): "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
-                for k, v in data.items()}
+    A missing file is no error (Felix logs and carries on); a malformed one raises
+    :class:`ConfigError` naming the file and line.  Key case is kept.
+    """
+    parser = configparser.ConfigParser(interpolation=None, strict=False, default_section="\x00none",
+                                       delimiters=("=",), comment_prefixes=("#", ";"))
+    parser.optionxform = str  # type: ignore[assignment, method-assign]  # keep Felix's CamelCase
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        log.info("Ignoring absent config file", path=path)
+        return {}
+    try:
+        parser.read_string(text, source=path)
+    except configparser.MissingSectionHeaderError as exc:
+        raise ConfigError(f"{path}:{exc.lineno}: a key outside any section; Felix's config file needs a "
+                          "section header such as [global]") from None
+    except configparser.Error as exc:
+        raise ConfigError(f"{path}: not a valid INI config file: {exc.message}") from None
     out: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line or line.startswith("["):
-            continue
-        k, sep, v = line.partition("=")
-        if sep:
-            out[k.strip()] = v.strip()
+    for section in parser.sections():
+        for key, value in parser.items(section):
+            if key in out:
+                log.warning("Multiple values defined for a config file key; the last wins", path=path, key=key)
+            out[key] = value
     return out
+
+
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(kind: str, what: str, **kw: Any) -> None:
+    with _warned_lock:
+        if (kind, what) in _warned:
+            return
+        _warned.add((kind, what))
+    log.warning(kind, **kw)
+
+
+def _report_unknown(names: list[str], source: str, prefix: str) -> None:
+    for raw in names:
+        guess = closest_param(raw)
+        hint = f"; did you mean {guess}?" if guess else ""
+        _warn_once(f"Unknown config parameter {prefix}{raw} ({source}){hint} felixpy ignores it",
+                   f"{source}:{raw}", param=f"{prefix}{raw}", source=source, closest=guess)
+
+
+def _report_ignored(cfg: Config) -> None:
+    for f in dataclasses.fields(cfg):
+        if f.metadata["status"] != IGNORED or not f.metadata["warn"]:
+            continue
+        value = getattr(cfg, f.name)
+        if value != f.default:
+            _warn_once(f"{f.name} is set but felixpy does not implement it: {f.metadata['note']}",
+                       f"{f.name}={value!r}", param=f.name, value=str(value))
 
 
 def load(datastore: Mapping[str, str] | None = None, *, config_file: str | None = None,
          environ: Mapping[str, str] | None = None) -> tuple[Config, list[ConfigProblem]]:
-    """Resolve the layers into one Config; return it with every problem found."""
+    """Resolve the layers into one Config; return it with every problem found.
+
+    Warns (once per process each) about unknown ``FELIX_*`` variables and file keys, naming the
+    closest known parameter, and about ignored parameters set to a non-default value.
+    """
     values: dict[str, Any] = {}
     problems: list[ConfigProblem] = []
     _apply_layer(values, datastore or {}, "datastore", problems)
     if config_file:
-        _apply_layer(values, file_layer(config_file), "file", problems)
-    _apply_layer(values, env_layer(environ), "environment", problems)
+        unknown_keys: list[str] = []
+        _apply_layer(values, file_layer(config_file), "file", problems, unknown_keys)
+        _report_unknown(unknown_keys, f"config file {config_file}", "")
+    unknown_env: list[str] = []
+    _apply_layer(values, env_layer(environ), "environment", problems, unknown_env)
+    _report_unknown(unknown_env, "environment", "FELIX_")
     for p in problems:
         log.error("Bad config value, using the default", param=p.param, source=p.source, value=p.raw,
                   error=p.error)
-    return Config(**values), problems
+    cfg = Config(**values)
+    _report_ignored(cfg)
+    return cfg, problems
 
 
 def changed_params(old: Config, new: Config) -> list[str]:
