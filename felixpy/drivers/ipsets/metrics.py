@@ -19,14 +19,14 @@ exact names, without prometheus-client's ``_total``.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Summary
+from prometheus_client import Counter, Gauge
 
-from felixpy.metrics import get_or_create
+from felixpy.metrics import QuantileSummary, get_or_create
 
 ipsets_calico = get_or_create(Gauge, "felix_ipsets_calico", "Number of active Calico IP sets.", ("ip_version",))
 ipsets_total = get_or_create(Gauge, "felix_ipsets_total", "Total number of active IP sets.")
 ipset_calls = get_or_create(Counter, "felix_ipset_calls", "Number of ipset commands executed.")
 ipset_errors = get_or_create(Counter, "felix_ipset_errors", "Number of ipset command failures.")
 ipset_lines_executed = get_or_create(Counter, "felix_ipset_lines_executed", "Number of ipset operations executed.")
-exec_time_micros = get_or_create(Summary, "felix_exec_time_micros",
+exec_time_micros = get_or_create(QuantileSummary, "felix_exec_time_micros",
                                  "Summary of time taken to fork/exec child processes")

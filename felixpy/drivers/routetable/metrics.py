@@ -15,15 +15,15 @@ The ``table`` label is Felix's ``IPv<version>:<table index>`` (``IPv4:254`` for 
 
 from __future__ import annotations
 
-from prometheus_client import Gauge, Summary
+from prometheus_client import Gauge
 
-from felixpy.metrics import get_or_create
+from felixpy.metrics import QuantileSummary, get_or_create
 
-resync_seconds = get_or_create(Summary, "felix_route_table_resync_seconds",
+resync_seconds = get_or_create(QuantileSummary, "felix_route_table_resync_seconds",
                                "Time taken to list all the routes during a resync.")
-partial_resync_seconds = get_or_create(Summary, "felix_route_table_partial_resync_seconds",
+partial_resync_seconds = get_or_create(QuantileSummary, "felix_route_table_partial_resync_seconds",
                                        "Time taken to resync the routes of a single interface.")
-conntrack_wait_seconds = get_or_create(Summary, "felix_route_table_conntrack_wait_seconds",
+conntrack_wait_seconds = get_or_create(QuantileSummary, "felix_route_table_conntrack_wait_seconds",
                                        "Time waiting for conntrack cleanups to finish.")
 num_routes = get_or_create(Gauge, "felix_route_table_num_routes",
                            "Number of routes that Felix is managing in the particular routing table.", ("table",))
