@@ -292,11 +292,14 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     LocalSubnetL2Reachability: str = _ignored("Disabled", _choice("Disabled", "Enabled"),
                                               "no proxy-neighbour manager")
     # Status, health, metrics, logging.
-    EndpointReportingEnabled: bool = _p(False, _bool)
+    EndpointReportingEnabled: bool = _p(False, _bool, HONOURED,
+                                        "true (or a non-empty EndpointStatusPathPrefix): endpoint status is "
+                                        "sent back on the feed; neither: it is not")
     EndpointReportingDelaySecs: float = _ignored(1.0, _float,
                                                  "status goes out after the apply that changed it")
-    EndpointStatusPathPrefix: str = _ignored("/var/run/calico", _str,
-                                             "no endpoint-status files are written")
+    EndpointStatusPathPrefix: str = _p("/var/run/calico", _str, HONOURED,
+                                       "non-empty: endpoint status goes back to Felix, whose file reporter "
+                                       "writes the files (felixpy writes none itself)")
     ReportingIntervalSecs: float = _p(30.0, _float)
     ReportingTTLSecs: float = _ignored(90.0, _float,
                                        "a datastore TTL: Felix's concern, not the driver's", warn=False)
@@ -371,6 +374,13 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     @property
     def filter_deny_action(self) -> str:
         return self.NftablesFilterDenyAction if self.nftables_enabled else self.IptablesFilterDenyAction
+
+    @property
+    def endpoint_status_wanted(self) -> bool:
+        """Whether endpoint status goes back on the feed: Felix consumes it for its datastore reporter
+        (``EndpointReportingEnabled``) and for its endpoint-status file reporter (a non-empty
+        ``EndpointStatusPathPrefix``, the default); with neither, Felix would drop it."""
+        return self.EndpointReportingEnabled or bool(self.EndpointStatusPathPrefix)
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
@@ -477,6 +487,15 @@ def _report_ignored(cfg: Config) -> None:
         if value != f.default:
             _warn_once(f"{f.name} is set but felixpy does not implement it: {f.metadata['note']}",
                        f"{f.name}={value!r}", param=f.name, value=str(value))
+
+
+def check_values(raw: Mapping[str, str]) -> tuple[list[ConfigProblem], list[tuple[str, str | None]]]:
+    """Validate one layer without logging: its bad values, and its unknown names with the closest
+    known parameter (``felixpy feed --check``)."""
+    problems: list[ConfigProblem] = []
+    unknown: list[str] = []
+    _apply_layer({}, raw, "scenario", problems, unknown)
+    return problems, [(n, closest_param(n)) for n in unknown]
 
 
 def load(datastore: Mapping[str, str] | None = None, *, config_file: str | None = None,

@@ -32,11 +32,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+import prometheus_client
 import structlog
 
 from felixpy import config as configmod
 from felixpy import health as healthmod
+from felixpy import logs
 from felixpy import metrics as metricsmod
+from felixpy import nodestatus
 from felixpy.config import Config
 from felixpy.dataplane.clock import Clock, SystemClock
 from felixpy.dataplane.core import InternalDataplane
@@ -220,6 +223,14 @@ class Daemon:
         elif isinstance(ev, Stop):
             log.info("Stopping", reason=ev.reason)
             self.exit_code = EXIT_OK
+        elif isinstance(ev, nodestatus.StatusRequest):
+            self._answer_status(ev)
+
+    def _answer_status(self, req: nodestatus.StatusRequest) -> None:
+        """``felixpy status``: a snapshot taken here, on the runner thread that owns the dataplane."""
+        req.answer(lambda: nodestatus.snapshot(session=self._session, now=self._clock.monotonic(),
+                                               uptime=time.monotonic() - self._started,
+                                               registries=[self.metrics.registry, prometheus_client.REGISTRY]))
 
     def _dataplane(self) -> InternalDataplane | None:
         return self._session.dataplane if self._session is not None else None
@@ -286,6 +297,7 @@ class Daemon:
                 self.exit_code = configmod.EXIT_CONFIG_CHANGED
                 return
         s.config = cfg
+        logs.set_level(cfg.LogSeverityScreen)
         self.health.register("InternalDataplaneMainLoop", max(20.0, cfg.DataplaneWatchdogTimeout))
         try:
             dp = self._build(cfg, clock=self._clock, status_sink=lambda ups: self._send_statuses(s, ups),
@@ -347,6 +359,8 @@ class Daemon:
         s.send(pb.DataplaneInSync())
 
     def _send_statuses(self, s: Session, updates: list[EndpointStatus]) -> None:
+        if s.config is None or not s.config.endpoint_status_wanted:
+            return
         for u in updates:
             if u.kind == "workload":
                 if u.status:

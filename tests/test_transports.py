@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -158,14 +159,16 @@ def test_informational_config_change_does_not_restart(netns: str) -> None:
         d.stop()
 
 
-def test_external_driver_pipes_fd3_fd4(netns: str) -> None:
+def test_external_driver_pipes_fd3_fd4(netns: str, tmp_path: Path) -> None:
     """Felix's way: exec with no arguments, ToDataplane on fd 3, FromDataplane on fd 4."""
     to_r, to_w = os.pipe()
     from_r, from_w = os.pipe()
     script = ("import os,sys; os.dup2(int(sys.argv[1]),3); os.dup2(int(sys.argv[2]),4); "
               "sys.argv=['felixpy-dataplane-driver']; from felixpy.cli import driver_main; sys.exit(driver_main())")
     proc = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-c", script, str(to_r), str(from_w)],
-                            pass_fds=(to_r, from_w), env={**os.environ, "PYTHONPATH": str(REPO)},
+                            pass_fds=(to_r, from_w),
+                            env={**os.environ, "PYTHONPATH": str(REPO),
+                                 "FELIXPY_STATUS_SOCKET": str(tmp_path / "status.sock")},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     os.close(to_r)
     os.close(from_w)
