@@ -186,11 +186,11 @@ class _Handler(socketserver.StreamRequestHandler):
     server: _Server
 
     def handle(self) -> None:
+        with contextlib.suppress(OSError):
+            self.rfile.readline(256)  # the request line ("status"); nothing else is asked
         if _peer_uid(self.connection) != 0:
             self.wfile.write(b'{"error": "felixpy status is for root only"}\n')
             return
-        with contextlib.suppress(OSError):
-            self.rfile.readline(256)  # the request line ("status"); nothing else is asked
         req = StatusRequest()
         self.server.post(req)
         try:
