@@ -177,11 +177,21 @@ class Daemon:
                 break
             if isinstance(batch[-1], FeedMessages):
                 n_msgs += len(batch[-1].messages)
+        self._observe_iface_batches(batch)
         for ev in batch:
             self._handle(ev)
             if self.exit_code is not None:
                 return
         self._tick()
+
+    def _observe_iface_batches(self, batch: list[object]) -> None:
+        """Felix's ``felix_int_dataplane_iface/addr_msg_batch_size``: interface events per batch."""
+        states = sum(1 for ev in batch if isinstance(ev, IfaceEvent) and isinstance(ev.update, IfaceStateUpdate))
+        addrs = sum(1 for ev in batch if isinstance(ev, IfaceEvent) and isinstance(ev.update, IfaceAddrsUpdate))
+        if states:
+            self.metrics.iface_msg_batch_size.observe(states)
+        if addrs:
+            self.metrics.addr_msg_batch_size.observe(addrs)
 
     def _next_timeout(self) -> float:
         now = self._clock.monotonic()

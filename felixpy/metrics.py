@@ -153,6 +153,9 @@ class DataplaneMetrics:
         self.iface_msg_batch_size = QuantileSummary("felix_int_dataplane_iface_msg_batch_size",
                                                  "Number of interface state messages processed in each batch.",
                                                  registry=r)
+        self.addr_msg_batch_size = QuantileSummary("felix_int_dataplane_addr_msg_batch_size",
+                                                   "Number of interface address messages processed in each batch.",
+                                                   registry=r)
         self.initial_resync_time = prom.Gauge("felix_int_dataplane_initial_resync_time_seconds",
                                               "Time in seconds that it took to do the initial resync.",
                                               registry=r)

@@ -32,6 +32,7 @@ INT_DATAPLANE: Mapping[str, tuple[str, tuple[str, ...]]] = {
     "felix_int_dataplane_apply_time_seconds": (S, ()),
     "felix_int_dataplane_msg_batch_size": (S, ()),
     "felix_int_dataplane_iface_msg_batch_size": (S, ()),
+    "felix_int_dataplane_addr_msg_batch_size": (S, ()),
     "felix_int_dataplane_initial_resync_time_seconds": (G, ()),
 }
 ROUTE_TABLE = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -21,14 +22,15 @@ import prometheus_client as prom
 import pytest
 import structlog
 
+from felixpy import logs
 from felixpy.cli import main
 from felixpy.config import Config
-from felixpy.daemon import Daemon, Stop
+from felixpy.daemon import Daemon, IfaceEvent, Stop
 from felixpy.dataplane.clock import SystemClock
 from felixpy.dataplane.core import InternalDataplane
 from felixpy.errors import DataplaneError, UnsupportedFeature
 from felixpy.feed.client import connect
-from felixpy.managers.base import EndpointStatus, Syncer
+from felixpy.managers.base import EndpointStatus, IfaceAddrsUpdate, IfaceState, IfaceStateUpdate, Syncer
 from felixpy.messages import to_dataplane
 from felixpy.nodestatus import StatusError, StatusServer, query, render_human
 from felixpy.proto import felixbackend_pb2 as pb
@@ -44,6 +46,7 @@ def logs_to_stderr() -> Iterator[None]:
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     yield
     structlog.reset_defaults()
+    logs._configured_level = None
 
 
 @dataclass
@@ -337,3 +340,29 @@ def test_status_of_the_real_daemon(netns: str) -> None:
     finally:
         d.stop()
     assert not os.path.exists(d.status_socket)  # removed at exit
+
+
+def test_datastore_log_severity_applies(running: Running) -> None:
+    buf = io.StringIO()
+    logs.configure("INFO", stream=buf, json=True)
+    start_feed(running, {"LogSeverityScreen": "ERROR"})
+    running.daemon.events.put(FeedMessages(running.feed, [to_dataplane(2, pb.IPSetRemove(id="x"))]))
+    query(running.socket)  # barrier
+    structlog.get_logger("t").warning("hidden now")
+    structlog.get_logger("t").error("still shown")
+    text = buf.getvalue()
+    assert "Feed connected" in text  # INFO before the config arrived
+    assert "still shown" in text and "hidden now" not in text
+    assert "Dataplane in sync" not in text  # an INFO after the dataplane was built with ERROR
+
+
+def test_interface_event_batches_are_observed(running: Running) -> None:
+    for name in ("cali1", "cali2"):
+        running.daemon.events.put(IfaceEvent(IfaceStateUpdate(name, IfaceState.UP, 7)))
+    running.daemon.events.put(IfaceEvent(IfaceAddrsUpdate("eth0", frozenset({"10.0.0.1"}))))
+    query(running.socket)  # barrier
+    reg = running.daemon.metrics.registry
+    count = reg.get_sample_value("felix_int_dataplane_iface_msg_batch_size_count") or 0
+    total = reg.get_sample_value("felix_int_dataplane_iface_msg_batch_size_sum")
+    assert count >= 1 and total == 2  # both state events, in one batch or two
+    assert reg.get_sample_value("felix_int_dataplane_addr_msg_batch_size_sum") == 1

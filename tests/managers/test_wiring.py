@@ -142,7 +142,8 @@ _ROUTING_STEPS = ("fdb:", "routes:", "complete:VXLANManager", "complete:IPIPMana
 
 def _apply_batch(config: Config) -> tuple[Kernel, InternalDataplane]:
     kernel = Kernel()
-    dp = build(config, kernel)
+    # The batch's workload asks for spoofed source prefixes; honoured only with this setting.
+    dp = build(config.replace(WorkloadSourceSpoofing="Any"), kernel)
     for name in ("calia", "calib"):
         link = kernel.netlink.add_link(name)
         kernel.sysctls.add_iface(name)
