@@ -169,6 +169,8 @@ def _ignored(default: Any, parse: Callable[[str], Any], note: str, *, warn: bool
 
 FAILSAFE_IN = "tcp:22,udp:68,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667"
 FAILSAFE_OUT = "udp:53,udp:67,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667"
+_WHICH_DRIVER = "felixpy is the dataplane driver; which driver Felix runs is Felix's choice"
+_NO_BPF = "BPF mode is not wired into the daemon"
 _ALLOW = _choice("ACCEPT", "RETURN")
 _DENY = _choice("DROP", "REJECT")
 
@@ -179,10 +181,8 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     # Identity.
     FelixHostname: str = _p("", _str)
     # Driver selection and modes.
-    UseInternalDataplaneDriver: bool = _ignored(True, _bool,
-                                                "felixpy is the dataplane driver; which driver Felix runs is Felix's choice", warn=False)
-    DataplaneDriver: str = _ignored("calico-iptables-plugin", _str,
-                                    "felixpy is the dataplane driver; which driver Felix runs is Felix's choice", warn=False)
+    UseInternalDataplaneDriver: bool = _ignored(True, _bool, _WHICH_DRIVER, warn=False)
+    DataplaneDriver: str = _ignored("calico-iptables-plugin", _str, _WHICH_DRIVER, warn=False)
     BPFEnabled: bool = _p(False, _bool, UNSUPPORTED, "true: the daemon reports BPF mode unsupported and exits 2")
     NFTablesMode: str = _p("Auto", _choice("Enabled", "Disabled", "Auto"))
     IptablesBackend: str = _p("auto", _choice("auto", "legacy", "nft"))
@@ -242,7 +242,7 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     RouteTableRanges: tuple[tuple[int, int], ...] = _p(((1, 250),), _route_table_ranges)
     RouteSyncDisabled: bool = _p(False, _bool)
     RouteSource: str = _ignored("CalicoIPAM", _choice("CalicoIPAM", "WorkloadIPs"),
-                                "routes follow the calc graph's RouteUpdates; workload-IP route source not implemented")
+                                "routes follow the calc graph's RouteUpdates; no workload-IP route source")
     ProgramClusterRoutes: str = _p("EnabledIPIPOnly", _choice("Enabled", "Disabled", "EnabledIPIPOnly", "EnabledNoEncapOnly"))
     IPv4NormalRoutePriority: int = _p(1024, _int)
     IPv6NormalRoutePriority: int = _p(1024, _int)
@@ -316,28 +316,17 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     FlowLogsGoldmaneServer: str = _p("", _str)
     FlowLogsLocalReporter: str = _p("Disabled", _choice("Enabled", "Disabled"))
     # BPF.
-    BPFLogLevel: str = _ignored("off", _choice("off", "info", "debug"),
-                                "BPF mode is not wired into the daemon")
-    BPFConntrackLogLevel: str = _ignored("off", _choice("off", "debug"),
-                                         "BPF mode is not wired into the daemon")
-    BPFDataIfacePattern: str = _ignored(r"^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*)", _str,
-                                        "BPF mode is not wired into the daemon")
-    BPFAttachType: str = _ignored("Netkit", _choice("Netkit", "TCX", "TC"),
-                                  "BPF mode is not wired into the daemon")
-    BPFRedirectToPeer: str = _ignored("Enabled", _choice("Enabled", "Disabled", "L2Only"),
-                                      "BPF mode is not wired into the daemon")
-    BPFPolicyDebugEnabled: bool = _ignored(True, _bool,
-                                           "BPF mode is not wired into the daemon")
-    BPFMapSizeRoute: int = _ignored(262144, _int,
-                                    "BPF mode is not wired into the daemon")
-    BPFMapSizeConntrack: int = _ignored(512000, _int,
-                                        "BPF mode is not wired into the daemon")
-    BPFMapSizeIPSets: int = _ignored(1048576, _int,
-                                     "BPF mode is not wired into the daemon")
-    BPFMapSizeIfState: int = _ignored(1000, _int,
-                                      "BPF mode is not wired into the daemon")
-    BPFEnforceRPF: str = _ignored("Loose", _choice("Disabled", "Strict", "Loose"),
-                                  "BPF mode is not wired into the daemon")
+    BPFLogLevel: str = _ignored("off", _choice("off", "info", "debug"), _NO_BPF)
+    BPFConntrackLogLevel: str = _ignored("off", _choice("off", "debug"), _NO_BPF)
+    BPFDataIfacePattern: str = _ignored(r"^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*)", _str, _NO_BPF)
+    BPFAttachType: str = _ignored("Netkit", _choice("Netkit", "TCX", "TC"), _NO_BPF)
+    BPFRedirectToPeer: str = _ignored("Enabled", _choice("Enabled", "Disabled", "L2Only"), _NO_BPF)
+    BPFPolicyDebugEnabled: bool = _ignored(True, _bool, _NO_BPF)
+    BPFMapSizeRoute: int = _ignored(262144, _int, _NO_BPF)
+    BPFMapSizeConntrack: int = _ignored(512000, _int, _NO_BPF)
+    BPFMapSizeIPSets: int = _ignored(1048576, _int, _NO_BPF)
+    BPFMapSizeIfState: int = _ignored(1000, _int, _NO_BPF)
+    BPFEnforceRPF: str = _ignored("Loose", _choice("Disabled", "Strict", "Loose"), _NO_BPF)
     # Informational (never trigger a restart).
     CalicoVersion: str = _ignored("", _str,
                                   "informational (usage reporting is Felix's)", warn=False)

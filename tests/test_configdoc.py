@@ -40,7 +40,12 @@ def test_every_parameter_has_a_row_with_its_variable_default_and_status() -> Non
         assert f"| {f.metadata['status']} |" in row
         if f.metadata["status"] != config.HONOURED:
             assert f.metadata["note"], f"{f.name}: say why it is not honoured"
-    assert "| `0xffff0000` |" in text.replace("`FELIX_IPTABLESMARKMASK` | 32-bit mask ", "")
+    rows = {line.split(" | ")[0][3:-1]: line for line in text.splitlines() if line.startswith("| `")}
+    assert rows["IptablesMarkMask"].split(" | ")[2:5] == ["32-bit mask", "`0xffff0000`", config.HONOURED]
+    assert rows["ChainInsertMode"].split(" | ")[2:4] == ["one of `insert`, `append`", "`insert`"]
+    assert rows["VXLANEnabled"].split(" | ")[2:4] == ["boolean or `none` (auto)", "none (auto)"]
+    assert rows["FailsafeInboundHostPorts"].split(" | ")[3].startswith("`tcp:22,udp:68,")
+    assert rows["BPFEnabled"].split(" | ")[4] == config.UNSUPPORTED
 
 
 def _reads_outside_config() -> dict[str, set[str]]:

@@ -319,8 +319,12 @@ def _epoch(iso: str) -> float:
 
 
 @pytest.mark.kernel
-def test_status_of_the_real_daemon(netns: str) -> None:
-    d = start_daemon(netns, env={"FELIX_IPTABLESBACKEND": "legacy"}, iface_monitor=False)
+@pytest.mark.parametrize("env, mode, backend", [
+    ({"FELIX_IPTABLESBACKEND": "legacy"}, "iptables", "legacy"),
+    ({"FELIX_NFTABLESMODE": "Enabled"}, "nftables", "nftables"),
+], ids=["iptables-legacy", "nftables"])
+def test_status_of_the_real_daemon(netns: str, env: dict[str, str], mode: str, backend: str) -> None:
+    d = start_daemon(netns, env=env, iface_monitor=False)
     try:
         c = connect(d.target)
         c.send([to_dataplane(0, pb.ConfigUpdate(config={"Ipv6Support": "true"})),
@@ -331,7 +335,7 @@ def test_status_of_the_real_daemon(netns: str) -> None:
                               capture_output=True, text=True, cwd=REPO, timeout=30)
         assert proc.returncode == 0, proc.stderr
         doc = json.loads(proc.stdout)
-        assert doc["in_sync"] is True and doc["mode"] == "iptables" and doc["backend"] == "legacy"
+        assert doc["in_sync"] is True and doc["mode"] == mode and doc["backend"] == backend
         assert doc["feed"]["connected"] and doc["last_apply"]["ok"]
         counts = doc["counts"]
         assert counts["ip_sets"] >= 2 and counts["ip_set_members"] >= 2  # s:m in each family, plus static sets
