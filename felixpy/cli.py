@@ -146,6 +146,7 @@ def _configure_logging(config_file: str | None) -> None:
     from felixpy import config as configmod
     from felixpy import logs
 
+    logs.configure("INFO")  # so that what loading the config reports (typos, bad values) is formatted too
     cfg, _ = configmod.load(config_file=config_file)
     logs.configure(cfg.LogSeverityScreen)
 

@@ -464,7 +464,7 @@ def _report_unknown(names: list[str], source: str, prefix: str) -> None:
     for raw in names:
         guess = closest_param(raw)
         hint = f"; did you mean {guess}?" if guess else ""
-        _warn_once(f"Unknown config parameter {prefix}{raw} ({source}){hint} felixpy ignores it",
+        _warn_once(f"Unknown config parameter {prefix}{raw} in the {source}, ignored{hint}",
                    f"{source}:{raw}", param=f"{prefix}{raw}", source=source, closest=guess)
 
 
