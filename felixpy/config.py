@@ -375,8 +375,43 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
         return dataclasses.replace(self, **changes)
 
 
+# Felix's own parameters (felix/config/config_params.go) that the dataplane driver has no use for: how
+# Felix reaches its datastore, logs, reports usage, tunes the Go runtime, debugs itself.  Set in calico-node's
+# environment as a matter of course, so they are accepted silently (logged at debug).
+FELIX_PROCESS_PARAMS = frozenset({
+    "DatastoreType", "EtcdAddr", "EtcdScheme", "EtcdKeyFile", "EtcdCertFile", "EtcdCaFile", "EtcdEndpoints",
+    "TyphaAddr", "TyphaK8sServiceName", "TyphaK8sNamespace", "TyphaReadTimeout", "TyphaWriteTimeout",
+    "TyphaKeyFile", "TyphaCertFile", "TyphaCAFile", "TyphaCN", "TyphaURISAN",
+    "LogFilePath", "LogSeverityFile", "LogSeveritySys", "LogDebugFilenameRegex",
+    "UsageReportingEnabled", "UsageReportingInitialDelaySecs", "UsageReportingIntervalSecs",
+    "PrometheusGoMetricsEnabled", "PrometheusProcessMetricsEnabled", "PrometheusMetricsCAFile",
+    "PrometheusMetricsCertFile", "PrometheusMetricsKeyFile", "PrometheusMetricsClientAuth",
+    "DebugMemoryProfilePath", "DebugCPUProfilePath", "DebugDisableLogDropping", "DebugSimulateCalcGraphHangAfter",
+    "DebugSimulateDataplaneHangAfter", "DebugSimulateDataplaneApplyDelay", "DebugPanicAfter",
+    "DebugSimulateDataRace", "DebugHost", "DebugPort", "DebugBPFCgroupV2", "CgroupV2Path",
+    "GoGCThreshold", "GoMemoryLimitMB", "GoMaxProcs", "Variant", "FeatureGates", "PolicySyncPathPrefix",
+    "MetadataAddr", "MetadataPort", "OpenstackRegion", "WindowsManageFirewallRules", "RequireMTUFile",
+})
+# Felix dataplane parameters felixpy has no equivalent for: accepted, ignored, and a warning when set.
+FELIX_UNMODELLED_PARAMS = frozenset({
+    "WireguardThreadingEnabled", "PrometheusWireGuardMetricsEnabled", "AWSSrcDstCheck", "RouteTableRange",
+    "LiveMigrationRouteConvergenceTime", "SidecarAccelerationEnabled", "IstioAmbientMode", "IstioDSCPMark",
+    "FlowLogsFlushInterval", "FlowLogsCollectorDebugTrace", "FlowLogsPolicyEvaluationMode",
+    "BPFDisableUnprivileged", "BPFJITHardening", "BPFConntrackCleanupMode", "BPFConntrackTimeouts",
+    "BPFLogFilters", "BPFCTLBLogFilter", "BPFL3IfacePattern", "BPFConnectTimeLoadBalancingEnabled",
+    "BPFConnectTimeLoadBalancing", "BPFHostNetworkedNATWithoutCTLB", "BPFExternalServiceMode",
+    "BPFDSROptoutCIDRs", "BPFKubeProxyIptablesCleanupEnabled", "BPFKubeProxyMinSyncPeriod",
+    "BPFKubeProxyHealthzPort", "BPFExtToServiceConnmark", "BPFPSNATPorts", "BPFMapSizeNATFrontend",
+    "BPFMapSizeNATBackend", "BPFMapSizeNATAffinity", "BPFMapSizePerCPUConntrack", "BPFMapSizeConntrackScaling",
+    "BPFMapSizeConntrackCleanupQueue", "BPFHostConntrackBypass", "BPFForceTrackPacketsFromIfaces",
+    "BPFDisableGROForIfaces", "BPFExcludeCIDRsFromNAT", "BPFExportBufferSizeMB", "BPFProfiling",
+    "BPFMaglevMaxEndpointsPerService", "BPFMaglevMaxServices",
+})
+
+
 PARAM_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))
 _BY_LOWER = {n.lower(): n for n in PARAM_NAMES}
+_FELIX_BY_LOWER = {n.lower(): n for n in FELIX_PROCESS_PARAMS | FELIX_UNMODELLED_PARAMS}
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
 
@@ -462,10 +497,17 @@ def _warn_once(kind: str, what: str, **kw: Any) -> None:
 
 def _report_unknown(names: list[str], source: str, prefix: str) -> None:
     for raw in names:
-        guess = closest_param(raw)
-        hint = f"; did you mean {guess}?" if guess else ""
-        _warn_once(f"Unknown config parameter {prefix}{raw} in the {source}, ignored{hint}",
-                   f"{source}:{raw}", param=f"{prefix}{raw}", source=source, closest=guess)
+        felix_name = _FELIX_BY_LOWER.get(raw.lower())
+        if felix_name in FELIX_PROCESS_PARAMS:
+            log.debug("Felix process parameter; nothing for the dataplane driver to do", param=felix_name)
+        elif felix_name is not None:
+            _warn_once(f"{prefix}{raw} ({felix_name}) is a Felix parameter felixpy has no equivalent for; "
+                       f"ignored", f"{source}:{raw}", param=f"{prefix}{raw}", source=source)
+        else:
+            guess = closest_param(raw)
+            hint = f"; did you mean {guess}?" if guess else ""
+            _warn_once(f"Unknown config parameter {prefix}{raw} in the {source}, ignored{hint}",
+                       f"{source}:{raw}", param=f"{prefix}{raw}", source=source, closest=guess)
 
 
 def _report_ignored(cfg: Config) -> None:
@@ -484,7 +526,7 @@ def check_values(raw: Mapping[str, str]) -> tuple[list[ConfigProblem], list[tupl
     problems: list[ConfigProblem] = []
     unknown: list[str] = []
     _apply_layer({}, raw, "scenario", problems, unknown)
-    return problems, [(n, closest_param(n)) for n in unknown]
+    return problems, [(n, closest_param(n)) for n in unknown if n.lower() not in _FELIX_BY_LOWER]
 
 
 def load(datastore: Mapping[str, str] | None = None, *, config_file: str | None = None,

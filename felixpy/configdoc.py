@@ -107,7 +107,25 @@ def render() -> str:
             note = f"{note} (no warning)"
         out.append(f"| `{f.name}` | `FELIX_{f.name.upper()}` | {type_of(f)} | {default_of(f)} | "
                    f"{f.metadata['status']} | {note} |\n")
+    out.append(_FELIX_ONLY.format(
+        unmodelled=_names(configmod.FELIX_UNMODELLED_PARAMS), process=_names(configmod.FELIX_PROCESS_PARAMS)))
     return "".join(out)
+
+
+_FELIX_ONLY = """
+## Felix parameters felixpy does not model
+
+Dataplane features felixpy has no equivalent for (accepted and ignored; a warning when set in the
+environment or the config file):
+{unmodelled}.
+
+Felix's own process settings (datastore, Typha, log files, usage reporting, Go runtime, debugging), which
+concern Felix, not its dataplane driver (accepted silently): {process}.
+"""
+
+
+def _names(names: frozenset[str]) -> str:
+    return ", ".join(f"`{n}`" for n in sorted(names))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -127,3 +127,18 @@ def test_ignored_parameter_with_a_non_default_value_warns_once() -> None:
     assert [w for w in warned if "XDPEnabled" in w] == [
         "XDPEnabled is set but felixpy does not implement it: no XDP acceleration of untracked deny policies"]
     assert not [w for w in warned if "EndpointStatusPathPrefix" in w or "CalicoVersion" in w]
+
+
+def test_felix_process_parameters_are_silent_and_unmodelled_felix_ones_say_so() -> None:
+    with capture_logs() as logs:
+        config.load(environ={"FELIX_LOGSEVERITYSYS": "none", "FELIX_TYPHAK8SSERVICENAME": "calico-typha",
+                             "FELIX_DATASTORETYPE": "kubernetes", "FELIX_AWSSRCDSTCHECK": "Disable"})
+    warned = _warnings(logs)
+    assert warned == ["FELIX_AWSSRCDSTCHECK (AWSSrcDstCheck) is a Felix parameter felixpy has no equivalent "
+                      "for; ignored"], warned  # no "did you mean LogSeverityScreen?" for LogSeveritySys
+
+
+def test_felix_name_lists_do_not_overlap_the_config_class() -> None:
+    both = config.FELIX_PROCESS_PARAMS | config.FELIX_UNMODELLED_PARAMS
+    assert not both & set(config.PARAM_NAMES)
+    assert not config.FELIX_PROCESS_PARAMS & config.FELIX_UNMODELLED_PARAMS
