@@ -431,13 +431,23 @@ def _apply_layer(values: dict[str, Any], raw_layer: Mapping[str, str], source: s
             if unknown is not None:
                 unknown.append(raw_name)
             continue  # Felix ignores parameters it doesn't know (other components use them).
+        if not raw.strip():
+            continue  # as Felix: an empty value is ignored ("none" is how to ask for the zero value)
         try:
-            if raw.strip().lower() in ("", "none") and _FIELDS[name].default is None:
-                values[name] = None
-            else:
-                values[name] = _FIELDS[name].metadata["parse"](raw)
+            parse = _FIELDS[name].metadata["parse"]
+            values[name] = _zero_value(name) if raw.strip().lower() == "none" else parse(raw)
         except (ValueError, TypeError) as exc:
             problems.append(ConfigProblem(name, source, raw, str(exc)))
+
+
+def _zero_value(name: str) -> Any:
+    """Felix's ``none``: the parameter's zero value (off, 0, empty), not its default."""
+    f = _FIELDS[name]
+    if f.default is None:
+        return None
+    if getattr(f.metadata["parse"], "choices", None) is not None:
+        raise ValueError("cannot be none: it must be one of " + ", ".join(f.metadata["parse"].choices))
+    return type(f.default)()
 
 
 def closest_param(name: str) -> str | None:

@@ -42,7 +42,8 @@ _HEADER = """# felixpy configuration reference
 Parameters keep Felix's names.  Each is read, lowest priority first, from the built-in default, the
 `ConfigUpdate` Felix's calculation graph sends, the config file (`felixpy run --config-file`, an INI file
 read as Felix reads it: every section's keys, conventionally one `[global]` section), and the
-environment variable (`FELIX_<NAME>`, any case).  A bad value is logged by name and the default is used.
+environment variable (`FELIX_<NAME>`, any case).  A bad value is logged by name and the default is used;
+an empty value is ignored and `none` sets the zero value (off, 0, empty), as in Felix.
 
 Status:
 

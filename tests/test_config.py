@@ -90,3 +90,15 @@ def test_restart_detection_ignores_informational_params() -> None:
     assert config.restart_needed(a, a.replace(CalicoVersion="v3.30", ClusterGUID="x")) == []
     assert config.restart_needed(a, a.replace(MaxIpsetSize=10, ChainInsertMode="append")) == [
         "ChainInsertMode", "MaxIpsetSize"]
+
+
+def test_none_means_the_zero_value_and_empty_is_ignored_as_felix_does() -> None:
+    c, problems = config.load({"EndpointStatusPathPrefix": "none", "XDPEnabled": "none", "VXLANMTU": "none",
+                               "FailsafeInboundHostPorts": "none", "VXLANEnabled": "none", "HealthPort": ""},
+                              environ={"FELIX_LOGPREFIX": ""})
+    assert problems == []
+    assert c.EndpointStatusPathPrefix == "" and c.XDPEnabled is False and c.VXLANMTU == 0
+    assert c.FailsafeInboundHostPorts == () and c.VXLANEnabled is None
+    assert c.HealthPort == 9099 and c.LogPrefix == "calico-packet"  # empty: not set at all
+    c, problems = config.load({"ChainInsertMode": "none"}, environ={})
+    assert [p.param for p in problems] == ["ChainInsertMode"] and c.ChainInsertMode == "insert"
