@@ -443,11 +443,12 @@ def _apply_layer(values: dict[str, Any], raw_layer: Mapping[str, str], source: s
 def _zero_value(name: str) -> Any:
     """Felix's ``none``: the parameter's zero value (off, 0, empty), not its default."""
     f = _FIELDS[name]
-    if f.default is None:
+    default: Any = f.default
+    if default is None:
         return None
     if getattr(f.metadata["parse"], "choices", None) is not None:
         raise ValueError("cannot be none: it must be one of " + ", ".join(f.metadata["parse"].choices))
-    return type(f.default)()
+    return type(default)()
 
 
 def closest_param(name: str) -> str | None:
