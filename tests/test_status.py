@@ -301,8 +301,9 @@ def test_second_server_on_a_live_socket_refuses_and_a_stale_one_is_replaced(runn
 
 @pytest.mark.parametrize("config, reported", [
     ({}, True),  # EndpointStatusPathPrefix defaults to /var/run/calico: Felix's file reporter wants it
-    ({"EndpointReportingEnabled": "true", "EndpointStatusPathPrefix": ""}, True),
-    ({"EndpointStatusPathPrefix": ""}, False),
+    ({"EndpointReportingEnabled": "true", "EndpointStatusPathPrefix": "none"}, True),
+    ({"EndpointStatusPathPrefix": "none"}, False),  # Felix's way to empty it ("" is ignored)
+    ({"EndpointStatusPathPrefix": ""}, True),
 ])
 def test_endpoint_status_reports_follow_felix_consumers(running: Running, config: dict[str, str],
                                                         reported: bool) -> None:
