@@ -7,7 +7,7 @@ PYTHON ?= .venv/bin/python
 PYTEST ?= .venv/bin/pytest
 PYTEST_ARGS ?=
 
-.PHONY: setup proto test unit typecheck demo bench clean config-doc
+.PHONY: setup proto test unit typecheck demo bench clean image image-test config-doc
 
 setup:
 	@bash scripts/setup.sh
@@ -34,6 +34,14 @@ demo: setup
 
 bench: setup
 	$(PYTHON) bench/run_all.py
+
+# The node image without Docker Hub: build/image/felixpy-image.tar (oci-archive); docs/deploy.md.
+image: setup
+	@PYTHON=$(PYTHON) bash scripts/build-image.sh
+
+# Smoke test of the built image: its rootfs runs the daemon in a throwaway network namespace.
+image-test: setup
+	@PYTEST=$(PYTEST) bash scripts/image-test.sh $(PYTEST_ARGS)
 
 clean:
 	rm -rf .venv .pytest_cache .hypothesis felixpy/proto/*_pb2*.py felixpy/proto/*_pb2*.pyi

@@ -41,7 +41,7 @@ import structlog  # noqa: E402
 
 from felixpy.drivers.netlink.pyroute import PyrouteNetlink, _link_from_msg  # noqa: E402
 from felixpy.drivers.routetable import MainTableOwnershipPolicy, RouteTable, Target  # noqa: E402
-from felixpy.managers.routeclass import RouteClass  # noqa: E402
+from felixpy.drivers.routetable.routeclass import RouteClass  # noqa: E402
 from felixpy.testing import netns as N  # noqa: E402
 
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))

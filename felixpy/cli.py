@@ -1,4 +1,4 @@
-"""Command line: ``felixpy run | status | feed | replay | demo | version``.
+"""Command line: ``felixpy run | status | feed | replay | demo | health | version``.
 
 ``felixpy-dataplane-driver`` (no arguments) is the entry point Felix execs as its
 external ``DataplaneDriver``: messages on fd 3, replies on fd 4.
@@ -99,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--scenario", default="demo", help="scenario YAML path, or 'demo' for the bundled one")
 
     sub.add_parser("version", help="print the version", description="Print the version.")
+    from felixpy import healthcheck
+
+    healthcheck.add_parser(sub)
     return p
 
 
@@ -135,6 +138,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _feed(args)
     if args.cmd == "replay":
         return _replay(args)
+    if args.cmd == "health":
+        from felixpy import healthcheck
+
+        return healthcheck.main(args)
     if args.cmd == "demo":
         from felixpy import demo
 

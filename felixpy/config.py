@@ -250,12 +250,12 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
                                               "no live-migration route elevation")
     IPv6ElevatedRoutePriority: int = _ignored(512, _int,
                                               "no live-migration route elevation")
-    IPForwarding: str = _ignored("Enabled", _choice("Enabled", "Disabled"),
-                                 "the forwarding sysctls are left as they are (pending the sysctl driver)")
+    IPForwarding: str = _p("Enabled", _choice("Enabled", "Disabled"), HONOURED,
+                           "Enabled: ip_forward and IPv6 all/forwarding set to 1; Disabled: left as they are")
     NetlinkTimeoutSecs: float = _ignored(10.0, _float,
                                          "netlink calls use pyroute2's own timeouts")
-    MTUIfacePattern: str = _ignored(r"^((en|wl|ww|sl|ib)[Pcopsvx].*|(eth|wlan|wwan).*)", _str,
-                                    "host MTU detection and Felix's MTU file pending the netlink driver")
+    MTUIfacePattern: str = _p(r"^((en|wl|ww|sl|ib)[Pcopsvx].*|(eth|wlan|wwan).*)", _str, HONOURED,
+                              "host MTU detection, Felix's MTU file")
     # Encapsulation.
     VXLANEnabled: bool | None = _p(None, _bool)
     IpInIpEnabled: bool | None = _p(None, _bool)
@@ -288,7 +288,7 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
                                 "no XDP acceleration of untracked deny policies")
     GenericXDPEnabled: bool = _ignored(False, _bool,
                                        "no XDP acceleration of untracked deny policies")
-    XDPRefreshInterval: float = _p(90.0, _float)
+    XDPRefreshInterval: float = _ignored(90.0, _float, "no XDP acceleration of untracked deny policies")
     LocalSubnetL2Reachability: str = _ignored("Disabled", _choice("Disabled", "Enabled"),
                                               "no proxy-neighbour manager")
     # Status, health, metrics, logging.

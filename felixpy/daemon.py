@@ -44,7 +44,8 @@ from felixpy.config import Config
 from felixpy.dataplane.clock import Clock, SystemClock
 from felixpy.dataplane.core import InternalDataplane
 from felixpy.errors import ConfigError, FatalDataplaneError, UnsupportedFeature
-from felixpy.managers.base import EndpointStatus, IfaceAddrsUpdate, IfaceStateUpdate
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceStateUpdate
+from felixpy.managers.base import EndpointStatus
 from felixpy.messages import from_dataplane, payload_of
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.transports.base import Feed, FeedClosed, FeedMessages, FeedOpened
@@ -155,6 +156,9 @@ class Daemon:
     # ----------------------------------------------------------------------- runner
     def run(self) -> int:
         log.info("felixpy daemon running")
+        # Probe-able while waiting for a feed: the servers take their settings from the
+        # environment and config file now; a feed's config may move them later.
+        self._serve_process_config(self._load_config({}))
         try:
             while self.exit_code is None:
                 self._iterate()
@@ -198,8 +202,9 @@ class Daemon:
         wake = now + HEALTH_TICK
         s = self._session
         if s is not None:
-            if s.dataplane is not None:
-                wake = min(wake, s.dataplane.next_wakeup())
+            dp_wake = s.dataplane.next_wakeup() if s.dataplane is not None else None
+            if dp_wake is not None:
+                wake = min(wake, dp_wake)
             if s.next_status is not None:
                 wake = min(wake, s.next_status)
         return max(0.0, wake - now)
@@ -297,20 +302,15 @@ class Daemon:
             self.exit_code = configmod.EXIT_CONFIG_CHANGED
 
     def _start_dataplane(self, s: Session, cfg: Config) -> None:
-        if self._process_config is None:
-            self._process_config = cfg
-            self._start_servers(cfg)
-        else:
-            changed = [p for p in PROCESS_PARAMS if getattr(cfg, p) != getattr(self._process_config, p)]
-            if changed:
-                log.warning("Process-level config changed; exiting for restart", changed=changed)
-                self.exit_code = configmod.EXIT_CONFIG_CHANGED
-                return
+        self._serve_process_config(cfg)
+        if self.exit_code is not None:
+            return
         s.config = cfg
         logs.set_level(cfg.LogSeverityScreen)
         self.health.register("InternalDataplaneMainLoop", max(20.0, cfg.DataplaneWatchdogTimeout))
         try:
             dp = self._build(cfg, clock=self._clock, status_sink=lambda ups: self._send_statuses(s, ups),
+                             feed_sink=lambda msgs: self._send_messages(s, msgs),
                              on_first_sync=lambda secs: self._on_first_sync(s, secs), metrics=self.metrics)
         except (UnsupportedFeature, ConfigError) as exc:
             log.critical("Cannot build the dataplane for this configuration", error=str(exc))
@@ -328,6 +328,31 @@ class Daemon:
             s.next_status = self._clock.monotonic() + min(10.0, cfg.ReportingIntervalSecs)
         log.info("Dataplane built", feed=s.feed.name, mode=_mode(cfg), ipv6=cfg.Ipv6Support,
                  replayed=len(buffered))
+
+    def _serve_process_config(self, cfg: Config) -> None:
+        """(Re)bind the health and metrics servers when their settings differ from the running ones.
+
+        Rebinding in place rather than exiting for a restart: the restarted process would
+        start from the environment again and, fed the same config, loop.  The environment
+        wins over a feed's config (layering), so a deployment pins its ports there.
+        """
+        old = self._process_config
+        if old is not None and all(getattr(cfg, p) == getattr(old, p) for p in PROCESS_PARAMS):
+            return
+        if old is not None:
+            log.info("Health/metrics settings changed; rebinding",
+                     changed=[p for p in PROCESS_PARAMS if getattr(cfg, p) != getattr(old, p)])
+        for srv in self._servers:
+            srv.shutdown()
+            srv.server_close()
+        self._servers = []
+        self._process_config = cfg
+        try:
+            self._start_servers(cfg)
+        except OSError as exc:  # e.g. the port is taken (beside calico-node: Felix's 9099/9091)
+            log.critical("Cannot start the health/metrics servers; exiting", error=str(exc),
+                         health_port=cfg.HealthPort, metrics_port=cfg.PrometheusMetricsPort)
+            self.exit_code = EXIT_FATAL
 
     def _start_servers(self, cfg: Config) -> None:
         if cfg.HealthEnabled:
@@ -361,12 +386,19 @@ class Daemon:
         if s is not None and s.config is not None:
             ready = dp is not None and dp.in_sync_reported and dp.iface_in_sync
             self.health.report("InternalDataplaneMainLoop", live=True, ready=ready)
+        elif s is None:  # waiting for a feed: the loop is alive, nothing is programmed for anyone
+            self.health.report("InternalDataplaneMainLoop", live=True, ready=False)
 
     def _on_first_sync(self, s: Session, seconds: float) -> None:
         self.metrics.initial_resync_time.set(seconds)
         log.info("Dataplane in sync", seconds=round(seconds, 3))
         self._heap.trim()  # the start of day is the biggest apply there will be
         s.send(pb.DataplaneInSync())
+
+    def _send_messages(self, s: Session, messages: list[Any]) -> None:
+        """Other dataplane reports for the calc graph (e.g. ``WireguardStatusUpdate``)."""
+        for msg in messages:
+            s.send(msg)
 
     def _send_statuses(self, s: Session, updates: list[EndpointStatus]) -> None:
         if s.config is None or not s.config.endpoint_status_wanted:

@@ -10,7 +10,8 @@ VENV=${VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3}
 
 APT_PKGS=(python3-bpfcc libbpfcc linux-headers-amd64 bpftool nftables libnftables1
-          python3-nftables iptables ipset iproute2 iputils-ping conntrack ncat procps)
+          python3-nftables iptables ipset iproute2 iputils-ping conntrack ncat procps
+          gcc libc6-dev make)  # the static driver shim (tests/deploy/test_shim.py builds it)
 
 need_apt=0
 for p in "${APT_PKGS[@]}"; do

@@ -12,10 +12,14 @@ from felixpy.dataplane.clock import FakeClock
 from felixpy.dataplane.core import InternalDataplane
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 from felixpy.errors import DataplaneError, FatalDataplaneError
+from felixpy.proto import felixbackend_pb2 as pb
 
 
-class InSync:  # the loop recognises the proto InSync by type name
-    pass
+InSync = pb.InSync  # the loop recognises Felix's InSync by its type
+
+
+class NotInSync:
+    """Named like Felix's message but not it: must not open the gate."""
 
 
 @dataclass
@@ -131,6 +135,10 @@ def test_no_apply_before_insync_and_iface_sync() -> None:
     dp.set_iface_in_sync()
     assert dp.maybe_apply() is None  # datastore not in sync yet
     assert mgr.programmed == [] and tl == []
+    type(NotInSync).__name__  # (a class statement cannot be renamed to InSync in place)
+    impostor = type("InSync", (), {})()
+    dp.on_datastore_message(impostor)
+    assert dp.maybe_apply() is None  # recognised by type, not by name
     dp.on_datastore_message(InSync())
     assert dp.maybe_apply() is not None
     assert mgr.programmed == ["a"]
@@ -345,7 +353,7 @@ def test_ipv6_drivers_are_applied_like_ipv4() -> None:
 
 
 def test_shared_route_table_is_applied_once_and_gets_iface_state() -> None:
-    from felixpy.managers.base import IfaceState, IfaceStateUpdate
+    from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
 
     dp, clock, tl = make()
 

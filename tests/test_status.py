@@ -30,7 +30,8 @@ from felixpy.dataplane.clock import SystemClock
 from felixpy.dataplane.core import InternalDataplane
 from felixpy.errors import DataplaneError, UnsupportedFeature
 from felixpy.feed.client import connect
-from felixpy.managers.base import EndpointStatus, IfaceAddrsUpdate, IfaceState, IfaceStateUpdate, Syncer
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceState, IfaceStateUpdate
+from felixpy.managers.base import EndpointStatus, Syncer
 from felixpy.messages import to_dataplane
 from felixpy.nodestatus import StatusError, StatusServer, query, render_human
 from felixpy.proto import felixbackend_pb2 as pb

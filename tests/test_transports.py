@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,7 +169,8 @@ def test_external_driver_pipes_fd3_fd4(netns: str, tmp_path: Path) -> None:
     proc = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-c", script, str(to_r), str(from_w)],
                             pass_fds=(to_r, from_w),
                             env={**os.environ, "PYTHONPATH": str(REPO),
-                                 "FELIXPY_STATUS_SOCKET": str(tmp_path / "status.sock")},
+                                 "FELIXPY_STATUS_SOCKET": str(tmp_path / "status.sock"),
+                                 "FELIXPY_MTU_FILE": os.path.join(tempfile.mkdtemp(prefix="fpymtu-"), "mtu")},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     os.close(to_r)
     os.close(from_w)

@@ -1,41 +1,50 @@
-"""The internal dataplane: fan-out, in-sync gating, throttling and the ordered apply().
+"""The apply orchestration: fan-out, in-sync gating, throttling and the ordered ``apply()``.
 
-This is a sans-I/O core: it never reads a socket or sleeps.  The daemon's
-runner feeds it messages and interface events, asks :meth:`next_wakeup` when to
-come back, and calls :meth:`maybe_apply`.  Time comes from an injected clock.
+:class:`InternalDataplane` is sans-I/O: it never reads a socket or sleeps, and
+time comes from an injected clock.  The daemon's runner (``felixpy/daemon.py``)
+feeds it messages and interface events, asks :meth:`~InternalDataplane.next_wakeup`
+when to come back, and calls :meth:`~InternalDataplane.maybe_apply`.  The
+drivers' own ``apply()`` calls do the kernel I/O, some of them on a small
+thread pool (families in parallel, routes beside the tables); every call into
+this object comes from the runner's one thread.
 
-``apply()`` is Felix's reconciliation cycle, encoded once, here:
+``apply()`` is Felix's reconciliation cycle, encoded once, here, one method a step:
 
  1. clear "needs sync" (any failure below sets it again);
  2. resolution pass: ``resolve_update_batch()`` on every resolver manager;
  3. programming pass: ``complete_deferred_work()`` on every manager;
- 4. XDP;
- 5. popped refresh timers queue resyncs (routes/rules/FDB; IP sets);
+ 4. devices: tunnel devices and interface sysctls, then ``on_devices_applied()``
+    on the managers that build on them (MTU, ifindex, keys, status);
+ 5. popped refresh timers queue resyncs (devices/routes/rules/FDB; IP sets);
  6. IP-set creates/updates (families in parallel);
- 7. VXLAN FDB;
+ 7. VXLAN FDB, before the routes that use it;
  8. routes and rules start in the background;
  9. *tables (in parallel) — held back if step 6 failed, because a rule must
     never reference a set that is not there;
 10. deferred IP-set deletions — only after the tables no longer reference them;
 11. join the route/rule work;
-12. publish endpoint status.
+12. publish endpoint status and other feed messages.
 
-A failing step leaves its work dirty and sets "needs sync"; independent steps
-still run.  ``FatalDataplaneError`` (a driver's retries exhausted) propagates:
-the daemon exits non-zero rather than limp on possibly open (fail closed).
-No kernel write happens before the first ``InSync`` and the interface
-monitor's initial dump.
+Every step's outcome goes through one path (:meth:`InternalDataplane._outcome`):
+a failing step leaves its work dirty and sets "needs sync" while independent
+steps still run; :class:`~felixpy.errors.UnsupportedFeature` is reported once by
+name and is not a failure; :class:`~felixpy.errors.FatalDataplaneError` (a
+driver's retries exhausted) is re-raised once every piece of work already
+started has finished, and the daemon exits non-zero rather than limp on
+possibly open (fail closed).  No kernel write happens before the first
+``InSync`` and the interface monitor's initial dump.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol, TypeVar
 
 import structlog
+from google.protobuf.message import Message
 
 from felixpy.config import Config
 from felixpy.dataplane.clock import Clock
@@ -44,22 +53,45 @@ from felixpy.dataplane.timers import RefreshTimer
 from felixpy.drivers.generictables.table import Table
 from felixpy.drivers.ipsets_api import IPSetsDataplane
 from felixpy.errors import FatalDataplaneError, UnsupportedFeature
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceStateUpdate
 from felixpy.managers.base import (
+    DevicesConsumer,
     EndpointStatus,
-    IfaceAddrsUpdate,
-    IfaceStateUpdate,
+    FeedReporter,
+    HasDeadline,
     Manager,
     ManagerWithRouteRules,
     ManagerWithRouteTables,
     ManagerWithStatus,
     Syncer,
     UpdateBatchResolver,
+    WatchesIfaces,
 )
+from felixpy.proto import felixbackend_pb2 as pb
 
 log = structlog.get_logger(__name__)
 
-RETRY_INTERVAL = 10.0
 IPSET_DELETION_RESCHEDULE = 0.1
+MIN_RESCHEDULE = 0.05
+T = TypeVar("T")
+
+
+class _Observes(Protocol):
+    def observe(self, amount: float) -> None: ...
+
+
+class _Counts(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class ApplyMetrics(Protocol):
+    """What the loop records per apply (``felixpy.metrics.DataplaneMetrics`` provides it)."""
+
+    @property
+    def apply_time(self) -> _Observes: ...
+
+    @property
+    def failures(self) -> _Counts: ...
 
 
 @dataclass
@@ -71,6 +103,7 @@ class ApplyReport:
     failed_steps: list[str] = field(default_factory=list)
     held_back: list[str] = field(default_factory=list)
     reschedule_in: float | None = None
+    delays: list[float] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -87,39 +120,43 @@ def _unique(items: Iterable[Syncer]) -> list[Syncer]:
     return out
 
 
+def _family(obj: object) -> str:
+    """``/v4`` or ``/v6`` for a per-family driver (step names), "" for anything else."""
+    v = getattr(obj, "ip_version", None)
+    return f"/v{v}" if v is not None else ""
+
+
 class InternalDataplane:
     def __init__(self, config: Config, clock: Clock, *,
                  status_sink: Callable[[list[EndpointStatus]], None] | None = None,
+                 feed_sink: Callable[[list[Message]], None] | None = None,
                  on_first_sync: Callable[[float], None] | None = None,
-                 metrics: Any = None, executor: ThreadPoolExecutor | None = None,
-                 xdp: Syncer | None = None) -> None:
+                 metrics: ApplyMetrics | None = None, executor: ThreadPoolExecutor | None = None) -> None:
         self.config = config
         self._clock = clock
         self._status_sink = status_sink
+        self._feed_sink = feed_sink
         self._on_first_sync = on_first_sync
         self._metrics = metrics
         self._executor = executor or ThreadPoolExecutor(max_workers=4, thread_name_prefix="apply")
-        self._xdp = xdp
         self.managers: list[Manager] = []
         self.ipsets: list[IPSetsDataplane] = []
         self.tables: list[Table] = []
         self.fdbs: list[Syncer] = []
+        self.devices: list[Syncer] = []
         now = clock.monotonic()
         self._created = now
         self.throttle = LeakyBucket(now)
         self._route_timer = RefreshTimer("routes", config.RouteRefreshInterval, now)
         self._ipsets_timer = RefreshTimer("ipsets", config.IpsetsRefreshInterval, now)
-        self._xdp_timer = RefreshTimer("xdp", config.XDPRefreshInterval, now)
         self._force_route_refresh = False
         self._force_ipsets_refresh = False
-        self._force_xdp_refresh = False
         self.datastore_in_sync = False
         self.iface_in_sync = False
         self.needs_sync = True  # the start-of-day apply (resync) is always needed
         self.applied_once = False
         self.in_sync_reported = False
         self._reschedule_at: float | None = None
-        self._next_retry = now + RETRY_INTERVAL
         self.apply_count = 0
         self.last_apply: ApplyReport | None = None
         self.unsupported: dict[str, str] = {}
@@ -137,6 +174,10 @@ class InternalDataplane:
     def register_fdb(self, fdb: Syncer) -> None:
         self.fdbs.append(fdb)
 
+    def register_device_syncer(self, syncer: Syncer) -> None:
+        """Tunnel devices and interface sysctls: applied right after the programming pass."""
+        self.devices.append(syncer)
+
     def route_syncers(self) -> list[Syncer]:
         """Route tables of every manager, once each (managers may share the main table)."""
         return _unique(s for m in self.managers if isinstance(m, ManagerWithRouteTables)
@@ -146,27 +187,29 @@ class InternalDataplane:
         return _unique(s for m in self.managers if isinstance(m, ManagerWithRouteRules)
                        for s in m.route_rule_syncers())
 
+    def _iface_watchers(self) -> list[WatchesIfaces]:
+        return [s for s in [*self.route_syncers(), *self.fdbs, *self.devices] if isinstance(s, WatchesIfaces)]
+
     # ------------------------------------------------------------------------- inputs
-    def on_datastore_message(self, msg: Any) -> None:
+    def on_datastore_message(self, msg: Message) -> None:
         """One proto payload from the calc graph: fan out to every manager."""
         self._fan_out(msg)
-        if type(msg).__name__ == "InSync" and not self.datastore_in_sync:
+        if isinstance(msg, pb.InSync) and not self.datastore_in_sync:
             log.info("Datastore in sync; kernel writes may start")
             self.datastore_in_sync = True
         self.needs_sync = True
 
     def on_iface_update(self, update: IfaceStateUpdate | IfaceAddrsUpdate) -> None:
-        """Interface events go to every manager and, for state, straight to the route
-        tables and FDBs (as Felix does), which skip routes via down interfaces."""
+        """Interface events go to every manager and, for state, straight to the route tables,
+        FDBs and device syncers (as Felix does), which skip or re-check what the change affects."""
         self._fan_out(update)
         if isinstance(update, IfaceStateUpdate):
-            for syncer in [*self.route_syncers(), *self.fdbs]:
-                hook = getattr(syncer, "on_iface_state", None)
-                if hook is not None:
-                    try:
-                        hook(update.name, update.state, update.index)
-                    except Exception:
-                        log.exception("Route syncer failed to take interface update", iface=update.name)
+            for watcher in self._iface_watchers():
+                try:
+                    watcher.on_iface_state(update.name, update.state, update.index)
+                except Exception:
+                    log.exception("Syncer failed to take interface update", iface=update.name,
+                                  syncer=type(watcher).__name__)
         self.needs_sync = True
 
     def set_iface_in_sync(self) -> None:
@@ -174,7 +217,7 @@ class InternalDataplane:
             log.info("Interface monitor in sync")
         self.iface_in_sync = True
 
-    def _fan_out(self, msg: Any) -> None:
+    def _fan_out(self, msg: object) -> None:
         for mgr in self.managers:
             try:
                 mgr.on_update(msg)
@@ -193,27 +236,19 @@ class InternalDataplane:
         if self._ipsets_timer.pop(now):
             self._force_ipsets_refresh = True
             self.needs_sync = True
-        if self._xdp_timer.pop(now) and self._xdp is not None:
-            self._force_xdp_refresh = True
-            self.needs_sync = True
         if self._reschedule_at is not None and now >= self._reschedule_at:
             self._reschedule_at = None
             self.needs_sync = True
-        if now >= self._next_retry:
-            self._next_retry = now + RETRY_INTERVAL
 
-    def next_wakeup(self) -> float:
-        """The latest time the runner may sleep until."""
+    def next_wakeup(self) -> float | None:
+        """The latest time the runner may sleep until (None: nothing is scheduled)."""
         now = self._clock.monotonic()
-        cands = [self._next_retry]
-        for t in (self._route_timer, self._ipsets_timer, self._xdp_timer):
-            if t.due is not None:
-                cands.append(t.due)
+        cands = [t.due for t in (self._route_timer, self._ipsets_timer) if t.due is not None]
         if self._reschedule_at is not None:
             cands.append(self._reschedule_at)
         if self.needs_sync and self.ready_to_apply():
             cands.append(self.throttle.next_token_at(now))
-        return max(now, min(cands))
+        return max(now, min(cands)) if cands else None
 
     def maybe_apply(self) -> ApplyReport | None:
         """Apply if in sync, dirty and the throttle admits it."""
@@ -227,31 +262,45 @@ class InternalDataplane:
 
     # -------------------------------------------------------------------------- apply
     def apply(self) -> ApplyReport:
-        start = self._clock.monotonic()
         wall_start = time.perf_counter()
-        report = ApplyReport(started=start)
-        self.needs_sync = False
-        delays: list[float] = []
+        report = ApplyReport(started=self._clock.monotonic())
+        self.needs_sync = False                                   # 1
+        self._resolve(report)                                     # 2
+        self._program(report)                                     # 3
+        self._apply_devices(report)                               # 4
+        self._queue_refreshes()                                   # 5
+        ipsets_ok = self._apply_ipset_updates(report)             # 6
+        self._apply_fdbs(report)                                  # 7
+        background = self._start_routes()                         # 8
+        try:
+            tables_ok = self._apply_tables(report, ipsets_ok)     # 9
+            self._apply_ipset_deletions(report, tables_ok)        # 10
+        finally:
+            self._collect(report, background)                     # 11
+        self._publish(report)                                     # 12
+        self._finish(report, wall_start)
+        return report
 
-        # 2. Resolution pass, then 3. programming pass.
+    def _resolve(self, report: ApplyReport) -> None:
         for mgr in self.managers:
             if isinstance(mgr, UpdateBatchResolver):
                 self._step(report, f"resolve:{type(mgr).__name__}", mgr.resolve_update_batch)
+
+    def _program(self, report: ApplyReport) -> None:
         for mgr in self.managers:
             self._step(report, f"complete:{type(mgr).__name__}", mgr.complete_deferred_work)
 
-        # 4. XDP.
-        if self._xdp is not None:
-            if self._force_xdp_refresh:
-                self._xdp.queue_resync()
-                self._force_xdp_refresh = False
-            self._step(report, "xdp", self._xdp.apply)
+    def _apply_devices(self, report: ApplyReport) -> None:
+        for syncer in self.devices:
+            self._step(report, f"devices:{type(syncer).__name__}{_family(syncer)}", syncer.apply)
+        for mgr in self.managers:
+            if isinstance(mgr, DevicesConsumer):
+                self._step(report, f"after-devices:{type(mgr).__name__}", mgr.on_devices_applied)
 
-        # 5. Refresh timers queue resyncs only.
-        route_syncers = self.route_syncers()
-        rule_syncers = self.rule_syncers()
+    def _queue_refreshes(self) -> None:
+        """Popped refresh timers only queue resyncs; the steps below do them."""
         if self._force_route_refresh:
-            for s in [*route_syncers, *rule_syncers, *self.fdbs]:
+            for s in [*self.devices, *self.route_syncers(), *self.rule_syncers(), *self.fdbs]:
                 s.queue_resync()
             self._force_route_refresh = False
         if self._force_ipsets_refresh:
@@ -259,72 +308,68 @@ class InternalDataplane:
                 d.queue_resync()
             self._force_ipsets_refresh = False
 
-        # 6. IP-set creates/updates, families in parallel.
-        ipsets_ok = self._parallel(report, "ipsets-update", [(d, d.apply_updates) for d in self.ipsets])
+    def _apply_ipset_updates(self, report: ApplyReport) -> bool:
+        futs = [(f"ipsets-update{_family(d)}", self._executor.submit(d.apply_updates)) for d in self.ipsets]
+        ok, _ = self._collect(report, futs)
+        return ok
 
-        # 7. VXLAN FDB before routes that use it.
+    def _apply_fdbs(self, report: ApplyReport) -> None:
         for fdb in self.fdbs:
-            self._step(report, f"fdb:{type(fdb).__name__}", fdb.apply)
+            self._step(report, f"fdb:{type(fdb).__name__}{_family(fdb)}", fdb.apply)
 
-        # 8. Routes and rules in the background.
-        background = [(s, self._executor.submit(s.apply)) for s in [*route_syncers, *rule_syncers]]
+    def _start_routes(self) -> list[tuple[str, Future[None]]]:
+        return [(f"routes:{type(s).__name__}{_family(s)}", self._executor.submit(s.apply))
+                for s in [*self.route_syncers(), *self.rule_syncers()]]
 
-        # 9. Tables, once the sets they reference exist.
-        tables_ok = False
-        if ipsets_ok:
-            results: list[tuple[Table, Future[float | None]]] = [
-                (t, self._executor.submit(t.apply)) for t in self.tables]
-            tables_ok = True
-            for table, fut in results:
-                try:
-                    delay = fut.result()
-                    if delay is not None:
-                        delays.append(delay)
-                except FatalDataplaneError:
-                    self._join(background, report)
-                    raise
-                except Exception as exc:
-                    tables_ok = False
-                    self._fail(report, f"table:{table.name}/v{table.ip_version}", exc)
-        elif self.tables:
-            report.held_back.append("tables")
-            log.warning("Holding back table updates: IP-set updates failed (a rule must not reference a "
-                        "missing set)")
+    def _apply_tables(self, report: ApplyReport, ipsets_ok: bool) -> bool:
+        if not ipsets_ok:
+            if self.tables:
+                report.held_back.append("tables")
+                log.warning("Holding back table updates: IP-set updates failed (a rule must not reference a "
+                            "missing set)")
+            return False
+        futs = [(f"table:{t.name}{_family(t)}", self._executor.submit(t.apply)) for t in self.tables]
+        ok, delays = self._collect(report, futs)
+        report.delays.extend(d for d in delays if d is not None)
+        return ok
 
-        # 10. IP-set deletions, now that no rule references them.
-        if tables_ok:
-            for d in self.ipsets:
-                try:
-                    if d.apply_deletions():
-                        delays.append(IPSET_DELETION_RESCHEDULE)
-                except FatalDataplaneError:
-                    self._join(background, report)
-                    raise
-                except Exception as exc:
-                    self._fail(report, f"ipsets-delete/v{d.ip_version}", exc)
-        elif self.ipsets:
-            report.held_back.append("ipsets-delete")
+    def _apply_ipset_deletions(self, report: ApplyReport, tables_ok: bool) -> None:
+        if not tables_ok:
+            if self.ipsets:
+                report.held_back.append("ipsets-delete")
+            return
+        for d in self.ipsets:
+            if self._step(report, f"ipsets-delete{_family(d)}", d.apply_deletions) is True:
+                report.delays.append(IPSET_DELETION_RESCHEDULE)  # more deletions remain
 
-        # 11. Join the route/rule work.
-        self._join(background, report)
+    def _publish(self, report: ApplyReport) -> None:
+        updates: list[EndpointStatus] = []
+        messages: list[Message] = []
+        for mgr in self.managers:
+            if isinstance(mgr, ManagerWithStatus):
+                updates.extend(self._step(report, f"status:{type(mgr).__name__}", mgr.pop_status_updates) or ())
+            if isinstance(mgr, FeedReporter):
+                messages.extend(self._step(report, f"feed:{type(mgr).__name__}", mgr.pop_feed_messages) or ())
+        if updates and self._status_sink is not None:
+            self._status_sink(updates)
+        if messages and self._feed_sink is not None:
+            self._feed_sink(messages)
 
-        # 12. Endpoint status.
-        self._publish_status(report)
-
-        # Drivers and managers holding timed work (grace periods, device re-checks).
-        for obj in [*self.managers, *route_syncers, *rule_syncers, *self.fdbs]:
-            deadline = getattr(obj, "next_deadline", None)
-            if deadline is not None:
-                left = deadline()
+    def _finish(self, report: ApplyReport, wall_start: float) -> None:
+        # Drivers and managers holding timed work (grace periods, device re-checks, retries).
+        holders: Sequence[object] = [*self.managers, *self.devices, *self.route_syncers(), *self.rule_syncers(),
+                                     *self.fdbs]
+        for obj in holders:
+            if isinstance(obj, HasDeadline):
+                left = obj.next_deadline()
                 if left is not None:
-                    delays.append(max(left, 0.05))
-
+                    report.delays.append(max(left, MIN_RESCHEDULE))
         if report.held_back:
             self.needs_sync = True
         self.apply_count += 1
         report.duration = time.perf_counter() - wall_start
-        if delays:
-            report.reschedule_in = min(delays)
+        if report.delays:
+            report.reschedule_in = min(report.delays)
             self._reschedule_at = self._clock.monotonic() + report.reschedule_in
         self.last_apply = report
         self._record_metrics(report)
@@ -339,71 +384,54 @@ class InternalDataplane:
             self.in_sync_reported = True
             if self._on_first_sync is not None:
                 self._on_first_sync(self._clock.monotonic() - self._created)
-        return report
 
-    # -------------------------------------------------------------------------- helpers
-    def _step(self, report: ApplyReport, name: str, fn: Callable[[], Any]) -> bool:
+    # ------------------------------------------------------------------ outcomes
+    def _step(self, report: ApplyReport, name: str, fn: Callable[[], T]) -> T | None:
+        """Run one step here; its outcome goes through :meth:`_outcome`."""
         try:
-            fn()
-            return True
-        except FatalDataplaneError:
-            raise
-        except UnsupportedFeature as exc:
-            self._unsupported(exc)
-            return True
+            return fn()
         except Exception as exc:
-            self._fail(report, name, exc)
-            return False
+            self._outcome(report, name, exc)
+            return None
 
-    def _unsupported(self, exc: UnsupportedFeature) -> None:
-        """The kernel lacks a feature: say so by name, once; everything else keeps running."""
-        if exc.feature not in self.unsupported:
-            self.unsupported[exc.feature] = str(exc)
-            log.error("Feature not supported on this node; continuing without it", feature=exc.feature,
-                      detail=str(exc))
-
-    def _parallel(self, report: ApplyReport, name: str, work: Iterable[tuple[Any, Callable[[], Any]]]) -> bool:
-        futs = [(f"{name}/v{getattr(obj, 'ip_version', '?')}", self._executor.submit(fn)) for obj, fn in work]
-        return self._collect(report, futs)
-
-    def _join(self, background: list[tuple[Syncer, Future[None]]], report: ApplyReport) -> None:
-        self._collect(report, [(f"routes:{type(syncer).__name__}", fut) for syncer, fut in background])
-
-    def _collect(self, report: ApplyReport, futs: list[tuple[str, Future[Any]]]) -> bool:
-        """Wait for every future; failures are recorded per step, a fatal one re-raised after all
-        have finished (so no background work is left running when the daemon exits)."""
+    def _collect(self, report: ApplyReport, futs: list[tuple[str, Future[T]]]) -> tuple[bool, list[T]]:
+        """Wait for every future; each failure goes through :meth:`_outcome`, and a fatal one is
+        re-raised only after all have finished (no background work is left running on exit)."""
         ok = True
+        results: list[T] = []
         fatal: FatalDataplaneError | None = None
-        for step, fut in futs:
+        for name, fut in futs:
             try:
-                fut.result()
+                results.append(fut.result())
             except FatalDataplaneError as exc:
                 fatal = fatal or exc
-            except UnsupportedFeature as exc:
-                self._unsupported(exc)
             except Exception as exc:
-                ok = False
-                self._fail(report, step, exc)
+                ok = self._outcome(report, name, exc) and ok
         if fatal is not None:
             raise fatal
-        return ok
+        return ok, results
 
-    def _fail(self, report: ApplyReport, step: str, exc: BaseException) -> None:
+    def _outcome(self, report: ApplyReport, step: str, exc: Exception) -> bool:
+        """The one place a step's exception is judged; True if the step counts as done.
+
+        A driver that met several independent outcomes raises them as an ``ExceptionGroup``
+        (e.g. two features unsupported at once); each is judged here in turn."""
+        if isinstance(exc, ExceptionGroup):
+            done = [self._outcome(report, step, e) for e in exc.exceptions]
+            return all(done)
+        if isinstance(exc, FatalDataplaneError):
+            raise exc
+        if isinstance(exc, UnsupportedFeature):
+            if exc.feature not in self.unsupported:
+                self.unsupported[exc.feature] = str(exc)
+                log.error("Feature not supported on this node; continuing without it", feature=exc.feature,
+                          detail=str(exc))
+            return True
         self.needs_sync = True
         report.failed_steps.append(step)
         log.error("Dataplane step failed; work kept for retry", step=step, error=str(exc),
                   error_type=type(exc).__name__)
-
-    def _publish_status(self, report: ApplyReport) -> None:
-        updates: list[EndpointStatus] = []
-        for mgr in self.managers:
-            if isinstance(mgr, ManagerWithStatus):
-                try:
-                    updates.extend(mgr.pop_status_updates())
-                except Exception as exc:
-                    self._fail(report, f"status:{type(mgr).__name__}", exc)
-        if updates and self._status_sink is not None:
-            self._status_sink(updates)
+        return False
 
     def _record_metrics(self, report: ApplyReport) -> None:
         if self._metrics is None:

@@ -1,18 +1,35 @@
 """Building a dataplane for a config: which managers and drivers, per IP family and mode.
 
 This is the one construction site (Felix's ``NewIntDataplaneDriver``): every
-per-family manager and driver is created here — the IPv6 set when
+per-family manager and driver is created in :func:`build` — the IPv6 set when
 ``Ipv6Support`` is on — and registered with the loop in Felix's order
-(IP sets, policy, endpoints per family; v4 then v6).  Cross-cutting components
-(the endpoint-status combiner) are registered with *every* family here.
+(IP sets, host IPs, policy, endpoints, masquerade, DSCP, then routing; v4 then
+v6).  Cross-cutting components (the endpoint-status combiner) are registered
+with *every* family here.  :func:`build` returns a :class:`BuiltDataplane`, a
+typed record of what it made per family, so tests drive and inspect the very
+graph the daemon runs (the daemon only needs :func:`build_dataplane`).
 
-Routing (:func:`_build_routing`): one main route table per family, shared by
-the endpoint manager and the VXLAN / no-encap / IPIP managers (the loop applies
-it once); the VXLAN manager per family that has VXLAN on (its FDB registered
-with the loop, applied before routes), IPIP (v4) and WireGuard when configured
-(this kernel lacks both: they report ``UnsupportedFeature`` once and the rest
-keeps running), and the no-encap manager when ``ProgramClusterRoutes`` asks for
-it and no overlay is on for that family (Felix's conditions).
+Kernel access is injected through :class:`KernelDeps`, a set of factories
+(tables + IP-set dataplane per family, netlink handles, the main route table,
+the ``/proc/sys`` writer); each default is the real thing in this process's
+network namespace, and the test harness passes stateful fakes.
+
+Per family, besides the managers, :func:`build` makes the drivers the loop
+applies: the tables (four ``IptablesTable`` or one ``NftablesTable`` root with
+four layer views), the IP-set dataplane (ipset, or the nft root), the
+tunnel-device syncer (it owns ``vxlan.calico``/``vxlan-v6.calico``, ``tunl0``
+and the WireGuard device: it keeps those whose feature is on and removes the
+others at start of day), the interface-sysctls syncer, the main route table
+(a :class:`~felixpy.drivers.routetable.DummyTable` with ``RouteSyncDisabled``)
+and the VXLAN FDB.  A device (re)created by the tunnel syncer is announced to
+the route tables and FDB that use it.
+
+Routing (:func:`_build_routing`): the main route table is shared by the endpoint
+manager and the VXLAN / no-encap / IPIP managers (the loop applies it once);
+VXLAN per family that has it on, IPIP (v4) and WireGuard when configured (this
+kernel lacks both: they report ``UnsupportedFeature`` once and the rest keeps
+running), and no-encap when ``ProgramClusterRoutes`` asks for it and no
+overlay is on for that family (Felix's conditions).
 
 Encapsulation signal: Felix derives ``VXLANEnabled``/``VXLANEnabledV6`` from the
 IP pools (``config.Encapsulation``) and also sends them to the dataplane in an
@@ -20,32 +37,44 @@ IP pools (``config.Encapsulation``) and also sends them to the dataplane in an
 from.  felixpy reads the ``VXLANEnabled`` parameter (Felix's override, carried
 in ``ConfigUpdate``): VXLAN for IPv4 when it is true, and for IPv6 when it is
 true *and* ``Ipv6Support`` is on (:func:`vxlan_enabled`).  IPIP is
-``IpInIpEnabled`` (IPv4 only); WireGuard ``WireguardEnabled[V6]``.
+``IpInIpEnabled`` (IPv4 only); WireGuard ``WireguardEnabled[V6]``.  The same
+decision feeds :func:`renderer_options`, so the static chains reference
+``all-vxlan-net`` exactly when a manager creates it.
 
-Kernel access is injected through :class:`KernelDeps` so tests can build the
-same graph over fakes.  Start-of-day chains are handed to the tables here;
-tables only record them, so nothing reaches the kernel before the first apply
-after ``InSync``.
+Start-of-day chains are handed to the tables here; tables only record them,
+so nothing reaches the kernel before the first apply after ``InSync``.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
 import structlog
+from google.protobuf.message import Message
 
 from felixpy.config import Config
 from felixpy.dataplane.clock import Clock
-from felixpy.dataplane.core import InternalDataplane
-from felixpy.drivers.generictables.table import Table
-from felixpy.drivers.procsys import ProcSys, SysctlWriter
+from felixpy.dataplane.core import ApplyMetrics, InternalDataplane
+from felixpy.drivers.cmdshim import CommandRunner, SubprocessRunner
+from felixpy.drivers.generictables.table import MapsDataplane, Table
+from felixpy.drivers.hostmtu import HostMTU, mtu_file_path
+from felixpy.drivers.ipsets_api import IPSetsDataplane
+from felixpy.drivers.netlink.api import NetlinkFactory
+from felixpy.drivers.nftables.shim import NftShim
+from felixpy.drivers.procsys import InterfaceSysctls, ProcSys, SysctlWriter
+from felixpy.drivers.routetable import DummyTable, RouteTableAPI
+from felixpy.drivers.tunnels import KIND_IPIP, KIND_VXLAN, KIND_WIREGUARD, TunnelDevices, owned_devices
+from felixpy.drivers.vxlanfdb import VXLANFDB
 from felixpy.errors import ConfigError, UnsupportedFeature
+from felixpy.ifacemonitor.events import IfaceState
+from felixpy.kernelnames import IPIP_DEVICE, MAIN_ROUTE_TABLE, vxlan_device_name
+from felixpy.managers.base import EndpointStatus, Manager
 from felixpy.managers.dscp import DSCPManager
 from felixpy.managers.endpoints import EndpointManager
 from felixpy.managers.hostips import HostIPManager
+from felixpy.managers.ipsets import IPSetsManager
 from felixpy.managers.masq import MasqManager
 from felixpy.managers.policy import PolicyManager
 from felixpy.managers.status import EndpointStatusCombiner
@@ -63,7 +92,7 @@ class FeedSummaryManager:
         self.counts: Counter[str] = Counter()
         self._since_apply: Counter[str] = Counter()
 
-    def on_update(self, msg: Any) -> None:
+    def on_update(self, msg: object) -> None:
         name = type(msg).__name__
         self.counts[name] += 1
         self._since_apply[name] += 1
@@ -74,50 +103,136 @@ class FeedSummaryManager:
             self._since_apply.clear()
 
 
+@dataclass(frozen=True)
+class FamilyTables:
+    """One family's tables as the rules layer sees them, and what the loop applies."""
+
+    tables: Mapping[str, Table]  # raw, mangle, filter, nat
+    ipsets: IPSetsDataplane
+    maps: MapsDataplane | None  # nftables verdict maps (None with iptables)
+    to_apply: list[Table]  # the four iptables tables, or the one nftables root
+    backend: str  # "legacy" | "nft" | "nftables"
+
+
+TablesFactory = Callable[[Config, int], FamilyTables]
+RouteTableFactory = Callable[[Config, int], RouteTableAPI]
+
+
 @dataclass
 class KernelDeps:
-    """How drivers reach the kernel; the defaults are the real thing in this process's netns."""
+    """How drivers reach the kernel.  Every default is the real thing in this process's netns.
 
-    iptables_runner: Any = None
-    ipset_runner: Any = None
-    netlink_factory: Callable[[], Any] | None = None
-    conntrack_runner: Any = None
+    ``tables`` builds one family's tables and IP-set dataplane (default: by mode —
+    iptables over ``iptables_runner``/``ipset_runner`` with ``iptables_backend`` or
+    detection, or nftables over ``nft_shim_factory``); ``netlink_factory`` opens
+    netlink handles; ``main_route_table`` builds the family's main route table
+    (default: a :class:`~felixpy.drivers.routetable.RouteTable`, or a
+    :class:`~felixpy.drivers.routetable.DummyTable` with ``RouteSyncDisabled``);
+    ``sysctls`` writes ``/proc/sys``; ``mtu_file`` is where the pod MTU is written
+    (the daemon's default: ``/var/lib/calico/mtu`` or ``FELIXPY_MTU_FILE``; unset,
+    nothing is written); ``clock`` times device re-checks and route grace periods.
+    """
+
+    tables: TablesFactory | None = None
+    netlink_factory: NetlinkFactory | None = None
+    mtu_file: str | None = None  # Felix's MTU file for the CNI plugin; None: not managed (tests)
+    main_route_table: RouteTableFactory | None = None
     sysctls: SysctlWriter = field(default_factory=ProcSys)
-    iptables_backend: str | None = None  # skip detection (tests)
-    nft_shim_factory: Callable[[], Any] | None = None  # libnftables by default
+    clock: Callable[[], float] = time.monotonic
+    # Inputs of the default factories.
+    iptables_runner: CommandRunner = field(default_factory=SubprocessRunner)
+    ipset_runner: CommandRunner = field(default_factory=SubprocessRunner)
+    conntrack_runner: CommandRunner | None = None
+    iptables_backend: str | None = None  # skip detection
+    nft_shim_factory: Callable[[], NftShim] | None = None  # libnftables by default
 
-    def __post_init__(self) -> None:
-        from felixpy.drivers.cmdshim import SubprocessRunner
-        from felixpy.drivers.routetable.conntrack import CONNTRACK_TIMEOUT
-
-        if self.iptables_runner is None:
-            self.iptables_runner = SubprocessRunner()
-        if self.ipset_runner is None:
-            self.ipset_runner = SubprocessRunner()
+    def netlink(self) -> NetlinkFactory:
         if self.netlink_factory is None:
             from felixpy.drivers.netlink.pyroute import PyrouteNetlink
 
             self.netlink_factory = PyrouteNetlink
-        if self.conntrack_runner is None:
-            self.conntrack_runner = SubprocessRunner(timeout=CONNTRACK_TIMEOUT)
+        return self.netlink_factory
 
 
-def build_dataplane(config: Config, *, clock: Clock, status_sink: Any = None, on_first_sync: Any = None,
-                    metrics: Any = None, deps: KernelDeps | None = None) -> InternalDataplane:
+@dataclass
+class FamilyParts:
+    """What :func:`build` made for one IP family (tests read managers and drivers back from it)."""
+
+    v: int
+    renderer: RuleRenderer
+    tables: FamilyTables
+    main_route_table: RouteTableAPI
+    devices: TunnelDevices
+    sysctls: InterfaceSysctls
+    ipsets_manager: IPSetsManager
+    hostips: HostIPManager
+    policy: PolicyManager
+    endpoints: EndpointManager
+    masq: MasqManager
+    dscp: DSCPManager
+    routing: list[Manager] = field(default_factory=list)
+    fdb: VXLANFDB | None = None
+
+
+@dataclass
+class BuiltDataplane:
+    dataplane: InternalDataplane
+    families: dict[int, FamilyParts]
+    status: EndpointStatusCombiner
+    mode: str  # "iptables-legacy" | "iptables-nft" | "nftables"
+
+
+def build(config: Config, *, clock: Clock, status_sink: Callable[[list[EndpointStatus]], None] | None = None,
+          feed_sink: Callable[[list[Message]], None] | None = None,
+          on_first_sync: Callable[[float], None] | None = None, metrics: ApplyMetrics | None = None,
+          deps: KernelDeps | None = None) -> BuiltDataplane:
+    """Every manager and driver for *config*, registered with a new loop (nothing touches the kernel)."""
     if config.BPFEnabled:
         raise UnsupportedFeature("BPF dataplane mode", "the BPF endpoint manager is not wired into the daemon yet")
     deps = deps or KernelDeps()
-    dp = InternalDataplane(config, clock, status_sink=status_sink, on_first_sync=on_first_sync, metrics=metrics)
+    dp = InternalDataplane(config, clock, status_sink=status_sink, feed_sink=feed_sink,
+                           on_first_sync=on_first_sync, metrics=metrics)
     dp.register_manager(FeedSummaryManager())
     status = EndpointStatusCombiner()
     families = [4, 6] if config.Ipv6Support else [4]
-    backend = "nftables" if config.nftables_enabled else (deps.iptables_backend or _detect_backend(config, deps))
-    log.info("Building dataplane", mode=backend if backend == "nftables" else f"iptables-{backend}",
-             families=families)
-    for v in families:
-        _build_family(dp, config, v, backend, deps, status)
+    tables_factory = deps.tables or _default_tables(deps)
+    parts = {v: _build_family(dp, config, v, tables_factory(config, v), deps, status) for v in families}
+    if deps.mtu_file is not None:
+        # The one node-level object: Felix's MTU file has no IP family.
+        dp.register_device_syncer(HostMTU(new_handle=deps.netlink(), pattern=config.MTUIfacePattern,
+                                          pod_mtu=lambda host: pod_mtu(config, host), path=deps.mtu_file,
+                                          clock=deps.clock))
     dp.register_manager(status)
-    return dp
+    backend = parts[4].tables.backend
+    mode = backend if backend == "nftables" else f"iptables-{backend}"
+    log.info("Built dataplane", mode=mode, families=families)
+    return BuiltDataplane(dp, parts, status, mode)
+
+
+def build_dataplane(config: Config, *, clock: Clock,
+                    status_sink: Callable[[list[EndpointStatus]], None] | None = None,
+                    feed_sink: Callable[[list[Message]], None] | None = None,
+                    on_first_sync: Callable[[float], None] | None = None, metrics: ApplyMetrics | None = None,
+                    deps: KernelDeps | None = None) -> InternalDataplane:
+    """The daemon's build function: :func:`build` with the real kernel (and Felix's MTU file), keeping
+    only the loop."""
+    deps = deps or KernelDeps(mtu_file=mtu_file_path())
+    return build(config, clock=clock, status_sink=status_sink, feed_sink=feed_sink, on_first_sync=on_first_sync,
+                 metrics=metrics, deps=deps).dataplane
+
+
+# ------------------------------------------------------------------------------ tables
+def _default_tables(deps: KernelDeps) -> TablesFactory:
+    backends: dict[str, str] = {}  # detected once, shared by both families
+
+    def make(config: Config, v: int) -> FamilyTables:
+        if config.nftables_enabled:
+            return _nftables_tables(config, v, deps)
+        if "backend" not in backends:
+            backends["backend"] = deps.iptables_backend or _detect_backend(config, deps)
+        return _iptables_tables(config, v, backends["backend"], deps)
+
+    return make
 
 
 def _detect_backend(config: Config, deps: KernelDeps) -> str:
@@ -126,7 +241,34 @@ def _detect_backend(config: Config, deps: KernelDeps) -> str:
     return detect_backend(deps.iptables_runner, config.IptablesBackend)
 
 
-def program_static_chains(renderer: RuleRenderer, tables: Mapping[str, Any]) -> None:
+def _iptables_tables(config: Config, v: int, backend: str, deps: KernelDeps) -> FamilyTables:
+    from felixpy.drivers.ipsets.driver import IPSets
+    from felixpy.drivers.iptables.detect import FeatureDetector
+    from felixpy.drivers.iptables.table import IptablesTable
+
+    features = FeatureDetector(deps.iptables_runner, overrides=config.FeatureDetectOverride)
+    tables: dict[str, Table] = {
+        name: IptablesTable(name, v, runner=deps.iptables_runner, backend=backend, features=features,
+                            insert_mode=config.ChainInsertMode, refresh_interval=config.IptablesRefreshInterval,
+                            post_write_interval=config.IptablesPostWriteCheckIntervalSecs,
+                            lock_probe_interval=config.IptablesLockProbeIntervalMillis / 1000.0)
+        for name in TABLE_NAMES}
+    return FamilyTables(tables, IPSets(v, deps.ipset_runner), None, list(tables.values()), backend)
+
+
+def _nftables_tables(config: Config, v: int, deps: KernelDeps) -> FamilyTables:
+    # One `calico` table per family: the root is the transaction, the IP-set dataplane and the
+    # verdict-map owner; the rules layer sees per-layer views of it.
+    from felixpy.drivers.nftables import LibNftables, new_nftables_tables
+
+    shim = (deps.nft_shim_factory or LibNftables)()
+    root, layers = new_nftables_tables(v, shim, refresh_interval=config.NftablesRefreshInterval)
+    views: dict[str, Table] = dict(layers)
+    # The dispatch maps live in the filter layer (their names get its prefix).
+    return FamilyTables(views, root, layers["filter"], [root], "nftables")
+
+
+def program_static_chains(renderer: RuleRenderer, tables: Mapping[str, Table]) -> None:
     """Start of day: static chains and the hooks into the kernel chains (recorded only), plus the
     inactive forms of chains the static chains jump to whose owners (the service-loop and
     floating-IP managers) are not ported yet."""
@@ -142,80 +284,82 @@ def program_static_chains(renderer: RuleRenderer, tables: Mapping[str, Any]) -> 
     tables["filter"].update_chain(renderer.cidr_block_chain([]))
 
 
-def _iptables_tables(config: Config, v: int, backend: str, deps: KernelDeps) -> dict[str, Any]:
-    from felixpy.drivers.iptables.detect import FeatureDetector
-    from felixpy.drivers.iptables.table import IptablesTable
-
-    features = FeatureDetector(deps.iptables_runner, overrides=config.FeatureDetectOverride)
-    return {name: IptablesTable(name, v, runner=deps.iptables_runner, backend=backend, features=features,
-                                insert_mode=config.ChainInsertMode,
-                                refresh_interval=config.IptablesRefreshInterval,
-                                post_write_interval=config.IptablesPostWriteCheckIntervalSecs,
-                                lock_probe_interval=config.IptablesLockProbeIntervalMillis / 1000.0)
-            for name in TABLE_NAMES}
-
-
-def _route_table(config: Config, v: int, deps: KernelDeps) -> Any:
+# ------------------------------------------------------------------------------ per family
+def _main_route_table(config: Config, v: int, deps: KernelDeps) -> RouteTableAPI:
+    if deps.main_route_table is not None:
+        return deps.main_route_table(config, v)
     if config.RouteSyncDisabled:
-        return None
-    from felixpy.drivers.routetable.conntrack import ConntrackCleanupTracker, ConntrackFlusher
-    from felixpy.drivers.routetable.ownership import MainTableOwnershipPolicy
-    from felixpy.drivers.routetable.table import RouteTable
+        return DummyTable(v)
+    from felixpy.drivers.routetable import MainTableOwnershipPolicy, RouteTable
+    from felixpy.drivers.routetable.conntrack import CONNTRACK_TIMEOUT, ConntrackCleanupTracker, ConntrackFlusher
 
-    assert deps.netlink_factory is not None
+    conntrack = deps.conntrack_runner or SubprocessRunner(timeout=CONNTRACK_TIMEOUT)
     return RouteTable(
-        ip_version=v, new_handle=deps.netlink_factory, table_index=254,
+        ip_version=v, new_handle=deps.netlink(), table_index=MAIN_ROUTE_TABLE,
         ownership=MainTableOwnershipPolicy(workload_iface_prefixes=config.InterfacePrefix,
                                            device_route_protocol=config.DeviceRouteProtocol,
                                            remove_external_routes=config.RemoveExternalRoutes,
-                                           vxlan_iface="vxlan.calico" if v == 4 else "vxlan-v6.calico"),
+                                           vxlan_iface=vxlan_device_name(v)),
         default_protocol=config.DeviceRouteProtocol,
         device_route_source_address=(config.DeviceRouteSourceAddress if v == 4
                                      else config.DeviceRouteSourceAddressIPv6) or None,
-        static_arp=(v == 4),
-        conntrack=ConntrackCleanupTracker(v, ConntrackFlusher(deps.conntrack_runner)),
+        static_arp=(v == 4), conntrack=ConntrackCleanupTracker(v, ConntrackFlusher(conntrack)), clock=deps.clock,
     )
 
 
-def _build_family(dp: InternalDataplane, config: Config, v: int, backend: str, deps: KernelDeps,
-                  status: EndpointStatusCombiner) -> None:
-    from felixpy.drivers.ipsets.driver import IPSets
-    from felixpy.managers.ipsets import IPSetsManager
+def _tunnel_devices(config: Config, v: int, deps: KernelDeps) -> TunnelDevices:
+    """The family's tunnel-device syncer: every device name Calico reserves for it, enabled or not."""
+    wg_iface = config.WireguardInterfaceName if v == 4 else config.WireguardInterfaceNameV6
+    names = [(vxlan_device_name(v), KIND_VXLAN, vxlan_enabled(config, v)),
+             (wg_iface, KIND_WIREGUARD, wireguard_enabled(config, v))]
+    if v == 4:
+        names.append((IPIP_DEVICE, KIND_IPIP, ipip_enabled(config, v)))
+    enabled, disabled = owned_devices(names)
+    return TunnelDevices(ip_version=v, new_handle=deps.netlink(), enabled=enabled, disabled=disabled,
+                         clock=deps.clock)
 
+
+def _announce_devices(devices: TunnelDevices, route_table: RouteTableAPI) -> None:
+    """A (re)created device has a new ifindex: the route table must learn it and re-read its routes."""
+    def on_created(name: str, index: int, oper_up: bool) -> None:
+        route_table.on_iface_state(name, IfaceState.UP if oper_up else IfaceState.DOWN, index)
+        route_table.queue_resync_iface(name)
+
+    devices.add_creation_listener(on_created)
+
+
+def _build_family(dp: InternalDataplane, config: Config, v: int, ft: FamilyTables, deps: KernelDeps,
+                  status: EndpointStatusCombiner) -> FamilyParts:
     renderer = RuleRenderer(config, v, options=renderer_options(config))
-    maps: Any = None
-    if backend == "nftables":
-        # One `calico` table per family: the root is the transaction, the IP-set dataplane
-        # and the verdict-map owner; the rules layer sees per-layer views of it.
-        from felixpy.drivers.nftables import LibNftables, new_nftables_tables
-
-        root, tables = new_nftables_tables(v, (deps.nft_shim_factory or LibNftables)(),
-                                           refresh_interval=config.NftablesRefreshInterval)
-        ipsets: Any = root
-        maps = tables["filter"]  # the dispatch maps live in the filter layer (names get its prefix)
-        apply_tables: list[Any] = [root]
-    else:
-        tables = _iptables_tables(config, v, backend, deps)
-        ipsets = IPSets(v, deps.ipset_runner)
-        apply_tables = list(tables.values())
+    tables = ft.tables
     program_static_chains(renderer, tables)
-
-    dp.register_ipsets(ipsets)
-    dp.register_manager(IPSetsManager(f"ipv{v}", ipsets, config.MaxIpsetSize))
-    dp.register_manager(HostIPManager(v, ipsets, config.InterfacePrefix, config.MaxIpsetSize))
-    dp.register_manager(PolicyManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"],
-                                      filter=tables["filter"]))
+    main_rt = _main_route_table(config, v, deps)  # one per family, shared with the routing managers
+    devices = _tunnel_devices(config, v, deps)
+    _announce_devices(devices, main_rt)
+    sysctls = InterfaceSysctls(v, deps.sysctls)
+    if config.IPForwarding == "Enabled":
+        sysctls.set_global("net/ipv4/ip_forward" if v == 4 else "net/ipv6/conf/all/forwarding", "1")
+    dp.register_ipsets(ft.ipsets)
+    dp.register_device_syncer(devices)
+    dp.register_device_syncer(sysctls)
     priority = config.IPv4NormalRoutePriority if v == 4 else config.IPv6NormalRoutePriority
-    main_route_table = _route_table(config, v, deps)  # one per family, shared with the routing managers
-    dp.register_manager(EndpointManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"],
-                                        filter=tables["filter"], route_table=main_route_table,
-                                        sysctls=deps.sysctls, status=status, route_priority=priority,
-                                        maps=maps))
-    dp.register_manager(MasqManager(v, ipsets, tables["nat"], renderer, config.MaxIpsetSize))
-    dp.register_manager(DSCPManager(v, ipsets, tables["mangle"], renderer, config.MaxIpsetSize))
-    _build_routing(dp, config, v, deps, ipsets=ipsets, main_route_table=main_route_table, renderer=renderer)
-    for table in apply_tables:
+    parts = FamilyParts(
+        v=v, renderer=renderer, tables=ft, main_route_table=main_rt, devices=devices, sysctls=sysctls,
+        ipsets_manager=IPSetsManager(f"ipv{v}", ft.ipsets, config.MaxIpsetSize),
+        hostips=HostIPManager(v, ft.ipsets, config.InterfacePrefix, config.MaxIpsetSize),
+        policy=PolicyManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"], filter=tables["filter"]),
+        endpoints=EndpointManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"], filter=tables["filter"],
+                                  route_table=main_rt, sysctls=sysctls, status=status, route_priority=priority,
+                                  maps=ft.maps),
+        masq=MasqManager(v, ft.ipsets, tables["nat"], renderer, config.MaxIpsetSize),
+        dscp=DSCPManager(v, ft.ipsets, tables["mangle"], renderer, config.MaxIpsetSize),
+    )
+    for mgr in (parts.ipsets_manager, parts.hostips, parts.policy, parts.endpoints, parts.masq, parts.dscp):
+        dp.register_manager(mgr)
+    _build_routing(dp, config, parts, deps)
+    for table in ft.to_apply:
         dp.register_table(table)
+    return parts
 
 
 # ------------------------------------------------------------------------------ routing
@@ -238,6 +382,25 @@ def renderer_options(config: Config) -> RendererOptions:
     return RendererOptions(vxlan_enabled=vxlan_enabled(config, 4), vxlan_enabled_v6=vxlan_enabled(config, 6))
 
 
+def pod_mtu(config: Config, host_mtu: int) -> int:
+    """Felix's ``determinePodMTU``: the smallest MTU among the enabled encapsulations (each configured, or
+    the host MTU less its overhead), or the host MTU when none is enabled."""
+    candidates = [
+        (config.IpInIpMtu or host_mtu - 20, ipip_enabled(config, 4)),
+        (config.VXLANMTU or host_mtu - 50, vxlan_enabled(config, 4)),
+        (config.VXLANMTUV6 or host_mtu - 70, vxlan_enabled(config, 6)),
+        (config.WireguardMTU or host_mtu - 60, wireguard_enabled(config, 4)),
+        (config.WireguardMTUV6 or host_mtu - 80, wireguard_enabled(config, 6)),
+    ]
+    enabled = [mtu for mtu, on in candidates if on and mtu > 0]
+    if not enabled:
+        return host_mtu
+    mtu = min(enabled)
+    if mtu > host_mtu:
+        log.warning("Configured MTU is larger than the detected host interface MTU", mtu=mtu, host_mtu=host_mtu)
+    return mtu
+
+
 def wireguard_table_index(config: Config, v: int) -> int:
     """Felix grabs WireGuard's routing tables from ``RouteTableRanges``: the first index for IPv4,
     the second for IPv6."""
@@ -249,73 +412,41 @@ def wireguard_table_index(config: Config, v: int) -> int:
     raise ConfigError(f"RouteTableRanges {config.RouteTableRanges} has no routing table left for IPv{v} WireGuard")
 
 
-class NoRouteTable:
-    """Felix's ``DummyTable`` for ``RouteSyncDisabled``: routing managers may hand it routes and
-    interface events; nothing reaches the kernel."""
+def _build_routing(dp: InternalDataplane, config: Config, parts: FamilyParts, deps: KernelDeps) -> None:
+    """Routing managers for one family (Felix's ``NewIntDataplaneDriver`` conditions).
 
-    def __init__(self, ip_version: int) -> None:
-        self.ip_version = ip_version
-        self.index = 254
-
-    def set_routes(self, route_class: Any, iface: str | None, targets: Any) -> None:
-        pass
-
-    def route_update(self, route_class: Any, iface: str | None, target: Any) -> None:
-        pass
-
-    def route_remove(self, route_class: Any, iface: str | None, cidr: str) -> None:
-        pass
-
-    def on_iface_state(self, name: str, state: Any, index: int) -> None:
-        pass
-
-    def queue_resync(self) -> None:
-        pass
-
-    def queue_resync_iface(self, name: str) -> None:
-        pass
-
-    def apply(self) -> None:
-        pass
-
-
-def _build_routing(dp: InternalDataplane, config: Config, v: int, deps: KernelDeps, *, ipsets: Any,
-                   main_route_table: Any, renderer: RuleRenderer) -> None:
-    """Routing managers for family *v* (Felix's ``NewIntDataplaneDriver`` conditions).
-
-    The main table is the endpoint manager's (``main_route_table``): each manager returns it from
-    ``route_table_syncers()`` and the loop applies it once.  Each VXLAN manager's FDB is registered
-    with the loop, which applies it before the routes that use it and forwards interface state to it.
+    The main table is the endpoint manager's: each manager returns it from
+    ``route_table_syncers()`` and the loop applies it once.  The VXLAN FDB is
+    registered with the loop, which applies it before the routes that use it and
+    forwards interface state to it.
     """
-    from felixpy.drivers.vxlanfdb import VXLANFDB
     from felixpy.managers.noencap import NoEncapManager, noencap_enabled
-    from felixpy.managers.vxlan import VXLANManager, vxlan_device_name
+    from felixpy.managers.vxlan import VXLANManager
 
-    assert deps.netlink_factory is not None
-    new_handle = deps.netlink_factory
+    v, rt, devices, ipsets = parts.v, parts.main_route_table, parts.devices, parts.tables.ipsets
     hostname = config.hostname
-    rt: Any = main_route_table if main_route_table is not None else NoRouteTable(v)
     vxlan, ipip, wireguard = vxlan_enabled(config, v), ipip_enabled(config, v), wireguard_enabled(config, v)
     log.info("Routing managers", ip_version=v, hostname=hostname, vxlan=vxlan, ipip=ipip, wireguard=wireguard,
-             route_sync=main_route_table is not None, program_cluster_routes=config.ProgramClusterRoutes)
-
+             route_sync=not isinstance(rt, DummyTable), program_cluster_routes=config.ProgramClusterRoutes)
+    routing: list[Manager] = []
     if vxlan:
-        fdb = VXLANFDB(ip_version=v, iface_name=vxlan_device_name(v), new_handle=new_handle)
+        fdb = VXLANFDB(ip_version=v, iface_name=vxlan_device_name(v), new_handle=deps.netlink())
+        devices.add_creation_listener(lambda name, _index, _up: fdb.queue_resync() if name == fdb.iface_name else None)
         dp.register_fdb(fdb)
-        dp.register_manager(VXLANManager(cfg=config, hostname=hostname, ip_version=v, route_table=rt, fdb=fdb,
-                                         new_handle=new_handle, ipsets=ipsets))
+        parts.fdb = fdb
+        routing.append(VXLANManager(cfg=config, hostname=hostname, ip_version=v, route_table=rt, fdb=fdb,
+                                    devices=devices, ipsets=ipsets))
     if ipip:
         from felixpy.managers.ipip import IPIPManager
 
         # Also keeps the all-hosts-net set the static chains reference with IPIP on.
-        dp.register_manager(IPIPManager(cfg=config, hostname=hostname, route_table=rt, new_handle=new_handle,
-                                        ipsets=ipsets))
+        routing.append(IPIPManager(cfg=config, hostname=hostname, route_table=rt, devices=devices, ipsets=ipsets))
     if config.NATOutgoingExclusions == "IPPoolsAndHostIPs" and not ipip:
         # Felix's hosts-IP-set manager: cali-nat-outgoing excludes all-hosts-net, so the set must
         # exist (the IPIP manager maintains it when IPIP is on).
         from felixpy.managers.hostsipset import HostsIPSetManager
 
-        dp.register_manager(HostsIPSetManager(v, ipsets, config.ExternalNodesCIDRList, config.MaxIpsetSize))
+        routing.append(HostsIPSetManager(v, ipsets, config.ExternalNodesCIDRList, config.MaxIpsetSize))
     if wireguard:
         from felixpy.drivers.routerule import RouteRules
         from felixpy.drivers.routetable import ExclusiveOwnershipPolicy, RouteTable
@@ -323,13 +454,15 @@ def _build_routing(dp: InternalDataplane, config: Config, v: int, deps: KernelDe
 
         iface = config.WireguardInterfaceName if v == 4 else config.WireguardInterfaceNameV6
         index = wireguard_table_index(config, v)
-        wg_table = RouteTable(ip_version=v, new_handle=new_handle, table_index=index,
+        wg_table = RouteTable(ip_version=v, new_handle=deps.netlink(), table_index=index,
                               ownership=ExclusiveOwnershipPolicy([iface]),
-                              default_protocol=config.DeviceRouteProtocol)
-        rules = RouteRules(ip_version=v, table_indices=[index], new_handle=new_handle)
-        dp.register_manager(WireguardManager(cfg=config, hostname=hostname, ip_version=v, route_table=wg_table,
-                                             route_rules=rules, new_handle=new_handle,
-                                             fwmark=renderer.marks.wireguard))
+                              default_protocol=config.DeviceRouteProtocol, clock=deps.clock)
+        _announce_devices(devices, wg_table)
+        rules = RouteRules(ip_version=v, table_indices=[index], new_handle=deps.netlink())
+        routing.append(WireguardManager(cfg=config, hostname=hostname, ip_version=v, route_table=wg_table,
+                                        route_rules=rules, devices=devices, fwmark=parts.renderer.marks.wireguard))
     if noencap_enabled(config) and not (vxlan or ipip or wireguard):
-        dp.register_manager(NoEncapManager(cfg=config, hostname=hostname, ip_version=v, route_table=rt,
-                                           new_handle=new_handle))
+        routing.append(NoEncapManager(cfg=config, hostname=hostname, ip_version=v, route_table=rt))
+    for mgr in routing:
+        dp.register_manager(mgr)
+    parts.routing = routing

@@ -1,13 +1,18 @@
-"""The values that cross the netlink shim boundary.
+"""The interface monitor's values: what crosses the netlink shim, and what the monitor reports.
 
-The shim (:mod:`felixpy.ifacemonitor.shim`) turns rtnetlink messages into
-these and nothing else leaves it; the update filter, the tracker and every
-test speak only these types.
+Inward (:class:`Link`, :class:`LinkEvent`, :class:`AddrEvent`): the shim
+(:mod:`felixpy.ifacemonitor.shim`) turns rtnetlink messages into these and
+nothing else leaves it; the update filter and the tracker speak only these.
+
+Outward (:class:`IfaceStateUpdate`, :class:`IfaceAddrsUpdate`): what the
+monitor reports to the dataplane, which fans them out to every manager and
+forwards state changes to the route tables, FDBs and tunnel-device syncer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,3 +52,26 @@ class AddrEvent:
 
 
 Event = LinkEvent | AddrEvent
+
+
+class IfaceState(enum.Enum):
+    UNKNOWN = "unknown"
+    UP = "up"
+    DOWN = "down"
+
+
+@dataclass(frozen=True, slots=True)
+class IfaceStateUpdate:
+    """An interface's oper state changed (or it vanished: state DOWN, index 0)."""
+
+    name: str
+    state: IfaceState
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class IfaceAddrsUpdate:
+    """The full set of addresses now on an interface (None: interface gone)."""
+
+    name: str
+    addrs: frozenset[str] | None = field(default=None)

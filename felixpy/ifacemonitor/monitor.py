@@ -40,7 +40,7 @@ from felixpy.ifacemonitor.excludes import exclusion_matcher
 from felixpy.ifacemonitor.shim import EventsLost, NetlinkSource, RtnlSource
 from felixpy.ifacemonitor.tracker import IfaceTracker
 from felixpy.ifacemonitor.update_filter import UpdateFilter
-from felixpy.managers.base import IfaceAddrsUpdate, IfaceStateUpdate
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceStateUpdate
 
 log = structlog.get_logger(__name__)
 

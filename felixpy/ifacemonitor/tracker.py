@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from felixpy.ifacemonitor.events import AddrEvent, Event, Link, LinkEvent
-from felixpy.managers.base import IfaceAddrsUpdate, IfaceState, IfaceStateUpdate
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceState, IfaceStateUpdate
 
 log = structlog.get_logger(__name__)
 

@@ -17,37 +17,26 @@ checkable protocols below):
   cross-manager state before any programming;
 * :class:`ManagerWithRouteTables` / :class:`ManagerWithRouteRules` — expose
   route/rule syncers the loop applies in parallel with the tables;
-* :class:`ManagerWithStatus` — endpoint status to report after an apply.
+* :class:`ManagerWithStatus` — endpoint status to report after an apply;
+* :class:`DevicesConsumer` — ``on_devices_applied()`` runs after the tunnel
+  devices and interface sysctls were reconciled (and before IP sets, tables
+  and routes), to read the syncers' results (MTU, ifindex, keys, interface
+  configuration) — never the kernel;
+* :class:`FeedReporter` — other messages for the feed (``WireguardStatusUpdate``).
+
+Drivers the loop applies declare their optional hooks the same way:
+:class:`HasDeadline` (``next_deadline()``: seconds until the loop should apply
+again — grace periods, device re-checks, retries) and :class:`WatchesIfaces`
+(``on_iface_state()``: interface state, forwarded by the loop as Felix does).
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-
-class IfaceState(enum.Enum):
-    UNKNOWN = "unknown"
-    UP = "up"
-    DOWN = "down"
-
-
-@dataclass(frozen=True, slots=True)
-class IfaceStateUpdate:
-    """An interface's oper state changed (or it vanished: state DOWN, index 0)."""
-
-    name: str
-    state: IfaceState
-    index: int
-
-
-@dataclass(frozen=True, slots=True)
-class IfaceAddrsUpdate:
-    """The full set of addresses now on an interface (None: interface gone)."""
-
-    name: str
-    addrs: frozenset[str] | None = field(default=None)
+from felixpy.ifacemonitor.events import IfaceState
 
 
 @runtime_checkable
@@ -73,12 +62,12 @@ class Syncer(Protocol):
 
 @runtime_checkable
 class ManagerWithRouteTables(Protocol):
-    def route_table_syncers(self) -> list[Syncer]: ...
+    def route_table_syncers(self) -> Sequence[Syncer]: ...
 
 
 @runtime_checkable
 class ManagerWithRouteRules(Protocol):
-    def route_rule_syncers(self) -> list[Syncer]: ...
+    def route_rule_syncers(self) -> Sequence[Syncer]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +82,25 @@ class EndpointStatus:
 @runtime_checkable
 class ManagerWithStatus(Protocol):
     def pop_status_updates(self) -> list[EndpointStatus]: ...
+
+
+@runtime_checkable
+class DevicesConsumer(Protocol):
+    def on_devices_applied(self) -> None: ...
+
+
+@runtime_checkable
+class FeedReporter(Protocol):
+    def pop_feed_messages(self) -> list[Any]:
+        """``FromDataplane`` payload messages to send (e.g. ``WireguardStatusUpdate``)."""
+        ...
+
+
+@runtime_checkable
+class HasDeadline(Protocol):
+    def next_deadline(self) -> float | None: ...
+
+
+@runtime_checkable
+class WatchesIfaces(Protocol):
+    def on_iface_state(self, name: str, state: IfaceState, index: int) -> None: ...

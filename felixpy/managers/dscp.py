@@ -19,10 +19,10 @@ from felixpy.drivers.generictables.table import Table
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetsDataplane, IPSetType
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import RuleRenderer
+from felixpy.rules.ipset_names import IPSET_ID_DSCP_ENDPOINTS
 
 log = structlog.get_logger(__name__)
 
-DSCP_SET = "dscp-src-net"
 
 
 class DSCPManager:
@@ -64,7 +64,7 @@ class DSCPManager:
         if not self._dirty:
             return
         rules = sorted({(net, v) for ep in self._by_endpoint.values() for net, v in ep.items()})
-        self._ipsets.add_or_replace_ip_set(IPSetMetadata(DSCP_SET, IPSetType.HASH_NET, self._max),
+        self._ipsets.add_or_replace_ip_set(IPSetMetadata(IPSET_ID_DSCP_ENDPOINTS, IPSetType.HASH_NET, self._max),
                                            [net for net, _ in rules])
         self._mangle.update_chain(self._r.egress_dscp_chain(rules))
         self._dirty = False

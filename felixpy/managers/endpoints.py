@@ -14,22 +14,23 @@ arrive in a later issue):
   rebuilds the fail-closed dispatch chains (or nftables verdict maps) when the
   endpoint set changed, the rpf-skip chain for workloads allowed to spoof,
   sets the LocalWorkload routes (only while admin-up; static ARP from the MAC),
-  applies the /proc/sys settings to workload interfaces that are oper-up (an
-  endpoint whose interface does not exist yet is remembered and configured when
-  it appears), and reports each changed endpoint's status for this family to the
-  status combiner: ``up`` (admin-up, oper-up, configured), ``down``, ``error``
-  (interface configuration keeps failing; ``next_deadline`` asks the loop to
-  retry it), ``""`` (removed).
+  and asks the interface-sysctls syncer to configure workload interfaces that
+  are oper-up (an endpoint whose interface does not exist yet is remembered and
+  configured when it appears).
+* ``on_devices_applied`` (after the syncer's apply) reports each changed
+  endpoint's status for this family to the status combiner: ``up`` (admin-up,
+  oper-up, configured), ``down``, ``error`` (interface configuration keeps
+  failing; ``next_deadline`` asks the loop to retry it), ``""`` (removed).
 
-Kernel I/O happens only in ``complete_deferred_work`` (sysctls) and in the
-drivers' ``apply()``; tables and route tables only record here.
+This manager never touches the kernel: tables, the route table and the
+sysctls syncer only record here, and reconcile in their own ``apply()``.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +38,11 @@ import structlog
 
 from felixpy.drivers.generictables.model import Chain
 from felixpy.drivers.generictables.table import MapsDataplane, Table
-from felixpy.drivers.procsys import SysctlWriter, apply_settings, workload_iface_settings
+from felixpy.drivers.procsys.api import IfaceConfig, InterfaceConfigurer
+from felixpy.drivers.routetable.api import RouteTableAPI
 from felixpy.drivers.routetable.defs import Target
-from felixpy.managers.base import IfaceState, IfaceStateUpdate
-from felixpy.managers.routeclass import RouteClass
+from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
+from felixpy.drivers.routetable.routeclass import RouteClass
 from felixpy.managers.status import EndpointStatusCombiner
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import PolicyGroup, PolicyID, RuleRenderer, TierPolicyGroups, tiers_from_proto
@@ -59,12 +61,6 @@ def wl_key(wid: pb.WorkloadEndpointID) -> WlKey:
     return (intern(wid.orchestrator_id), intern(wid.workload_id), intern(wid.endpoint_id))
 
 
-class RouteSetter:
-    """What the endpoint manager needs from a route table."""
-
-    def set_routes(self, route_class: RouteClass, iface: str | None, targets: Any) -> None: ...
-
-
 @dataclass(slots=True)
 class _Active:
     endpoint: pb.WorkloadEndpoint
@@ -75,9 +71,8 @@ class _Active:
 
 class EndpointManager:
     def __init__(self, ip_version: int, renderer: RuleRenderer, *, raw: Table, mangle: Table, filter: Table,
-                 route_table: RouteSetter | None, sysctls: SysctlWriter, status: EndpointStatusCombiner,
-                 maps: MapsDataplane | None = None, route_priority: int = 0,
-                 default_rp_filter: Callable[[], str] | None = None) -> None:
+                 route_table: RouteTableAPI, sysctls: InterfaceConfigurer, status: EndpointStatusCombiner,
+                 maps: MapsDataplane | None = None, route_priority: int = 0) -> None:
         self.ip_version = ip_version
         self._r = renderer
         self._raw, self._mangle, self._filter = raw, mangle, filter
@@ -86,7 +81,6 @@ class EndpointManager:
         self._status = status
         self._maps = maps
         self._route_priority = route_priority
-        self._default_rp_filter = default_rp_filter or (lambda: sysctls.read("net/ipv4/conf/default/rp_filter") or "1")
         status.register_family(ip_version)
 
         self._pending: dict[WlKey, tuple[pb.WorkloadEndpointID, pb.WorkloadEndpoint | None]] = {}
@@ -97,7 +91,6 @@ class EndpointManager:
         self._up_ifaces: set[str] = set()
         self._to_reconfigure: set[str] = set()
         self._status_dirty: set[WlKey] = set()
-        self._config_failed: set[str] = set()
         self._removed_ids: dict[WlKey, pb.WorkloadEndpointID] = {}
         self._spoofing: dict[str, tuple[str, ...]] = {}
         self._rpf_dirty = True
@@ -130,6 +123,7 @@ class EndpointManager:
                     self._to_reconfigure.add(name)
             else:
                 self._up_ifaces.discard(name)
+                self._sysctls.forget(name)
             key = self._iface_to_key.get(name)
             if key is not None:
                 self._status_dirty.add(key)
@@ -147,14 +141,17 @@ class EndpointManager:
         if self._host_dispatch_dirty:
             self._update_host_dispatch()
             self._host_dispatch_dirty = False
-        failed = self._configure_interfaces()
-        self._config_failed = failed
-        self._report_status(failed)
+        self._request_interface_config()
+
+    def on_devices_applied(self) -> None:
+        """The sysctls syncer has applied: report the status of changed endpoints."""
+        self._report_status()
 
     def next_deadline(self) -> float | None:
         """Seconds until the loop should apply again: interface configuration that failed is
         retried without waiting for another event."""
-        return IFACE_RETRY_INTERVAL if self._config_failed else None
+        failed = any(self._sysctls.state(i) is IfaceConfig.FAILED for i in self._iface_to_key)
+        return IFACE_RETRY_INTERVAL if failed else None
 
     def _resolve_workloads(self) -> None:
         if self._pending:
@@ -231,8 +228,6 @@ class EndpointManager:
         return prefixes
 
     def _set_routes(self, ep: pb.WorkloadEndpoint, iface: str) -> None:
-        if self._routes is None:
-            return
         targets = []
         if ep.state == "active":
             nets = ep.ipv4_nets if self.ip_version == 4 else ep.ipv6_nets
@@ -276,8 +271,7 @@ class EndpointManager:
         iface = act.endpoint.name
         if self._iface_to_key.get(iface) == key:
             del self._iface_to_key[iface]
-        if self._routes is not None:
-            self._routes.set_routes(RouteClass.LOCAL_WORKLOAD, iface, [])
+        self._routes.set_routes(RouteClass.LOCAL_WORKLOAD, iface, [])
         self._to_reconfigure.discard(iface)
         if self._spoofing.pop(iface, None) is not None:
             self._rpf_dirty = True
@@ -334,27 +328,17 @@ class EndpointManager:
         self._mangle.update_chains([*self._r.from_host_dispatch_chains(host_ifaces),
                                     *self._r.to_host_dispatch_chains(host_ifaces)])
 
-    def route_table_syncers(self) -> list[Any]:
-        return [self._routes] if self._routes is not None else []
+    def route_table_syncers(self) -> list[RouteTableAPI]:
+        return [self._routes]
 
     # ------------------------------------------------------------- interfaces, status
-    def _configure_interfaces(self) -> set[str]:
-        failed: set[str] = set()
+    def _request_interface_config(self) -> None:
         for iface in sorted(self._to_reconfigure):
-            if iface not in self._up_ifaces:
-                continue  # configured when it comes up (Felix skips oper-down interfaces)
-            rp = "0" if iface in self._spoofing else self._default_rp_filter()
-            try:
-                if apply_settings(self._sysctls, workload_iface_settings(iface, self.ip_version, rp)):
-                    self._to_reconfigure.discard(iface)
-                else:
-                    log.debug("Interface vanished before it could be configured", iface=iface)
-            except OSError as exc:
-                log.warning("Failed to configure workload interface; will retry", iface=iface, error=str(exc))
-                failed.add(iface)
-        return failed
+            if iface in self._up_ifaces:  # configured when it comes up (Felix skips oper-down interfaces)
+                self._sysctls.configure(iface, allow_spoofing=iface in self._spoofing)
+                self._to_reconfigure.discard(iface)
 
-    def _report_status(self, failed: set[str]) -> None:
+    def _report_status(self) -> None:
         for key in list(self._status_dirty):
             act = self._active.get(key)
             if act is None:
@@ -363,19 +347,19 @@ class EndpointManager:
                     self._status.on_endpoint_status(self.ip_version, "workload", key, pid, "")
                 continue
             iface = act.endpoint.name
-            if iface in failed:
+            config = self._sysctls.state(iface)
+            if config is IfaceConfig.FAILED:
                 status = "error"
-            elif act.endpoint.state == "active" and iface in self._up_ifaces and iface not in self._to_reconfigure:
+            elif act.endpoint.state == "active" and iface in self._up_ifaces and config is IfaceConfig.DONE:
                 status = "up"
             else:
                 status = "down"
             self._status.on_endpoint_status(self.ip_version, "workload", key, act.proto_id, status)
         self._status_dirty.clear()
         # An interface still waiting to be configured will be retried; keep its status fresh.
-        for iface in self._to_reconfigure:
-            waiting = self._iface_to_key.get(iface)
-            if waiting is not None and iface in self._up_ifaces:
-                self._status_dirty.add(waiting)
+        for iface, key in self._iface_to_key.items():
+            if iface in self._up_ifaces and self._sysctls.state(iface) is not IfaceConfig.DONE:
+                self._status_dirty.add(key)
 
     # For tests and observability.
     def active_ifaces(self) -> Mapping[str, WlKey]:

@@ -13,9 +13,9 @@ import ipaddress
 from typing import Any
 
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetsDataplane, IPSetType
-from felixpy.managers.base import IfaceAddrsUpdate
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate
+from felixpy.rules.ipset_names import IPSET_ID_THIS_HOST_IPS
 
-THIS_HOST = "this-host"
 
 
 class HostIPManager:
@@ -47,5 +47,5 @@ class HostIPManager:
         if not self._dirty:
             return
         members = sorted({a.split("/")[0] for addrs in self._addrs.values() for a in addrs})
-        self._ipsets.add_or_replace_ip_set(IPSetMetadata(THIS_HOST, IPSetType.HASH_IP, self._max), members)
+        self._ipsets.add_or_replace_ip_set(IPSetMetadata(IPSET_ID_THIS_HOST_IPS, IPSetType.HASH_IP, self._max), members)
         self._dirty = False

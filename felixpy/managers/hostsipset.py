@@ -18,10 +18,10 @@ import structlog
 
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetsDataplane, IPSetType
 from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.rules.ipset_names import IPSET_ID_ALL_HOST_NETS
 
 log = structlog.get_logger(__name__)
 
-ALL_HOSTS = "all-hosts-net"
 
 
 class HostsIPSetManager:
@@ -59,5 +59,5 @@ class HostsIPSetManager:
         if not self._dirty:
             return
         members = sorted(set(self._hosts.values()) | set(self._external))
-        self._ipsets.add_or_replace_ip_set(IPSetMetadata(ALL_HOSTS, IPSetType.HASH_NET, self._max), members)
+        self._ipsets.add_or_replace_ip_set(IPSetMetadata(IPSET_ID_ALL_HOST_NETS, IPSetType.HASH_NET, self._max), members)
         self._dirty = False

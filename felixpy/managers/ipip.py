@@ -8,38 +8,35 @@ the parent interface.  When ``ProgramClusterRoutes`` is ``Enabled`` or
 ``tunl0`` (gateway = the remote node's IP, onlink, protocol 80, MTU), same-subnet
 routes via the parent and blackholes for local blocks.
 
-At apply time it keeps ``tunl0`` up with address ``IpInIpTunnelAddr``/32 and MTU
-``IpInIpMtu`` (or parent MTU − 20).  This project's kernel has no IPIP: the
-link add fails with EOPNOTSUPP, and the manager raises
-:class:`~felixpy.errors.UnsupportedFeature` ``("IPIP")`` once, records it in
-``unsupported`` and stops touching the device; the IP set and routes are
-still computed (routes via a missing ``tunl0`` are simply not programmed), so
-the rest of the dataplane keeps running.
+It asks the :class:`~felixpy.drivers.tunnels.TunnelDevices` syncer for
+``tunl0`` up with address ``IpInIpTunnelAddr``/32 and MTU ``IpInIpMtu`` (0: the
+syncer uses parent MTU − 20) and never touches the kernel itself.  This
+project's kernel has no IPIP: the syncer's link add fails with EOPNOTSUPP, it
+raises :class:`~felixpy.errors.UnsupportedFeature` ``("IPIP")`` once and stops
+touching the device; the IP set and routes are still computed (routes via a
+missing ``tunl0`` are simply not programmed), so the rest of the dataplane
+keeps running.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import structlog
 
 from felixpy.config import Config
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetsDataplane, IPSetType
-from felixpy.drivers.netlink.api import NetlinkFactory
-from felixpy.drivers.netlink.devices import ensure_simple_device, find_iface_with_address
-from felixpy.drivers.routetable import RouteTable, Target, TargetType
-from felixpy.errors import DataplaneError, FelixpyError, UnsupportedFeature
-from felixpy.managers.base import IfaceState, IfaceStateUpdate, Syncer
+from felixpy.drivers.routetable.api import RouteTableAPI
+from felixpy.drivers.routetable.defs import Target, TargetType
+from felixpy.drivers.routetable.routeclass import RouteClass
+from felixpy.drivers.tunnels.api import IPIPDesired, TunnelDevicesAPI
 from felixpy.managers.noencap import RemoteRoutes, route_protocol
-from felixpy.managers.routeclass import RouteClass
 from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.kernelnames import IPIP_DEVICE
+from felixpy.rules.ipset_names import IPSET_ID_ALL_HOST_NETS
 
 log = structlog.get_logger(__name__)
 
-IPSET_ALL_HOSTS_NETS = "all-hosts-net"
-TUNNEL_DEVICE = "tunl0"
 
 
 def ipip_program_routes(cfg: Config) -> bool:
@@ -47,25 +44,21 @@ def ipip_program_routes(cfg: Config) -> bool:
 
 
 class IPIPManager:
-    def __init__(self, *, cfg: Config, hostname: str, route_table: RouteTable, new_handle: NetlinkFactory,
-                 ipsets: IPSetsDataplane | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, cfg: Config, hostname: str, route_table: RouteTableAPI, devices: TunnelDevicesAPI,
+                 ipsets: IPSetsDataplane) -> None:
         self.cfg = cfg
         self.hostname = hostname
         self.route_table = route_table
+        self.devices = devices
         self.ipsets = ipsets
-        self._new_handle = new_handle
-        self.clock = clock
         self.program_routes = ipip_program_routes(cfg)
         self.host_ips: dict[str, str] = {}
         self._ipset_dirty = True
-        self._device_dirty = True
-        self._next_device_check = 0.0
-        self.unsupported: UnsupportedFeature | None = None
         self.mtu = cfg.IpInIpMtu
         self.routes = RemoteRoutes(
-            ip_version=4, pool_type=pb.IPIP, route_table=route_table, new_handle=new_handle,
+            ip_version=4, pool_type=pb.IPIP, route_table=route_table,
             class_tunnel=RouteClass.IPIP_TUNNEL, class_same_subnet=RouteClass.IPIP_SAME_SUBNET,
-            class_blackhole=RouteClass.BLACKHOLE_IPIP, protocol=route_protocol(cfg), tunnel_device=TUNNEL_DEVICE,
+            class_blackhole=RouteClass.BLACKHOLE_IPIP, protocol=route_protocol(cfg), tunnel_device=IPIP_DEVICE,
             tunnel_route=self._tunnel_route)
 
     def on_update(self, msg: Any) -> None:
@@ -84,11 +77,8 @@ class IPIPManager:
             self.host_ips.pop(msg.hostname, None)
             self._ipset_dirty = True
             self.routes.dirty = True
-        elif isinstance(msg, IfaceStateUpdate):
-            if msg.name == TUNNEL_DEVICE and (msg.state is not IfaceState.UP or msg.index == 0):
-                self._device_dirty = True
-        elif self.program_routes:
-            self.routes.on_update(msg)
+        else:
+            self.routes.on_update(msg)  # interface addresses always (the parent); routes only if programmed
 
     def _tunnel_route(self, dst: str, r: Any) -> Target | None:
         remote = self.host_ips.get(r.dst_node_name)
@@ -97,51 +87,22 @@ class IPIPManager:
         return Target(dst, TargetType.ONLINK, gw=remote, protocol=self.routes.protocol, mtu=self.mtu)
 
     def complete_deferred_work(self) -> None:
-        error: FelixpyError | None = None
-        if self.unsupported is None and (self._device_dirty or self.clock() >= self._next_device_check):
-            try:
-                self._sync_device()
-                self._device_dirty = False
-                self._next_device_check = self.clock() + 10.0
-            except UnsupportedFeature as exc:
-                self.unsupported = exc
-                log.error("IPIP is not supported by this kernel; IPIP disabled, everything else continues",
-                          error=str(exc))
-                error = exc
-            except FelixpyError as exc:
-                self._next_device_check = self.clock() + 1.0
-                error = exc
         if self._ipset_dirty:
-            if self.ipsets is not None:
-                members = sorted(set(self.host_ips.values())) + [c for c in self.cfg.ExternalNodesCIDRList if ":" not in c]
-                self.ipsets.add_or_replace_ip_set(
-                    IPSetMetadata(IPSET_ALL_HOSTS_NETS, IPSetType.HASH_NET, self.cfg.MaxIpsetSize), members)
+            members = sorted(set(self.host_ips.values())) + [c for c in self.cfg.ExternalNodesCIDRList if ":" not in c]
+            self.ipsets.add_or_replace_ip_set(
+                IPSetMetadata(IPSET_ID_ALL_HOST_NETS, IPSetType.HASH_NET, self.cfg.MaxIpsetSize), members)
             self._ipset_dirty = False
+        self.routes.refresh_parent()
+        self.devices.set_device(IPIPDesired(name=IPIP_DEVICE, address=self.cfg.IpInIpTunnelAddr,
+                                            parent=self.routes.parent_iface, mtu=self.cfg.IpInIpMtu))
+
+    def on_devices_applied(self) -> None:
+        status = self.devices.status(IPIP_DEVICE)
+        if status is not None and status.mtu != self.mtu:
+            self.mtu = status.mtu
+            self.routes.dirty = True
         if self.program_routes:
-            self.routes.refresh_parent()
             self.routes.update_routes()
-        if error is not None:
-            raise error if isinstance(error, UnsupportedFeature | DataplaneError) else DataplaneError(str(error))
 
-    def _sync_device(self) -> None:
-        addr = self.cfg.IpInIpTunnelAddr
-        nl = self._new_handle()
-        try:
-            mtu = self.cfg.IpInIpMtu
-            if not mtu and self.routes.parent_addr:
-                parent = find_iface_with_address(nl, self.routes.parent_addr, 4)
-                mtu = parent.mtu - 20 if parent is not None else 0
-            if mtu and mtu != self.mtu:
-                self.mtu = mtu
-                self.routes.dirty = True
-            link, created = ensure_simple_device(nl, name=TUNNEL_DEVICE, kind="ipip", feature="IPIP", mtu=mtu,
-                                                 addresses=[addr] if addr else [])
-        finally:
-            nl.close()
-        if created:
-            self.route_table.on_iface_state(link.name, IfaceState.UP if link.oper_up else IfaceState.DOWN,
-                                            link.index)
-            self.route_table.queue_resync_iface(link.name)
-
-    def route_table_syncers(self) -> list[Syncer]:
+    def route_table_syncers(self) -> list[RouteTableAPI]:
         return [self.route_table]

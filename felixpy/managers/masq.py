@@ -19,11 +19,10 @@ from felixpy.drivers.generictables.table import Table
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetsDataplane, IPSetType
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import RuleRenderer
+from felixpy.rules.ipset_names import IPSET_ID_ALL_POOLS, IPSET_ID_NAT_OUTGOING_MASQ_POOLS
 
 log = structlog.get_logger(__name__)
 
-ALL_POOLS = "network-ip-pools"
-MASQ_POOLS = "masq-ipam-pools"
 
 
 class MasqManager:
@@ -57,7 +56,7 @@ class MasqManager:
         all_pools = sorted({p.cidr for p in self._pools.values()
                             if list(p.allowed_uses) != ["LoadBalancer"]})
         masq = sorted({p.cidr for p in self._pools.values() if p.masquerade})
-        self._ipsets.add_or_replace_ip_set(IPSetMetadata(ALL_POOLS, IPSetType.HASH_NET, self._max), all_pools)
-        self._ipsets.add_or_replace_ip_set(IPSetMetadata(MASQ_POOLS, IPSetType.HASH_NET, self._max), masq)
+        self._ipsets.add_or_replace_ip_set(IPSetMetadata(IPSET_ID_ALL_POOLS, IPSetType.HASH_NET, self._max), all_pools)
+        self._ipsets.add_or_replace_ip_set(IPSetMetadata(IPSET_ID_NAT_OUTGOING_MASQ_POOLS, IPSetType.HASH_NET, self._max), masq)
         self._nat.update_chain(self._r.nat_outgoing_chain(bool(masq)))
         self._dirty = False

@@ -13,8 +13,9 @@ addresses is dropped, not sent back out).
 remote node's IP, onlink, protocol 80) and the blackholes for no-encap pools
 (Felix's ``noencap_mgr.go``; wire it when ``ProgramClusterRoutes`` is
 ``Enabled`` or ``EnabledNoEncapOnly``).  It finds the parent interface by
-this node's address (``HostMetadataUpdate``), scanning interfaces at apply
-time, never in ``on_update``.
+this node's address (``HostMetadataUpdate``) among the addresses the interface
+monitor reported (:class:`~felixpy.managers.hostaddrs.InterfaceAddresses`), so
+it never asks the kernel.
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ from typing import Any
 import structlog
 
 from felixpy.config import Config
-from felixpy.drivers.netlink.api import NetlinkFactory
-from felixpy.drivers.netlink.devices import find_iface_with_address
 from felixpy.drivers.netlink.types import DEFAULT_ROUTE_PROTO, RTPROT_BOOT
-from felixpy.drivers.routetable import RouteTable, Target, TargetType
-from felixpy.errors import FelixpyError
-from felixpy.managers.base import Syncer
-from felixpy.managers.routeclass import RouteClass
+from felixpy.drivers.routetable.api import RouteTableAPI
+from felixpy.drivers.routetable.defs import Target, TargetType
+from felixpy.drivers.routetable.routeclass import RouteClass
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate
+from felixpy.managers.hostaddrs import InterfaceAddresses
 from felixpy.proto import felixbackend_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -68,14 +68,13 @@ def is_remote_tunnel_route(msg: Any, pool_type: int) -> bool:
 
 
 class RemoteRoutes:
-    def __init__(self, *, ip_version: int, pool_type: int, route_table: RouteTable, new_handle: NetlinkFactory,
+    def __init__(self, *, ip_version: int, pool_type: int, route_table: RouteTableAPI,
                  class_tunnel: RouteClass, class_same_subnet: RouteClass, class_blackhole: RouteClass,
                  protocol: int, tunnel_device: str | None = None,
                  tunnel_route: TunnelRouteFn | None = None) -> None:
         self.ip_version = ip_version
         self.pool_type = pool_type
         self.route_table = route_table
-        self._new_handle = new_handle
         self.class_tunnel = class_tunnel
         self.class_same_subnet = class_same_subnet
         self.class_blackhole = class_blackhole
@@ -86,11 +85,17 @@ class RemoteRoutes:
         self.local_blocks: dict[str, Any] = {}
         self.parent_addr = ""
         self.parent_iface = ""
+        self.addrs = InterfaceAddresses()
         self._parent_dirty = True
+        self._parent_missing_logged = ""
         self.dirty = True
 
     # -- on_update side (no kernel access) --
     def on_update(self, msg: Any) -> bool:
+        if isinstance(msg, IfaceAddrsUpdate):
+            self.addrs.on_update(msg)
+            self._parent_dirty = True
+            return True
         if isinstance(msg, pb.RouteUpdate):
             if _version(msg.dst) != self.ip_version:
                 return False
@@ -132,21 +137,18 @@ class RemoteRoutes:
 
     # -- apply side --
     def refresh_parent(self) -> None:
-        """Find the parent (data) interface by our address; netlink, so apply-time only."""
-        if not self._parent_dirty and self.parent_iface:
+        """Find the parent (data) interface by our address among the monitor's addresses."""
+        if not self._parent_dirty or not self.parent_addr:
             return
-        if not self.parent_addr:
+        name = self.addrs.iface_with(self.parent_addr)
+        if name is None:
+            if self._parent_missing_logged != self.parent_addr:
+                log.error("no interface has this node's address; same-subnet routes wait",
+                          address=self.parent_addr, ip_version=self.ip_version)
+                self._parent_missing_logged = self.parent_addr
             return
-        nl = self._new_handle()
-        try:
-            link = find_iface_with_address(nl, self.parent_addr, self.ip_version)
-        finally:
-            nl.close()
-        if link is None:
-            log.error("cannot find the parent interface by address; same-subnet routes wait",
-                      address=self.parent_addr, ip_version=self.ip_version)
-            return
-        self.on_parent_iface(link.name)
+        self._parent_missing_logged = ""
+        self.on_parent_iface(name)
         self._parent_dirty = False
 
     def on_parent_iface(self, name: str) -> None:
@@ -179,13 +181,12 @@ class RemoteRoutes:
 
 
 class NoEncapManager:
-    def __init__(self, *, cfg: Config, hostname: str, ip_version: int, route_table: RouteTable,
-                 new_handle: NetlinkFactory) -> None:
+    def __init__(self, *, cfg: Config, hostname: str, ip_version: int, route_table: RouteTableAPI) -> None:
         self.hostname = hostname
         self.ip_version = ip_version
         self.route_table = route_table
         self.routes = RemoteRoutes(
-            ip_version=ip_version, pool_type=pb.NO_ENCAP, route_table=route_table, new_handle=new_handle,
+            ip_version=ip_version, pool_type=pb.NO_ENCAP, route_table=route_table,
             class_tunnel=RouteClass.NO_ENCAP, class_same_subnet=RouteClass.NO_ENCAP,
             class_blackhole=RouteClass.BLACKHOLE_NO_ENCAP, protocol=route_protocol(cfg))
 
@@ -200,11 +201,8 @@ class NoEncapManager:
             self.routes.on_update(msg)
 
     def complete_deferred_work(self) -> None:
-        try:
-            self.routes.refresh_parent()
-        except FelixpyError as exc:
-            log.warning("parent interface lookup failed", error=str(exc))
+        self.routes.refresh_parent()
         self.routes.update_routes()
 
-    def route_table_syncers(self) -> list[Syncer]:
+    def route_table_syncers(self) -> list[RouteTableAPI]:
         return [self.route_table]

@@ -1,112 +1,67 @@
-"""The WireGuard manager (one per IP family): device, keys, peers, its own route table and rule.
+"""The WireGuard manager (one per IP family): desired device and peers, its own route table and rule.
 
-A reduced port of Felix's ``wireguard_mgr.go`` + ``felix/wireguard``:
+A reduced port of Felix's ``wireguard_mgr.go`` + ``felix/wireguard``; it never
+touches the kernel.  It asks the :class:`~felixpy.drivers.tunnels.TunnelDevices`
+syncer for:
 
 * device ``WireguardInterfaceName[V6]`` (kind ``wireguard``), MTU
-  ``WireguardMTU[V6]`` (or parent MTU − 60, v6 − 80), address = this node's
+  ``WireguardMTU[V6]`` (0: parent MTU − 60, v6 − 80), address = this node's
   ``interface_ipv4_addr``/``interface_ipv6_addr`` from its
-  ``WireguardEndpoint[V6]Update``;
-* a private key kept on the device (read back after a restart, generated if
-  absent), listening port ``WireguardListeningPort[V6]``, fwmark = the mark bit
-  the wiring allocates; the public key is reported with
-  ``WireguardStatusUpdate`` (:meth:`pop_wireguard_status`);
+  ``WireguardEndpoint[V6]Update``, listening port ``WireguardListeningPort[V6]``,
+  fwmark = the mark bit the wiring allocates;
 * one peer per remote node with a public key (endpoint = the node's address from
-  ``HostMetadataUpdate``, allowed IPs = its routed CIDRs and tunnel address);
-* routes in WireGuard's own table (an
-  :class:`~felixpy.drivers.routetable.ExclusiveOwnershipPolicy` table): remote
-  CIDRs of nodes with a peer via the device, ``throw`` routes for the others;
-* the rule ``not fwmark <mark>/<mark> lookup <table>`` at
-  ``WireguardRoutingRulePriority``.
+  ``HostMetadataUpdate``, allowed IPs = its routed CIDRs and tunnel address).
 
-This project's kernel has no WireGuard: creating the device fails with
-EOPNOTSUPP, the manager raises :class:`~felixpy.errors.UnsupportedFeature`
-``("WireGuard")`` once, records it in ``unsupported``, removes its rule (so no
-traffic is steered into a table with no device) and keeps quiet afterwards.
-Everything else is exercised against the fake netlink.
+The syncer keeps the private key found on the device (or generates one); after
+it applied, this manager reads the public key and reports it with
+``WireguardStatusUpdate`` (:meth:`pop_feed_messages`; Felix writes it to the
+node resource).  It also keeps routes in WireGuard's own table (an
+:class:`~felixpy.drivers.routetable.ExclusiveOwnershipPolicy` table): remote
+CIDRs of nodes with a peer via the device, ``throw`` routes for the others;
+and the rule ``not fwmark <mark>/<mark> lookup <table>`` at
+``WireguardRoutingRulePriority``.
+
+This project's kernel has no WireGuard: the syncer reports
+:class:`~felixpy.errors.UnsupportedFeature` ``("WireGuard")`` once; this
+manager then removes its rule and routes (so no traffic is steered into a
+table with no device) and everything else keeps running.  Everything else is
+exercised against the fake netlink.
 """
 
 from __future__ import annotations
 
-import base64
 import ipaddress
-import os
 from typing import Any
 
 import structlog
 
 from felixpy.config import Config
-from felixpy.drivers.netlink.api import NetlinkFactory
-from felixpy.drivers.netlink.devices import ensure_simple_device, find_iface_with_address
-from felixpy.drivers.netlink.errors import NetlinkCallError
-from felixpy.drivers.netlink.types import WireguardDevice, WireguardPeer
-from felixpy.drivers.routerule import RouteRules, make_rule
-from felixpy.drivers.routetable import RouteTable, Target, TargetType
-from felixpy.errors import DataplaneError, FelixpyError, UnsupportedFeature
-from felixpy.managers.base import IfaceState, Syncer
-from felixpy.managers.routeclass import RouteClass
+from felixpy.drivers.netlink.types import WireguardPeer
+from felixpy.drivers.routerule.api import RouteRulesAPI, make_rule
+from felixpy.drivers.routetable.api import RouteTableAPI
+from felixpy.drivers.routetable.defs import Target, TargetType
+from felixpy.drivers.routetable.routeclass import RouteClass
+from felixpy.drivers.tunnels.api import TunnelDevicesAPI, WireguardDesired
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate
+from felixpy.managers.hostaddrs import InterfaceAddresses
 from felixpy.proto import felixbackend_pb2 as pb
 
 log = structlog.get_logger(__name__)
 
-# --- X25519 (RFC 7748), only to derive the public key from the private key ---------------
-_P = 2**255 - 19
-_A24 = 121665
-
-
-def _x25519(k: bytes, u: bytes) -> bytes:
-    kb = bytearray(k)
-    kb[0] &= 248
-    kb[31] &= 127
-    kb[31] |= 64
-    scalar = int.from_bytes(kb, "little")
-    x1 = int.from_bytes(u, "little") & ((1 << 255) - 1)
-    x2, z2, x3, z3, swap = 1, 0, x1, 1, 0
-    for t in reversed(range(255)):
-        bit = (scalar >> t) & 1
-        swap ^= bit
-        if swap:
-            x2, x3, z2, z3 = x3, x2, z3, z2
-        swap = bit
-        a, b = (x2 + z2) % _P, (x2 - z2) % _P
-        aa, bb = a * a % _P, b * b % _P
-        e = (aa - bb) % _P
-        c, d = (x3 + z3) % _P, (x3 - z3) % _P
-        da, cb = d * a % _P, c * b % _P
-        x3 = (da + cb) ** 2 % _P
-        z3 = x1 * (da - cb) ** 2 % _P
-        x2 = aa * bb % _P
-        z2 = e * (aa + _A24 * e) % _P
-    if swap:
-        x2, z2 = x3, z3
-    return (x2 * pow(z2, _P - 2, _P) % _P).to_bytes(32, "little")
-
-
-def generate_private_key() -> str:
-    k = bytearray(os.urandom(32))
-    k[0] &= 248
-    k[31] &= 127
-    k[31] |= 64
-    return base64.b64encode(bytes(k)).decode()
-
-
-def public_key_of(private_key_b64: str) -> str:
-    return base64.b64encode(_x25519(base64.b64decode(private_key_b64), (9).to_bytes(32, "little"))).decode()
-
-
 class WireguardManager:
-    def __init__(self, *, cfg: Config, hostname: str, ip_version: int, route_table: RouteTable,
-                 route_rules: RouteRules, new_handle: NetlinkFactory, fwmark: int) -> None:
+    def __init__(self, *, cfg: Config, hostname: str, ip_version: int, route_table: RouteTableAPI,
+                 route_rules: RouteRulesAPI, devices: TunnelDevicesAPI, fwmark: int) -> None:
         self.cfg = cfg
         self.hostname = hostname
         self.ip_version = ip_version
-        self.enabled = cfg.WireguardEnabled if ip_version == 4 else cfg.WireguardEnabledV6
         self.iface = cfg.WireguardInterfaceName if ip_version == 4 else cfg.WireguardInterfaceNameV6
         self.port = cfg.WireguardListeningPort if ip_version == 4 else cfg.WireguardListeningPortV6
         self.mtu_config = cfg.WireguardMTU if ip_version == 4 else cfg.WireguardMTUV6
         self.route_table = route_table
         self.route_rules = route_rules
         self.fwmark = fwmark
-        self._new_handle = new_handle
+        self.devices = devices
+        self.addrs = InterfaceAddresses()
         self.rule = make_rule(ip_version, cfg.WireguardRoutingRulePriority, route_table.index,
                               mark=fwmark, invert=True)
         self.keys: dict[str, str] = {}  # hostname -> public key
@@ -115,9 +70,8 @@ class WireguardManager:
         self.cidrs_by_node: dict[str, set[str]] = {}
         self.node_by_cidr: dict[str, str] = {}
         self.public_key: str | None = None
-        self.unsupported: UnsupportedFeature | None = None
         self._dirty = True
-        self._device_dirty = True
+        self._disabled_done = False
         self._status: list[Any] = []
 
     # ------------------------------------------------------------ on_update
@@ -132,8 +86,6 @@ class WireguardManager:
             hostname, key, addr = update
             self.keys[hostname] = key
             self.tunnel_addrs[hostname] = addr
-            if hostname == self.hostname:
-                self._device_dirty = True
         elif isinstance(msg, pb.WireguardEndpointRemove if v4 else pb.WireguardEndpointV6Remove):
             self.keys.pop(msg.hostname, None)
             self.tunnel_addrs.pop(msg.hostname, None)
@@ -153,6 +105,8 @@ class WireguardManager:
                 self.node_by_cidr[msg.dst] = msg.dst_node_name
         elif isinstance(msg, pb.RouteRemove):
             self._forget_cidr(msg.dst)
+        elif isinstance(msg, IfaceAddrsUpdate):
+            self.addrs.on_update(msg)
         else:
             return
         self._dirty = True
@@ -164,27 +118,38 @@ class WireguardManager:
 
     # ------------------------------------------------------------ apply time
     def complete_deferred_work(self) -> None:
-        if not self._dirty and not self._device_dirty:
+        if not self._dirty or self._unsupported():
             return
-        if not self.enabled or self.unsupported is not None:
+        my_host = self.host_addrs.get(self.hostname, "")
+        self.devices.set_device(WireguardDesired(
+            name=self.iface, listen_port=self.port, fwmark=self.fwmark, peers=tuple(self._peers()),
+            address=self.tunnel_addrs.get(self.hostname, ""),
+            parent=(self.addrs.iface_with(my_host) or "") if my_host else "", mtu=self.mtu_config))
+        self._update_routes()
+        self.route_rules.set_rule(self.rule)
+        self._dirty = False
+
+    def _unsupported(self) -> bool:
+        if not self.devices.is_unsupported(self.iface):
+            return False
+        if not self._disabled_done:
+            log.error("WireGuard is not supported by this kernel; its rule and routes are removed, "
+                      "everything else continues", iface=self.iface)
             self.route_rules.remove_rule(self.rule)
             self.route_table.set_routes(RouteClass.WIREGUARD, self.iface, [])
             self.route_table.set_routes(RouteClass.WIREGUARD, None, [])
-            self._dirty = self._device_dirty = False
+            self._disabled_done = True
+        return True
+
+    def on_devices_applied(self) -> None:
+        if self._unsupported():
             return
-        try:
-            self._sync_device()
-        except UnsupportedFeature as exc:
-            self.unsupported = exc
-            self.route_rules.remove_rule(self.rule)
-            log.error("WireGuard is not supported by this kernel; WireGuard disabled, everything else continues",
-                      error=str(exc))
-            raise
-        except NetlinkCallError as exc:
-            raise DataplaneError(f"WireGuard device {self.iface}: {exc}") from exc
-        self._update_routes()
-        self.route_rules.set_rule(self.rule)
-        self._dirty = self._device_dirty = False
+        status = self.devices.status(self.iface)
+        if status is not None and status.public_key and status.public_key != self.public_key:
+            self.public_key = status.public_key
+            self._dirty = True  # our own key may have been listed as a peer's
+            self._status.append(pb.WireguardStatusUpdate(
+                public_key=status.public_key, ip_version=pb.IPV4 if self.ip_version == 4 else pb.IPV6))
 
     def _peers(self) -> list[WireguardPeer]:
         peers = []
@@ -201,30 +166,6 @@ class WireguardManager:
             peers.append(WireguardPeer(public_key=key, endpoint=endpoint, allowed_ips=tuple(sorted(allowed))))
         return peers
 
-    def _sync_device(self) -> None:
-        nl = self._new_handle()
-        try:
-            mtu = self.mtu_config
-            if not mtu and self.hostname in self.host_addrs:
-                parent = find_iface_with_address(nl, self.host_addrs[self.hostname], self.ip_version)
-                mtu = parent.mtu - (60 if self.ip_version == 4 else 80) if parent is not None else 0
-            my_addr = self.tunnel_addrs.get(self.hostname, "")
-            link, _created = ensure_simple_device(nl, name=self.iface, kind="wireguard", feature="WireGuard",
-                                                  mtu=mtu, addresses=[my_addr] if my_addr else [],
-                                                  ip_version=self.ip_version)
-            current = nl.wireguard_get(self.iface)
-            private = current.private_key if current is not None and current.private_key else generate_private_key()
-            public = public_key_of(private)
-            nl.wireguard_set(self.iface, WireguardDevice(private_key=private, listen_port=self.port,
-                                                         fwmark=self.fwmark, peers=tuple(self._peers())))
-        finally:
-            nl.close()
-        self.route_table.on_iface_state(link.name, IfaceState.UP if link.oper_up else IfaceState.DOWN, link.index)
-        if public != self.public_key:
-            self.public_key = public
-            self._status.append(pb.WireguardStatusUpdate(
-                public_key=public, ip_version=pb.IPV4 if self.ip_version == 4 else pb.IPV6))
-
     def _update_routes(self) -> None:
         via_device: list[Target] = []
         throw: list[Target] = []
@@ -238,14 +179,14 @@ class WireguardManager:
         self.route_table.set_routes(RouteClass.WIREGUARD, self.iface, via_device)
         self.route_table.set_routes(RouteClass.WIREGUARD, None, throw)
 
-    def pop_wireguard_status(self) -> list[Any]:
+    def pop_feed_messages(self) -> list[Any]:
         out, self._status = self._status, []
         return out
 
-    def route_table_syncers(self) -> list[Syncer]:
+    def route_table_syncers(self) -> list[RouteTableAPI]:
         return [self.route_table]
 
-    def route_rule_syncers(self) -> list[Syncer]:
+    def route_rule_syncers(self) -> list[RouteRulesAPI]:
         return [self.route_rules]
 
 

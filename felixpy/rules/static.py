@@ -76,6 +76,7 @@ from felixpy.rules.names import (
     CHAIN_WORKLOAD_TO_HOST,
 )
 from felixpy.rules.policy import split_port_list
+from felixpy.kernelnames import IPIP_DEVICE, VXLAN_DEVICE_V4, VXLAN_DEVICE_V6
 
 if TYPE_CHECKING:
     from felixpy.rules.context import RenderContext
@@ -390,11 +391,11 @@ def _tunnel_ifaces(ctx: RenderContext) -> list[str]:
     c, ip = ctx.config, ctx.ip_version
     out = []
     if ip == 4 and ctx.ipip_enabled and c.IpInIpTunnelAddr:
-        out.append("tunl0")
+        out.append(IPIP_DEVICE)
     if ip == 4 and ctx.vxlan_enabled and c.IPv4VXLANTunnelAddr:
-        out.append("vxlan.calico")
+        out.append(VXLAN_DEVICE_V4)
     if ip == 6 and ctx.vxlan_enabled_v6 and c.IPv6VXLANTunnelAddr:
-        out.append("vxlan-v6.calico")
+        out.append(VXLAN_DEVICE_V6)
     if ip == 4 and c.WireguardEnabled and c.WireguardInterfaceName:
         out.append(c.WireguardInterfaceName)
     if ip == 6 and c.WireguardEnabledV6 and c.WireguardInterfaceNameV6:

@@ -77,7 +77,8 @@ def start_daemon(netns: str, *, transport: str = "unix", env: Mapping[str, str] 
     log_path = os.path.join(tmp, "daemon.log")
     status_socket = os.path.join(tmp, "status.sock")
     listen = f"grpc:unix:{sock}" if transport == "grpc" else f"unix:{sock}"
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    # The daemon writes Felix's MTU file: keep it out of the machine's /var/lib/calico.
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "FELIXPY_MTU_FILE": os.path.join(tmp, "mtu"), **(env or {})}
     args = ["ip", "netns", "exec", netns, sys.executable, "-m", "felixpy", "run", "--listen", listen,
             "--status-socket", status_socket, *extra_args]
     if not iface_monitor:

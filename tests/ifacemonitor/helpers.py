@@ -10,7 +10,7 @@ from typing import TypedDict
 
 from felixpy.ifacemonitor.events import AddrEvent, Event, Link, LinkEvent
 from felixpy.ifacemonitor.shim import DumpFailed, EventsLost
-from felixpy.managers.base import IfaceAddrsUpdate, IfaceStateUpdate
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceStateUpdate
 
 Update = IfaceStateUpdate | IfaceAddrsUpdate
 

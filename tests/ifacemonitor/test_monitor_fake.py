@@ -12,7 +12,7 @@ from felixpy.config import Config
 from felixpy.ifacemonitor.events import Link
 from felixpy.ifacemonitor.monitor import InterfaceMonitor
 from felixpy.ifacemonitor.shim import SubscribeFailed
-from felixpy.managers.base import IfaceAddrsUpdate, IfaceState, IfaceStateUpdate
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceState, IfaceStateUpdate
 
 from .helpers import FakeSource, Recorder
 

@@ -16,7 +16,7 @@ import pytest
 
 from felixpy.config import Config
 from felixpy.ifacemonitor.monitor import InterfaceMonitor
-from felixpy.managers.base import IfaceAddrsUpdate, IfaceState, IfaceStateUpdate
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceState, IfaceStateUpdate
 from felixpy.testing import netns as netnsmod
 
 from .helpers import Recorder

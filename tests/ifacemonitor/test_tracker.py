@@ -5,7 +5,7 @@ from __future__ import annotations
 from felixpy.ifacemonitor.events import AddrEvent, Link
 from felixpy.ifacemonitor.excludes import exclusion_matcher
 from felixpy.ifacemonitor.tracker import IfaceTracker
-from felixpy.managers.base import IfaceAddrsUpdate, IfaceState, IfaceStateUpdate
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceState, IfaceStateUpdate
 
 UP, DOWN = IfaceState.UP, IfaceState.DOWN
 Update = IfaceStateUpdate | IfaceAddrsUpdate

@@ -1,14 +1,15 @@
-"""A node for manager tests: the real managers and loop over stateful fakes.
+"""A node for manager tests: the daemon's own wiring over stateful fakes.
 
-:class:`Node` builds, per IP family, what ``felixpy.dataplane.wiring`` builds —
-the real :class:`~felixpy.rules.RuleRenderer`, start-of-day static chains and
-kernel hooks, the IP-sets/host-IP/policy/endpoint/masq/DSCP managers and the
-cross-family status combiner — but over fakes that hold state:
-:class:`~felixpy.testing.faketable.FakeTable` per table, the real ipset driver
-over :class:`~felixpy.drivers.ipsets.fake.FakeIPSet`, the real route table over
-:class:`~felixpy.drivers.netlink.fake.FakeNetlink`, and :class:`CountingSysctls`.
-The real :class:`~felixpy.dataplane.core.InternalDataplane` drives them, so
-tests exercise the apply order the daemon uses.
+:class:`Node` calls :func:`felixpy.dataplane.wiring.build` — the one
+construction site the daemon uses — with :class:`~felixpy.dataplane.wiring.KernelDeps`
+whose factories hand out fakes that hold state:
+:class:`~felixpy.testing.faketable.FakeTable` per table (as verdict-map owner
+too in nftables mode), the real ipset driver over
+:class:`~felixpy.drivers.ipsets.fake.FakeIPSet`, the real route tables, FDB and
+tunnel-device syncer over :class:`~felixpy.drivers.netlink.fake.FakeNetlink`,
+and :class:`CountingSysctls`.  The managers are read back from the returned
+per-family record, so tests exercise exactly the graph and apply order the
+daemon runs; nothing here builds a manager by hand.
 
 Every :meth:`Node.apply` asserts the fail-closed invariants the daemon depends
 on: the apply succeeded (no table rule jumps to an undefined chain — the fake
@@ -20,12 +21,14 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from felixpy.config import Config
 from felixpy.dataplane.clock import FakeClock
-from felixpy.dataplane.core import ApplyReport, InternalDataplane
+from felixpy.dataplane.core import ApplyReport
+from felixpy.dataplane.wiring import FamilyParts, FamilyTables, KernelDeps, build
+from felixpy.drivers.cmdshim import CommandResult
 from felixpy.drivers.ipsets import IPSets
 from felixpy.drivers.ipsets.fake import FakeClock as IPSetClock
 from felixpy.drivers.ipsets.fake import FakeIPSet
@@ -33,17 +36,16 @@ from felixpy.drivers.netlink.errors import LinkNotFound
 from felixpy.drivers.netlink.fake import FakeNetlink
 from felixpy.drivers.netlink.types import AF_INET, AF_INET6, Neigh, Route
 from felixpy.drivers.procsys import FakeSysctls
-from felixpy.drivers.routetable import MainTableOwnershipPolicy, RouteTable
-from felixpy.managers.base import EndpointStatus, IfaceState, IfaceStateUpdate
+from felixpy.drivers.routetable import RouteTableAPI
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceState, IfaceStateUpdate
+from felixpy.managers.base import EndpointStatus
 from felixpy.managers.dscp import DSCPManager
 from felixpy.managers.endpoints import EndpointManager, wl_key
 from felixpy.managers.hostips import HostIPManager
-from felixpy.managers.ipsets import IPSetsManager
 from felixpy.managers.masq import MasqManager
 from felixpy.managers.policy import PolicyManager
-from felixpy.managers.status import EndpointStatusCombiner
 from felixpy.proto import felixbackend_pb2 as pb
-from felixpy.rules import RendererOptions, RuleRenderer
+from felixpy.rules import RuleRenderer
 from felixpy.rules.ipset_names import main_ipset_name
 from felixpy.dataplane.wiring import program_static_chains
 from felixpy.testing.faketable import FakeTable, fake_tables
@@ -59,6 +61,7 @@ class CountingSysctls(FakeSysctls):
         super().__init__()
         self.write_calls = 0
         self.read_calls = 0
+        self.written: list[str] = []
         self.failing_ifaces: set[str] = set()
         self.failing_paths: set[str] = set()
 
@@ -68,9 +71,13 @@ class CountingSysctls(FakeSysctls):
 
     def write(self, path: str, value: str) -> bool:
         self.write_calls += 1
+        self.written.append(path)
         if any(f"/{iface}/" in path for iface in self.failing_ifaces) or path in self.failing_paths:
             raise OSError(errno.EIO, f"injected failure writing {path}")
         return super().write(path, value)
+
+    def writes_to(self, iface: str) -> int:
+        return sum(1 for path in self.written if f"/{iface}/" in path)
 
     def iface_values(self, iface: str) -> dict[str, str]:
         return {k: v for k, v in self.values.items() if f"/{iface}/" in k}
@@ -99,19 +106,63 @@ class CountingNetlink:
         return counted
 
 
+class NoConntrack:
+    """A ``conntrack`` with nothing to delete (records what it was asked)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def run(self, argv: Sequence[str], stdin: str | None = None) -> CommandResult:
+        self.calls.append(tuple(argv))
+        return CommandResult(1, "", "conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.",
+                             tuple(argv))
+
+
 # --------------------------------------------------------------------------------- the node
 @dataclass
 class Family:
-    v: int
-    renderer: RuleRenderer
+    """One family of the built graph, with the fakes it runs over."""
+
+    parts: FamilyParts
     tables: dict[str, FakeTable]
-    ipsets: IPSets
-    route_table: RouteTable | None
-    policy: PolicyManager
-    endpoints: EndpointManager
-    hostips: HostIPManager
-    masq: MasqManager
-    dscp: DSCPManager
+
+    @property
+    def v(self) -> int:
+        return self.parts.v
+
+    @property
+    def renderer(self) -> RuleRenderer:
+        return self.parts.renderer
+
+    @property
+    def ipsets(self) -> IPSets:
+        ipsets = self.parts.tables.ipsets
+        assert isinstance(ipsets, IPSets)
+        return ipsets
+
+    @property
+    def route_table(self) -> RouteTableAPI:
+        return self.parts.main_route_table
+
+    @property
+    def policy(self) -> PolicyManager:
+        return self.parts.policy
+
+    @property
+    def endpoints(self) -> EndpointManager:
+        return self.parts.endpoints
+
+    @property
+    def hostips(self) -> HostIPManager:
+        return self.parts.hostips
+
+    @property
+    def masq(self) -> MasqManager:
+        return self.parts.masq
+
+    @property
+    def dscp(self) -> DSCPManager:
+        return self.parts.dscp
 
     @property
     def raw(self) -> FakeTable:
@@ -133,15 +184,11 @@ class Family:
         return main_ipset_name(set_id, self.v)
 
 
-def program_static(renderer: RuleRenderer, tables: dict[str, FakeTable]) -> None:
-    """What wiring records at start of day (the very same function, so the two cannot drift)."""
-    program_static_chains(renderer, tables)
-
-
 def program_start_of_day(renderer: RuleRenderer, tables: dict[str, FakeTable]) -> None:
-    """:func:`program_static` plus the empty forms of the chains the other managers own, so the
-    tables apply cleanly without those managers (policy-manager tests)."""
-    program_static(renderer, tables)
+    """What wiring records at start of day (the very same function), plus the empty forms of the
+    chains the other managers own, so the tables apply cleanly without those managers (tests of
+    the policy manager alone)."""
+    program_static_chains(renderer, tables)
     tables["nat"].update_chain(renderer.nat_outgoing_chain(False))
     tables["mangle"].update_chain(renderer.egress_dscp_chain([]))
     tables["raw"].update_chain(renderer.rpf_skip_chain({}))
@@ -156,56 +203,38 @@ class Node:
     families: Sequence[int] = (4,)
     config: Config = field(default_factory=Config)
     route_sync: bool = True
+    netlink_fake: FakeNetlink | None = None  # share a fake kernel with an earlier Node (a restart)
 
     def __post_init__(self) -> None:
         self.clock = FakeClock()
         self.rt_clock = _Clock()
-        self.netlink = FakeNetlink()
+        self.netlink = self.netlink_fake or FakeNetlink()
         self.nl = CountingNetlink(self.netlink)
         self.sysctls = CountingSysctls()
-        self.sysctls.values["net/ipv4/conf/default/rp_filter"] = "1"
         self.ipset_kernel = FakeIPSet(IPSetClock())
-        self.combiner = EndpointStatusCombiner()
+        self.conntrack = NoConntrack()
         self.status: dict[tuple[str, str, str], str] = {}
         self.status_updates: list[EndpointStatus] = []
-        self.dp = InternalDataplane(self.config, self.clock, status_sink=self._on_status)
-        self.fam: dict[int, Family] = {}
-        for v in self.families:
-            self.fam[v] = self._build_family(v)
-        self.dp.register_manager(self.combiner)
+        self.feed_messages: list[Any] = []
+        cfg = replace(self.config, Ipv6Support=6 in self.families, RouteSyncDisabled=not self.route_sync)
+        self._fake_tables: dict[int, dict[str, FakeTable]] = {}
+        deps = KernelDeps(tables=self._tables, netlink_factory=self.nl.factory, sysctls=self.sysctls,
+                          clock=self.rt_clock, conntrack_runner=self.conntrack)
+        self.built = build(cfg, clock=self.clock, status_sink=self._on_status, feed_sink=self.feed_messages.extend,
+                           deps=deps)
+        self.dp = self.built.dataplane
+        self.combiner = self.built.status
+        self.fam = {v: Family(parts, self._fake_tables[v]) for v, parts in self.built.families.items()}
         self._started = False
 
-    def _build_family(self, v: int) -> Family:
-        cfg = self.config
-        renderer = RuleRenderer(cfg, v, options=RendererOptions())
-        tables = fake_tables(v, insert_mode=cfg.ChainInsertMode)
-        program_static(renderer, tables)
+    def _tables(self, config: Config, v: int) -> FamilyTables:
+        tables = fake_tables(v, insert_mode=config.ChainInsertMode)
+        self._fake_tables[v] = tables
         clock = self.ipset_kernel.clock
         assert clock is not None
         ipsets = IPSets(v, self.ipset_kernel, clock=clock, sleep=clock.sleep)
-        rt = None
-        if self.route_sync:
-            rt = RouteTable(ip_version=v, new_handle=self.nl.factory,
-                            ownership=MainTableOwnershipPolicy(workload_iface_prefixes=cfg.InterfacePrefix,
-                                                               device_route_protocol=cfg.DeviceRouteProtocol,
-                                                               remove_external_routes=cfg.RemoveExternalRoutes),
-                            default_protocol=cfg.DeviceRouteProtocol, static_arp=(v == 4), clock=self.rt_clock)
-        dp = self.dp
-        dp.register_ipsets(ipsets)
-        dp.register_manager(IPSetsManager(f"ipv{v}", ipsets, cfg.MaxIpsetSize))
-        hostips = HostIPManager(v, ipsets, cfg.InterfacePrefix, cfg.MaxIpsetSize)
-        policy = PolicyManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"], filter=tables["filter"])
-        priority = cfg.IPv4NormalRoutePriority if v == 4 else cfg.IPv6NormalRoutePriority
-        endpoints = EndpointManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"], filter=tables["filter"],
-                                    route_table=rt, sysctls=self.sysctls, status=self.combiner,
-                                    route_priority=priority)
-        masq = MasqManager(v, ipsets, tables["nat"], renderer, cfg.MaxIpsetSize)
-        dscp = DSCPManager(v, ipsets, tables["mangle"], renderer, cfg.MaxIpsetSize)
-        for m in (hostips, policy, endpoints, masq, dscp):
-            dp.register_manager(m)
-        for t in tables.values():
-            dp.register_table(t)
-        return Family(v, renderer, tables, ipsets, rt, policy, endpoints, hostips, masq, dscp)
+        maps = tables["filter"] if config.nftables_enabled else None
+        return FamilyTables(dict(tables), ipsets, maps, list(tables.values()), "fake")
 
     # ------------------------------------------------------------------------- inputs
     def send(self, *msgs: Any) -> None:
@@ -230,6 +259,10 @@ class Node:
         self.netlink.remove_link(name)
         self.sysctls.remove_iface(name)
         self.dp.on_iface_update(IfaceStateUpdate(name, IfaceState.DOWN, 0))
+
+    def addrs(self, name: str, *addrs: str) -> None:
+        """The interface monitor reports the addresses now on *name*."""
+        self.dp.on_iface_update(IfaceAddrsUpdate(name, frozenset(addrs)))
 
     # ------------------------------------------------------------------------- apply
     def apply(self, *, expect_ok: bool = True) -> ApplyReport:
@@ -277,6 +310,7 @@ class Node:
         """Everything a kernel call could change, plus the counters of attempted calls."""
         return (
             tuple(sorted(self.netlink.routes.items())), tuple(sorted(self.netlink.neighs.items())),
+            tuple(sorted(self.netlink.links.items())),
             dict(self.sysctls.values), self.sysctls.write_calls, self.sysctls.read_calls, self.nl.calls,
             len(self.ipset_kernel.calls),
             tuple((t.name, t.ip_version, t.apply_count, tuple(sorted(t.state.chains))) for t in self.tables()),

@@ -11,7 +11,7 @@ import pytest
 
 from felixpy.config import Config
 from felixpy.drivers.generictables.model import Accept, Chain, Drop, Goto, InInterface, SourceNet
-from felixpy.managers.base import IfaceState, IfaceStateUpdate
+from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import trace_dispatch
 from felixpy.rules.names import CHAIN_FROM_WORKLOAD_DISPATCH, CHAIN_TO_WORKLOAD_DISPATCH
@@ -396,14 +396,14 @@ def test_bad_addresses_are_skipped_and_other_endpoints_still_programmed(node: No
 def test_sysctls_written_only_once_the_interface_is_oper_up(node: Node) -> None:
     node.send(profile("prof"), wep("a", mac=MAC, profiles=["prof"], **addrs(1)))
     node.apply()
-    assert node.sysctls.write_calls == 0
+    assert node.sysctls.writes_to("calia") == 0
     assert node.status == {wkey("a"): "down"}
     # The interface appears, but oper-down: still nothing.
     node.netlink.add_link("calia", up=False)
     node.sysctls.add_iface("calia")
     node.dp.on_iface_update(IfaceStateUpdate("calia", IfaceState.DOWN, node.ifindex("calia")))
     node.apply()
-    assert node.sysctls.write_calls == 0
+    assert node.sysctls.writes_to("calia") == 0
     node.link_up("calia")
     node.apply()
     assert node.sysctls.iface_values("calia") == {
@@ -412,6 +412,17 @@ def test_sysctls_written_only_once_the_interface_is_oper_up(node: Node) -> None:
         "net/ipv4/neigh/calia/proxy_delay": "0", "net/ipv6/conf/calia/proxy_ndp": "1",
         "net/ipv6/conf/calia/forwarding": "1", "net/ipv6/conf/calia/accept_ra": "0"}
     assert node.status == {wkey("a"): "up"}
+
+
+def test_ip_forwarding_is_switched_on_per_family_unless_disabled(v: int) -> None:
+    node = Node(families=(4, 6))
+    node.apply()
+    assert node.sysctls.values["net/ipv4/ip_forward"] == "1"
+    assert node.sysctls.values["net/ipv6/conf/all/forwarding"] == "1"
+    off = Node(families=(4, 6), config=Config(IPForwarding="Disabled"))
+    off.apply()
+    assert off.sysctls.values["net/ipv4/ip_forward"] == "0"
+    assert off.sysctls.values["net/ipv6/conf/all/forwarding"] == "0"
 
 
 def test_interface_that_bounces_is_reconfigured(node: Node) -> None:
@@ -447,7 +458,8 @@ def test_status_is_combined_across_families_and_reported_once(node: Node) -> Non
     node.sysctls.failing_ifaces.add("calia")
     node.sysctls.values["net/ipv4/conf/calia/forwarding"] = "0"
     node.link_up("calia")  # triggers reconfiguration
-    node.apply()
+    report = node.apply(expect_ok=False)
+    assert report.failed_steps == ["devices:InterfaceSysctls/v4", "devices:InterfaceSysctls/v6"]  # kept, retried
     assert node.status == {wkey("a"): "error"}
     # The failure clears: the manager retries on its own (no new event needed).
     node.sysctls.failing_ifaces.clear()
@@ -469,7 +481,7 @@ def test_one_familys_error_is_the_combined_status(node: Node) -> None:
     node.sysctls.failing_paths.add("net/ipv6/conf/calia/forwarding")  # only the IPv6 manager writes this
     node.sysctls.values["net/ipv6/conf/calia/forwarding"] = "0"
     node.link_up("calia")
-    node.apply()
+    assert node.apply(expect_ok=False).failed_steps == ["devices:InterfaceSysctls/v6"]
     assert node.status == {wkey("a"): "error"}
     assert node.f(6).endpoints.next_deadline() is not None
     assert node.f(4).endpoints.next_deadline() is None
@@ -549,33 +561,17 @@ def test_on_update_never_touches_the_kernel(node: Node) -> None:
 
 # ------------------------------------------------------------------------------------- nftables
 def test_nftables_mode_dispatches_through_verdict_maps(v: int) -> None:
-    from felixpy.drivers.procsys import FakeSysctls
-    from felixpy.managers.endpoints import EndpointManager
-    from felixpy.managers.status import EndpointStatusCombiner
-    from felixpy.rules import RuleRenderer
-    from felixpy.testing.faketable import fake_tables
-
-    from .harness import program_start_of_day
-
-    r = RuleRenderer(Config(NFTablesMode="Enabled"), v)
-    tables = fake_tables(v)
-    program_start_of_day(r, tables)
-    maps = tables["filter"]
-    m = EndpointManager(v, r, raw=tables["raw"], mangle=tables["mangle"], filter=tables["filter"],
-                        route_table=None, sysctls=FakeSysctls(), status=EndpointStatusCombiner(), maps=maps)
-    tables["filter"].update_chains(r.profile_chains("prof", pb.Profile()))
-    m.on_update(wep("a", profiles=["prof"], **addrs(1)))
-    m.resolve_update_batch()
-    m.complete_deferred_work()
-    for t in tables.values():
-        t.apply()
+    node = Node(families=(4, 6), config=Config(NFTablesMode="Enabled"))
+    maps = node.f(v).filter
+    node.send(profile("prof"), wep("a", profiles=["prof"], **addrs(1)))
+    node.link_up("calia")
+    node.apply()
     assert maps.programmed_map("cali-to-wl-dispatch") == {"calia": Goto("cali-tw-calia")}
     assert maps.programmed_map("cali-from-wl-dispatch") == {"calia": Goto("cali-fw-calia")}
     assert maps.is_programmed("cali-tw-calia")
     root = maps.programmed_chain(CHAIN_TO_WORKLOAD_DISPATCH)
     assert is_unknown_iface_drop(root.rules[-1])
-    m.on_update(wep_remove("a"))
-    m.complete_deferred_work()
-    maps.apply()
+    node.send(wep_remove("a"))
+    node.apply()
     assert maps.programmed_map("cali-to-wl-dispatch") == {}
     assert not maps.is_programmed("cali-tw-calia")

@@ -3,7 +3,8 @@ from __future__ import annotations
 from typing import Any
 
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
-from felixpy.managers.hostsipset import ALL_HOSTS, HostsIPSetManager
+from felixpy.managers.hostsipset import HostsIPSetManager
+from felixpy.rules.ipset_names import IPSET_ID_ALL_HOST_NETS as ALL_HOSTS
 from felixpy.proto import felixbackend_pb2 as pb
 
 

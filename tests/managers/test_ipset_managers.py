@@ -6,10 +6,11 @@ import pytest
 
 from felixpy.config import Config
 from felixpy.drivers.generictables.model import DSCP, Masquerade, SourceNet
-from felixpy.managers.base import IfaceAddrsUpdate
-from felixpy.managers.dscp import DSCP_SET
-from felixpy.managers.hostips import THIS_HOST
-from felixpy.managers.masq import ALL_POOLS, MASQ_POOLS
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate
+from felixpy.rules.ipset_names import IPSET_ID_ALL_POOLS as ALL_POOLS
+from felixpy.rules.ipset_names import IPSET_ID_DSCP_ENDPOINTS as DSCP_SET
+from felixpy.rules.ipset_names import IPSET_ID_NAT_OUTGOING_MASQ_POOLS as MASQ_POOLS
+from felixpy.rules.ipset_names import IPSET_ID_THIS_HOST_IPS as THIS_HOST
 from felixpy.proto import felixbackend_pb2 as pb
 
 from .harness import Node, profile, wep, wep_remove

@@ -30,7 +30,7 @@ from felixpy.drivers.iptables.fake import FakeIptables
 from felixpy.drivers.iptables.table import IptablesTable
 from felixpy.drivers.netlink.fake import FakeNetlink
 from felixpy.drivers.procsys import FakeSysctls
-from felixpy.managers.base import IfaceState, IfaceStateUpdate
+from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
 from felixpy.managers.dscp import DSCPManager
 from felixpy.managers.endpoints import EndpointManager
 from felixpy.managers.hostips import HostIPManager

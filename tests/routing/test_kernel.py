@@ -6,11 +6,17 @@ import errno
 import json
 import subprocess
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from felixpy.config import Config
+from felixpy.dataplane.clock import FakeClock as DataplaneClock
+from felixpy.dataplane.wiring import BuiltDataplane, FamilyTables, KernelDeps, build
+from felixpy.drivers.ipsets import IPSets
+from felixpy.drivers.ipsets.fake import FakeClock as IPSetClock
+from felixpy.drivers.ipsets.fake import FakeIPSet
 from felixpy.drivers.cmdshim import SubprocessRunner
 from felixpy.drivers.netlink.errors import LinkNotFound
 from felixpy.drivers.netlink.pyroute import PyrouteNetlink
@@ -27,12 +33,11 @@ from felixpy.drivers.routerule import RouteRules, make_rule
 from felixpy.drivers.routetable import MainTableOwnershipPolicy, RouteTable, Target, TargetType
 from felixpy.drivers.routetable.defs import canonical_cidr
 from felixpy.drivers.routetable.conntrack import ConntrackCleanupTracker, ConntrackFlusher
-from felixpy.drivers.vxlanfdb import VXLANFDB
-from felixpy.errors import UnsupportedFeature
-from felixpy.managers.ipip import IPIPManager
-from felixpy.managers.routeclass import RouteClass
-from felixpy.managers.vxlan import VXLANManager
+from felixpy.drivers.procsys import FakeSysctls
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceState, IfaceStateUpdate
+from felixpy.drivers.routetable.routeclass import RouteClass
 from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.testing.faketable import fake_tables
 from felixpy.testing.netns import run_in
 
 from .helpers import FakeClock
@@ -177,10 +182,38 @@ def test_route_rules_real(netns: str) -> None:
     assert "not from all fwmark 0x100000/0x100000 lookup 2" in run_in(ns, "ip", "-6", "rule").stdout
 
 
+def kernel_node(ns: str, cfg: Config, v: int, clock: FakeClock) -> BuiltDataplane:
+    """The daemon's wiring with the real netlink in *ns* (tables and IP sets over fakes)."""
+    ipset_kernel = FakeIPSet(IPSetClock())
+
+    def tables(config: Config, fam: int) -> FamilyTables:
+        ts = fake_tables(fam)
+        return FamilyTables(dict(ts), IPSets(fam, ipset_kernel), None, list(ts.values()), "fake")
+
+    deps = KernelDeps(tables=tables, netlink_factory=lambda: PyrouteNetlink(ns), sysctls=FakeSysctls(),
+                      conntrack_runner=SubprocessRunner(netns=ns), clock=clock)
+    cfg = replace(cfg, FelixHostname="node1", Ipv6Support=(v == 6))
+    return build(cfg, clock=DataplaneClock(), deps=deps)
+
+
+def monitor_reports(built: BuiltDataplane, ns: str) -> None:
+    """What the interface monitor's initial dump would report: every link's state and addresses."""
+    dp = built.dataplane
+    links = json.loads(ip(ns, "-j", "addr", "show"))
+    for link in links:
+        up = "UP" in link.get("flags", []) and link.get("operstate") in ("UP", "UNKNOWN")
+        dp.on_iface_update(IfaceStateUpdate(link["ifname"], IfaceState.UP if up else IfaceState.DOWN,
+                                            link["ifindex"]))
+        dp.on_iface_update(IfaceAddrsUpdate(link["ifname"],
+                                            frozenset(a["local"] for a in link.get("addr_info", []))))
+    dp.set_iface_in_sync()
+
+
 @pytest.mark.parametrize("v", [4, 6])
-def test_vxlan_manager_device_fdb_and_drift(netns: str, v: int) -> None:
+def test_vxlan_device_fdb_and_drift_through_the_wiring(netns: str, v: int) -> None:
     ns = netns
     veth(ns, "eth0", "eth0p")
+    ip(ns, "link", "set", "eth0p", "up")
     if v == 4:
         ip(ns, "addr", "add", "192.168.60.1/24", "dev", "eth0")
         me = dict(node="node1", mac="66:00:00:00:00:01", ipv4_addr="10.70.0.0", parent_device_ip="192.168.60.1")
@@ -192,21 +225,15 @@ def test_vxlan_manager_device_fdb_and_drift(netns: str, v: int) -> None:
         peer = dict(node="node2", mac_v6="66:00:00:00:01:02", ipv6_addr="fd70:1::", parent_device_ipv6="fd60::2")
         blk, dev, fam = "fd70:1::/122", "vxlan-v6.calico", "-6"
     clock = FakeClock()
-    factory = lambda: PyrouteNetlink(ns)  # noqa: E731
-    rt = table(ns, clock, v)
-    fdb = VXLANFDB(ip_version=v, iface_name=dev, new_handle=factory)
-    m = VXLANManager(cfg=Config(), hostname="node1", ip_version=v, route_table=rt, fdb=fdb, new_handle=factory,
-                     clock=clock)
-    m.on_update(pb.VXLANTunnelEndpointUpdate(**me))
-    m.on_update(pb.VXLANTunnelEndpointUpdate(**peer))
-    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst=blk, dst_node_name="node2"))
-
-    def apply() -> None:
-        m.complete_deferred_work()
-        fdb.apply()
-        rt.apply()
-
-    apply()
+    built = kernel_node(ns, Config(VXLANEnabled=True), v, clock)
+    dp = built.dataplane
+    monitor_reports(built, ns)
+    for msg in (pb.VXLANTunnelEndpointUpdate(**me), pb.VXLANTunnelEndpointUpdate(**peer),
+                pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst=blk, dst_node_name="node2"),
+                pb.InSync()):
+        dp.on_datastore_message(msg)
+    assert dev not in ip(ns, "link", "show")  # nothing before the first apply
+    assert dp.apply().ok
     details = ip(ns, "-d", "link", "show", dev)
     assert "vxlan id 4096" in details and "dstport 4789" in details and "dev eth0" in details
     assert f"mtu {1450 if v == 4 else 1430}" in details
@@ -216,34 +243,41 @@ def test_vxlan_manager_device_fdb_and_drift(netns: str, v: int) -> None:
     host = peer.get("parent_device_ip") or peer["parent_device_ipv6"]
     assert f"{gw} lladdr {mac} PERMANENT" in ip(ns, fam, "neigh", "show", "dev", dev)
     assert f"{mac} dst {host} self permanent" in run_in(ns, "bridge", "fdb", "show", "dev", dev).stdout
-    # Drift: someone recreates the device with another VNI.
+    # Drift: someone recreates the device with another VNI; the 10 s re-check puts it right.
     ip(ns, "link", "del", dev)
     ip(ns, "link", "add", dev, "type", "vxlan", "id", "77", "dstport", "4789", "dev", "eth0")
     clock.advance(11)
-    apply()
-    rt.queue_resync()
-    rt.apply()
+    assert dp.apply().ok
     assert "vxlan id 4096" in ip(ns, "-d", "link", "show", dev)
     assert f"{blk} via {gw} dev {dev}" in ip(ns, fam, "route")
     assert f"{mac} dst {host} self permanent" in run_in(ns, "bridge", "fdb", "show", "dev", dev).stdout
-    rt.close()
+    # A restart with VXLAN off removes the device (Felix's cleanUpVXLANDevice).
+    off = kernel_node(ns, Config(), v, clock)
+    monitor_reports(off, ns)
+    off.dataplane.on_datastore_message(pb.InSync())
+    assert off.dataplane.apply().ok
+    assert dev not in ip(ns, "link", "show")
+    for b in (built, off):
+        b.dataplane.close()
 
 
-def test_ipip_unsupported_on_this_kernel(netns: str) -> None:
+def test_ipip_on_this_kernel_is_programmed_or_reported_unsupported(netns: str) -> None:
     ns = netns
     veth(ns, "eth0", "eth0p")
-    rt = table(ns, FakeClock())
-    m = IPIPManager(cfg=Config(IpInIpTunnelAddr="10.80.0.1"), hostname="node1", route_table=rt,
-                    new_handle=lambda: PyrouteNetlink(ns))
     probe = subprocess.run(["ip", "-n", ns, "link", "add", "probe-ipip", "type", "ipip"], capture_output=True)
-    if probe.returncode == 0:
-        pytest.skip("this kernel supports IPIP")
-    with pytest.raises(UnsupportedFeature) as exc:
-        m.complete_deferred_work()
-    assert exc.value.feature == "IPIP"
-    m.complete_deferred_work()
-    rt.apply()
-    rt.close()
+    supported = probe.returncode == 0
+    built = kernel_node(ns, Config(IpInIpEnabled=True, IpInIpTunnelAddr="10.80.0.1"), 4, FakeClock())
+    dp = built.dataplane
+    monitor_reports(built, ns)
+    dp.on_datastore_message(pb.HostMetadataUpdate(hostname="node1", ipv4_addr="10.80.0.1"))
+    dp.on_datastore_message(pb.InSync())
+    assert dp.apply().ok  # unsupported is reported, not a failure
+    if supported:
+        assert "10.80.0.1/32" in ip(ns, "addr", "show", "tunl0") and not dp.unsupported
+    else:
+        assert set(dp.unsupported) == {"IPIP"}
+        assert dp.apply().ok and set(dp.unsupported) == {"IPIP"}  # once
+    dp.close()
 
 
 def test_missing_namespace_is_an_error() -> None:

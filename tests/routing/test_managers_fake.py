@@ -1,95 +1,82 @@
-"""VXLAN, no-encap, IPIP and WireGuard managers against the fake kernel."""
+"""VXLAN, no-encap, IPIP and WireGuard managers in the daemon's wiring, against the fake kernel.
+
+Each test builds the whole graph with :func:`felixpy.dataplane.wiring.build`
+(through the manager-test harness) over one :class:`FakeNetlink`, feeds it as
+the calc graph and the interface monitor would, applies, and asserts the fake
+kernel: devices (made by the tunnel-device syncer), routes, FDB/ARP, rules.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-import pytest
-
 from felixpy.config import Config
-from felixpy.drivers.ipsets_api import IPSetMetadata
 from felixpy.drivers.netlink.fake import FakeNetlink
-from felixpy.drivers.netlink.types import AF_INET, AF_INET6, Addr, VXLANInfo
-from felixpy.drivers.routerule import RouteRules
-from felixpy.drivers.routetable import ExclusiveOwnershipPolicy, RouteTable
-from felixpy.drivers.vxlanfdb import VXLANFDB
-from felixpy.errors import DataplaneError, UnsupportedFeature
-from felixpy.managers.base import IfaceState, IfaceStateUpdate, ManagerWithRouteRules, ManagerWithRouteTables
+from felixpy.drivers.netlink.types import AF_INET, AF_INET6, Addr, LinkSpec, VXLANInfo
+from felixpy.drivers.tunnels import public_key_of
+from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
 from felixpy.managers.ipip import IPIPManager
 from felixpy.managers.noencap import NoEncapManager
 from felixpy.managers.vxlan import VXLANManager
-from felixpy.managers.wireguard import WireguardManager, public_key_of
+from felixpy.managers.wireguard import WireguardManager
 from felixpy.proto import felixbackend_pb2 as pb
-
-from .helpers import FakeClock, main_table
-
-
-class FakeIPSets:
-    def __init__(self) -> None:
-        self.sets: dict[str, list[str]] = {}
-
-    def add_or_replace_ip_set(self, meta: IPSetMetadata, members: Any) -> None:
-        self.sets[meta.set_id] = sorted(members)
+from felixpy.rules.ipset_names import IPSET_ID_ALL_HOST_NETS, IPSET_ID_ALL_VXLAN_SOURCE_NETS
+from managers.harness import Node
 
 
-def node_fake(ip_version: int = 4) -> FakeNetlink:
-    fake = FakeNetlink()
-    eth0 = fake.add_link("eth0", mtu=1500)
-    if ip_version == 4:
-        fake.addrs.append(Addr(eth0.index, AF_INET, "192.168.0.1", 24))
-    else:
-        fake.addrs.append(Addr(eth0.index, AF_INET6, "fd00::1", 64))
-    return fake
+def routing_node(cfg: Config, families: Sequence[int] = (4,), *, unsupported: Sequence[str] = (),
+                 fake: FakeNetlink | None = None) -> Node:
+    """A node named node1 whose eth0 holds 192.168.0.1/24 and fd00::1/64, as the monitor reports."""
+    node = Node(families=families, config=replace(cfg, FelixHostname="node1"), netlink_fake=fake)
+    node.netlink.unsupported_kinds = set(unsupported)
+    if fake is None:
+        eth0 = node.netlink.add_link("eth0", mtu=1500)
+        node.netlink.addrs += [Addr(eth0.index, AF_INET, "192.168.0.1", 24), Addr(eth0.index, AF_INET6, "fd00::1", 64)]
+    eth0 = node.netlink._by_name("eth0")
+    node.dp.on_iface_update(IfaceStateUpdate("eth0", IfaceState.UP, eth0.index))
+    node.addrs("eth0", "192.168.0.1", "fd00::1")
+    return node
+
+
+def manager(node: Node, cls: type, v: int = 4) -> Any:
+    (m,) = [m for m in node.f(v).parts.routing if isinstance(m, cls)]
+    return m
+
+
+def members(node: Node, set_id: str, v: int = 4) -> list[str]:
+    return sorted(node.ipset_kernel.sets[node.f(v).set_name(set_id)].members)
 
 
 def blocks(fake: FakeNetlink, family: int = AF_INET) -> dict[str, tuple[int, int, str | None]]:
     return {d: (r.type, r.oif, r.gateway) for d, r in fake.routes_in(254, family).items()}
 
 
-def vxlan_node(ip_version: int = 4, cfg: Config | None = None) -> tuple[FakeNetlink, VXLANManager, FakeIPSets,
-                                                                         FakeClock]:
-    fake = node_fake(ip_version)
-    clock = FakeClock()
-    rt = main_table(fake, clock, ip_version=ip_version)
-    name = "vxlan.calico" if ip_version == 4 else "vxlan-v6.calico"
-    fdb = VXLANFDB(ip_version=ip_version, iface_name=name, new_handle=fake.factory)
-    ipsets = FakeIPSets()
-    m = VXLANManager(cfg=cfg or Config(ExternalNodesCIDRList=("172.16.0.0/16",)), hostname="node1",
-                     ip_version=ip_version, route_table=rt, fdb=fdb, new_handle=fake.factory, ipsets=ipsets,
-                     clock=clock)
-    return fake, m, ipsets, clock
+VXLAN = Config(VXLANEnabled=True, ExternalNodesCIDRList=("172.16.0.0/16",))
+LOCAL_VTEP = pb.VXLANTunnelEndpointUpdate(node="node1", mac="66:00:00:00:00:01", ipv4_addr="10.5.0.0",
+                                          parent_device_ip="192.168.0.1")
+VTEP2 = pb.VXLANTunnelEndpointUpdate(node="node2", mac="66:00:00:00:00:02", ipv4_addr="10.5.1.0",
+                                     parent_device_ip="192.168.0.2")
 
 
-def apply_all(m: Any) -> None:
-    m.complete_deferred_work()
-    for s in getattr(m, "fdb_syncers", lambda: [])():
-        s.apply()
-    for s in m.route_table_syncers():
-        s.apply()
-    if isinstance(m, ManagerWithRouteRules):
-        for s in m.route_rule_syncers():
-            s.apply()
-
-
-def test_vxlan_manager_v4_end_to_end() -> None:
-    fake, m, ipsets, clock = vxlan_node()
-    assert isinstance(m, ManagerWithRouteTables)
-    m.on_update(pb.VXLANTunnelEndpointUpdate(node="node1", mac="66:00:00:00:00:01", ipv4_addr="10.5.0.0",
-                                             parent_device_ip="192.168.0.1"))
-    m.on_update(pb.VXLANTunnelEndpointUpdate(node="node2", mac="66:00:00:00:00:02", ipv4_addr="10.5.1.0",
-                                             parent_device_ip="192.168.0.2"))
-    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.5.1.0/26",
-                               dst_node_name="node2", dst_node_ip="192.168.0.2"))
-    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.5.2.0/26",
-                               dst_node_name="node3", dst_node_ip="192.168.1.3"))  # no VTEP yet
-    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD | pb.REMOTE_TUNNEL, ip_pool_type=pb.VXLAN,
-                               dst="10.5.9.9/32", dst_node_name="node2"))
-    m.on_update(pb.RouteUpdate(types=pb.LOCAL_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.5.0.0/26",
-                               dst_node_name="node1"))
-    m.on_update(pb.RouteUpdate(types=pb.LOCAL_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.5.0.7/32",
-                               local_workload=True))
-    assert fake.links.keys() == {1, 2}  # on_update touched nothing
-    apply_all(m)
+def test_vxlan_v4_end_to_end() -> None:
+    node = routing_node(VXLAN)
+    assert isinstance(manager(node, VXLANManager), VXLANManager)
+    fake = node.netlink
+    node.send(LOCAL_VTEP, VTEP2,
+              pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.5.1.0/26",
+                             dst_node_name="node2", dst_node_ip="192.168.0.2"),
+              pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.5.2.0/26",
+                             dst_node_name="node3", dst_node_ip="192.168.1.3"),  # no VTEP yet
+              pb.RouteUpdate(types=pb.REMOTE_WORKLOAD | pb.REMOTE_TUNNEL, ip_pool_type=pb.VXLAN,
+                             dst="10.5.9.9/32", dst_node_name="node2"),
+              pb.RouteUpdate(types=pb.LOCAL_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.5.0.0/26",
+                             dst_node_name="node1"),
+              pb.RouteUpdate(types=pb.LOCAL_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.5.0.7/32",
+                             local_workload=True))
+    assert "vxlan.calico" not in {link.name for link in fake.links.values()}  # on_update touched nothing
+    node.apply()
     vx = fake._by_name("vxlan.calico")
     assert vx.vxlan == VXLANInfo(vni=4096, port=4789, local="192.168.0.1", parent_index=2, learning=False)
     assert (vx.mtu, vx.mac, vx.admin_up) == (1450, "66:00:00:00:00:01", True)
@@ -99,195 +86,241 @@ def test_vxlan_manager_v4_end_to_end() -> None:
         "10.5.9.9/32": (1, vx.index, None),
         "10.5.0.0/26": (6, 0, None),
     }
+    # The MTU the syncer chose is on the routes in the same apply (no second write).
     assert fake.routes_in()["10.5.1.0/26"].onlink and fake.routes_in()["10.5.1.0/26"].mtu == 1450
     assert {(n.dst, n.lladdr) for n in fake.neighs.values()} == {("10.5.1.0", "66:00:00:00:00:02")}
     assert {(e.mac, e.dst) for e in fake.fdb.values()} == {("66:00:00:00:00:02", "192.168.0.2")}
-    assert ipsets.sets["all-vxlan-net"] == ["172.16.0.0/16", "192.168.0.2"]
+    assert members(node, IPSET_ID_ALL_VXLAN_SOURCE_NETS) == ["172.16.0.0/16", "192.168.0.2"]
     # The VTEP for node3 arrives: its block gets a route.
-    m.on_update(pb.VXLANTunnelEndpointUpdate(node="node3", mac="66:00:00:00:00:03", ipv4_addr="10.5.2.0",
-                                             parent_device_ip="192.168.1.3"))
-    apply_all(m)
+    node.send(pb.VXLANTunnelEndpointUpdate(node="node3", mac="66:00:00:00:00:03", ipv4_addr="10.5.2.0",
+                                           parent_device_ip="192.168.1.3"))
+    node.apply()
     assert blocks(fake)["10.5.2.0/26"] == (1, vx.index, "10.5.2.0")
     # Same-subnet route via the parent.
-    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.5.1.0/26",
-                               dst_node_name="node2", dst_node_ip="192.168.0.2", same_subnet=True))
-    apply_all(m)
+    node.send(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.5.1.0/26",
+                             dst_node_name="node2", dst_node_ip="192.168.0.2", same_subnet=True))
+    node.apply()
     r = fake.routes_in()["10.5.1.0/26"]
     assert (r.oif, r.gateway, r.protocol, r.onlink) == (2, "192.168.0.2", 80, True)
     # Removals.
-    m.on_update(pb.RouteRemove(dst="10.5.0.0/26"))
-    m.on_update(pb.VXLANTunnelEndpointRemove(node="node2"))
-    m.on_update(pb.RouteRemove(dst="10.5.1.0/26"))
-    apply_all(m)
+    node.send(pb.RouteRemove(dst="10.5.0.0/26"), pb.VXLANTunnelEndpointRemove(node="node2"),
+              pb.RouteRemove(dst="10.5.1.0/26"))
+    node.apply()
     assert "10.5.0.0/26" not in blocks(fake) and "10.5.1.0/26" not in blocks(fake)
     assert {e.mac for e in fake.fdb.values()} == {"66:00:00:00:00:03"}
 
 
 def test_vxlan_device_recreated_on_drift_and_when_deleted() -> None:
-    fake, m, _, clock = vxlan_node()
-    m.on_update(pb.VXLANTunnelEndpointUpdate(node="node1", mac="66:00:00:00:00:01", ipv4_addr="10.5.0.0",
-                                             parent_device_ip="192.168.0.1"))
-    m.on_update(pb.VXLANTunnelEndpointUpdate(node="node2", mac="66:00:00:00:00:02", ipv4_addr="10.5.1.0",
-                                             parent_device_ip="192.168.0.2"))
-    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.5.1.0/26",
-                               dst_node_name="node2"))
-    apply_all(m)
+    node = routing_node(VXLAN)
+    fake = node.netlink
+    node.send(LOCAL_VTEP, VTEP2, pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN,
+                                                dst="10.5.1.0/26", dst_node_name="node2"))
+    node.apply()
     old = fake._by_name("vxlan.calico")
     # Someone changes the VNI behind our back: the next periodic check recreates the device.
     fake.links[old.index] = old.__class__(**{**{f: getattr(old, f) for f in old.__slots__},
                                             "vxlan": VXLANInfo(vni=1, port=4789, local="192.168.0.1",
                                                                parent_index=2)})
-    clock.advance(5)
-    apply_all(m)
+    node.rt_clock.now += 5
+    node.apply()
     assert fake._by_name("vxlan.calico").vxlan.vni == 1  # not yet: checked every 10 s
-    clock.advance(6)
-    apply_all(m)
+    node.rt_clock.now += 6
+    assert node.f(4).parts.devices.next_deadline() == 0.0  # the loop is told to come back
+    node.apply()
     new = fake._by_name("vxlan.calico")
     assert new.vxlan.vni == 4096 and new.index != old.index
     assert blocks(fake)["10.5.1.0/26"] == (1, new.index, "10.5.1.0")
     assert {e.ifindex for e in fake.fdb.values()} == {new.index}
     # Deleted outright: the interface event makes the next apply recreate it.
     fake.remove_link("vxlan.calico")
-    m.on_update(IfaceStateUpdate("vxlan.calico", IfaceState.DOWN, 0))
-    apply_all(m)
+    node.dp.on_iface_update(IfaceStateUpdate("vxlan.calico", IfaceState.DOWN, 0))
+    node.apply()
     again = fake._by_name("vxlan.calico")
     assert blocks(fake)["10.5.1.0/26"] == (1, again.index, "10.5.1.0")
 
 
-def test_vxlan_v6_manager() -> None:
-    fake, m, ipsets, _ = vxlan_node(6)
-    m.on_update(pb.VXLANTunnelEndpointUpdate(node="node1", mac_v6="66:00:00:00:01:01", ipv6_addr="fd10::1",
-                                             parent_device_ipv6="fd00::1", ipv4_addr=""))
-    m.on_update(pb.VXLANTunnelEndpointUpdate(node="node2", mac_v6="66:00:00:00:01:02", ipv6_addr="fd10:1::1",
-                                             parent_device_ipv6="fd00::2"))
-    m.on_update(pb.VXLANTunnelEndpointUpdate(node="node4", mac="66:00:00:00:00:04", ipv4_addr="10.5.4.0",
-                                             parent_device_ip="192.168.0.4"))  # v4-only VTEP: ignored
-    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst="fd10:1::/122",
-                               dst_node_name="node2"))
-    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.5.1.0/26",
-                               dst_node_name="node2"))  # v4 route: ignored by the v6 manager
-    m.on_update(pb.RouteUpdate(types=pb.LOCAL_WORKLOAD, ip_pool_type=pb.VXLAN, dst="fd10::/122"))
-    apply_all(m)
+def test_vxlan_v6() -> None:
+    node = routing_node(VXLAN, families=(4, 6))
+    fake = node.netlink
+    node.send(pb.VXLANTunnelEndpointUpdate(node="node1", mac_v6="66:00:00:00:01:01", ipv6_addr="fd10::1",
+                                           parent_device_ipv6="fd00::1", ipv4_addr=""),
+              pb.VXLANTunnelEndpointUpdate(node="node2", mac_v6="66:00:00:00:01:02", ipv6_addr="fd10:1::1",
+                                           parent_device_ipv6="fd00::2"),
+              pb.VXLANTunnelEndpointUpdate(node="node4", mac="66:00:00:00:00:04", ipv4_addr="10.5.4.0",
+                                           parent_device_ip="192.168.0.4"),  # a v4-only VTEP
+              pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst="fd10:1::/122",
+                             dst_node_name="node2"),
+              pb.RouteUpdate(types=pb.LOCAL_WORKLOAD, ip_pool_type=pb.VXLAN, dst="fd10::/122"))
+    node.apply()
     vx = fake._by_name("vxlan-v6.calico")
     assert vx.mtu == 1430 and vx.vxlan.local == "fd00::1"
     assert blocks(fake, AF_INET6) == {"fd10:1::/122": (1, vx.index, "fd10:1::1"), "fd10::/122": (6, 1, None)}
-    assert {(e.mac, e.dst) for e in fake.fdb.values()} == {("66:00:00:00:01:02", "fd00::2")}
-    assert ipsets.sets["all-vxlan-net"] == ["fd00::2"]
+    assert {(e.mac, e.dst) for e in fake.fdb.values() if e.ifindex == vx.index} == {("66:00:00:00:01:02", "fd00::2")}
+    assert members(node, IPSET_ID_ALL_VXLAN_SOURCE_NETS, 6) == ["fd00::2"]
+    assert "vxlan.calico" not in {link.name for link in fake.links.values()}  # no local v4 VTEP: no v4 device
 
 
-def test_vxlan_waits_quietly_for_local_vtep_and_reports_missing_parent() -> None:
-    fake, m, _, _ = vxlan_node()
-    m.complete_deferred_work()  # no VTEP yet: nothing to build, not an error
+def test_vxlan_waits_for_local_vtep_and_for_the_parent_address() -> None:
+    node = routing_node(VXLAN)
+    fake = node.netlink
+    node.apply()  # no VTEP yet: nothing to build, not an error
     assert "vxlan.calico" not in {link.name for link in fake.links.values()}
-    m.on_update(pb.VXLANTunnelEndpointUpdate(node="node1", mac="66:00:00:00:00:01", ipv4_addr="10.5.0.0",
-                                             parent_device_ip="192.168.99.1"))  # no such address here
-    with pytest.raises(DataplaneError):
-        m.complete_deferred_work()
+    node.send(pb.VXLANTunnelEndpointUpdate(node="node1", mac="66:00:00:00:00:01", ipv4_addr="10.5.0.0",
+                                           parent_device_ip="192.168.99.1"))  # no interface has it (yet)
+    node.apply()
     assert "vxlan.calico" not in {link.name for link in fake.links.values()}
+    # The address appears on eth0: the monitor reports it and the device follows.
+    eth0 = fake._by_name("eth0")
+    fake.addrs.append(Addr(eth0.index, AF_INET, "192.168.99.1", 24))
+    node.addrs("eth0", "192.168.0.1", "fd00::1", "192.168.99.1")
+    node.apply()
+    assert fake._by_name("vxlan.calico").vxlan.local == "192.168.99.1"
 
 
-def test_noencap_manager_same_subnet_routes_and_blackholes() -> None:
-    fake = node_fake()
-    rt = main_table(fake, FakeClock())
-    m = NoEncapManager(cfg=Config(), hostname="node1", ip_version=4, route_table=rt, new_handle=fake.factory)
-    m.on_update(pb.HostMetadataUpdate(hostname="node1", ipv4_addr="192.168.0.1"))
-    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.NO_ENCAP, dst="10.6.1.0/26",
-                               dst_node_name="node2", dst_node_ip="192.168.0.2", same_subnet=True))
-    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.5.1.0/26",
-                               dst_node_name="node2", dst_node_ip="192.168.0.2", same_subnet=True))
-    m.on_update(pb.RouteUpdate(types=pb.LOCAL_WORKLOAD, ip_pool_type=pb.NO_ENCAP, dst="10.6.0.0/26"))
-    apply_all(m)
-    assert blocks(fake) == {"10.6.1.0/26": (1, 2, "192.168.0.2"), "10.6.0.0/26": (6, 0, None)}
-    assert fake.routes_in()["10.6.1.0/26"].protocol == 80
+def test_vxlan_bad_local_mac_is_logged_and_nothing_else_stops() -> None:
+    node = routing_node(VXLAN)
+    node.send(pb.VXLANTunnelEndpointUpdate(node="node1", mac="not-a-mac", ipv4_addr="10.5.0.0",
+                                           parent_device_ip="192.168.0.1"), VTEP2)
+    node.apply()
+    assert "vxlan.calico" not in {link.name for link in node.netlink.links.values()}
+    assert members(node, IPSET_ID_ALL_VXLAN_SOURCE_NETS) == ["172.16.0.0/16", "192.168.0.2"]
+
+
+def test_vxlan_device_removed_when_vxlan_is_off() -> None:
+    """Felix's cleanUpVXLANDevice: a node restarted with VXLAN off loses the device."""
+    fake = FakeNetlink()
+    eth0 = fake.add_link("eth0")
+    fake.addrs.append(Addr(eth0.index, AF_INET, "192.168.0.1", 24))
+    fake.link_add(LinkSpec(name="vxlan.calico", kind="vxlan", mtu=1450,
+                           vxlan=VXLANInfo(vni=4096, port=4789, local="192.168.0.1", parent_index=eth0.index)))
+    fake.link_add(LinkSpec(name="vxlan.other", kind="vxlan", mtu=1450,
+                           vxlan=VXLANInfo(vni=7, port=4789, local="192.168.0.1", parent_index=eth0.index)))
+    node = routing_node(Config(), fake=fake)
+    node.apply()
+    names = {link.name for link in fake.links.values()}
+    assert "vxlan.calico" not in names and "vxlan.other" in names  # only Calico's name is ours
+    before = node.kernel_snapshot()
+    node.rt_clock.now += 60
+    node.apply()
+    assert node.kernel_snapshot()[:3] == before[:3]  # nothing more to do: no periodic probing of absent devices
+
+
+def test_noencap_same_subnet_routes_and_blackholes() -> None:
+    node = routing_node(Config(ProgramClusterRoutes="Enabled"))
+    assert isinstance(manager(node, NoEncapManager), NoEncapManager)
+    node.send(pb.HostMetadataUpdate(hostname="node1", ipv4_addr="192.168.0.1"),
+              pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.NO_ENCAP, dst="10.6.1.0/26",
+                             dst_node_name="node2", dst_node_ip="192.168.0.2", same_subnet=True),
+              pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.5.1.0/26",
+                             dst_node_name="node2", dst_node_ip="192.168.0.2", same_subnet=True),
+              pb.RouteUpdate(types=pb.LOCAL_WORKLOAD, ip_pool_type=pb.NO_ENCAP, dst="10.6.0.0/26"))
+    node.apply()
+    assert blocks(node.netlink) == {"10.6.1.0/26": (1, 2, "192.168.0.2"), "10.6.0.0/26": (6, 0, None)}
+    assert node.netlink.routes_in()["10.6.1.0/26"].protocol == 80
+
+
+IPIP = Config(IpInIpEnabled=True, IpInIpTunnelAddr="10.7.0.1", ProgramClusterRoutes="Enabled")
 
 
 def test_ipip_unsupported_is_reported_once_and_the_rest_keeps_working() -> None:
-    fake = node_fake()
-    fake.unsupported_kinds = {"ipip", "wireguard"}
-    rt = main_table(fake, FakeClock())
-    ipsets = FakeIPSets()
-    m = IPIPManager(cfg=Config(IpInIpTunnelAddr="10.7.0.1"), hostname="node1", route_table=rt,
-                    new_handle=fake.factory, ipsets=ipsets)
-    m.on_update(pb.HostMetadataUpdate(hostname="node1", ipv4_addr="192.168.0.1"))
-    m.on_update(pb.HostMetadataUpdate(hostname="node2", ipv4_addr="192.168.0.2"))
-    m.on_update(pb.RouteUpdate(types=pb.LOCAL_WORKLOAD, ip_pool_type=pb.IPIP, dst="10.7.0.0/26"))
-    with pytest.raises(UnsupportedFeature) as exc:
-        m.complete_deferred_work()
-    assert exc.value.feature == "IPIP"
-    m.complete_deferred_work()  # reported once; no retry storm
-    rt.apply()
-    assert ipsets.sets["all-hosts-net"] == ["192.168.0.1", "192.168.0.2"]
-    assert blocks(fake) == {"10.7.0.0/26": (6, 0, None)}
+    node = routing_node(IPIP, unsupported=["ipip", "wireguard"])
+    node.send(pb.HostMetadataUpdate(hostname="node1", ipv4_addr="192.168.0.1"),
+              pb.HostMetadataUpdate(hostname="node2", ipv4_addr="192.168.0.2"),
+              pb.RouteUpdate(types=pb.LOCAL_WORKLOAD, ip_pool_type=pb.IPIP, dst="10.7.0.0/26"))
+    report = node.apply()  # unsupported is not a failure
+    assert "IPIP" in node.dp.unsupported and report.ok
+    calls = node.nl.calls
+    node.send(pb.HostMetadataUpdate(hostname="node3", ipv4_addr="192.168.0.3"))
+    node.apply()  # reported once; the device is not tried again
+    assert list(node.dp.unsupported) == ["IPIP"]
+    assert node.f(4).parts.devices.is_unsupported("tunl0")
+    assert members(node, IPSET_ID_ALL_HOST_NETS) == ["192.168.0.1", "192.168.0.2", "192.168.0.3"]
+    assert blocks(node.netlink) == {"10.7.0.0/26": (6, 0, None)}
+    assert node.nl.calls - calls < 10  # routes/sets only, no device retry storm
 
 
-def test_ipip_manager_with_support() -> None:
-    fake = node_fake()
-    rt = main_table(fake, FakeClock())
-    m = IPIPManager(cfg=Config(IpInIpTunnelAddr="10.7.0.1"), hostname="node1", route_table=rt,
-                    new_handle=fake.factory)
-    m.on_update(pb.HostMetadataUpdate(hostname="node1", ipv4_addr="192.168.0.1"))
-    m.on_update(pb.HostMetadataUpdate(hostname="node2", ipv4_addr="192.168.5.2"))
-    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.IPIP, dst="10.7.1.0/26",
-                               dst_node_name="node2"))
-    apply_all(m)
-    tunl = fake._by_name("tunl0")
+def test_ipip_with_support() -> None:
+    node = routing_node(IPIP)
+    assert isinstance(manager(node, IPIPManager), IPIPManager)
+    node.send(pb.HostMetadataUpdate(hostname="node1", ipv4_addr="192.168.0.1"),
+              pb.HostMetadataUpdate(hostname="node2", ipv4_addr="192.168.5.2"),
+              pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.IPIP, dst="10.7.1.0/26",
+                             dst_node_name="node2"))
+    node.apply()
+    tunl = node.netlink._by_name("tunl0")
     assert (tunl.kind, tunl.mtu) == ("ipip", 1480)
-    r = fake.routes_in()["10.7.1.0/26"]
+    r = node.netlink.routes_in()["10.7.1.0/26"]
     assert (r.oif, r.gateway, r.onlink, r.protocol) == (tunl.index, "192.168.5.2", True, 80)
 
 
-def wg_node(unsupported: bool = False) -> tuple[FakeNetlink, WireguardManager]:
-    fake = node_fake()
-    if unsupported:
-        fake.unsupported_kinds = {"wireguard"}
-    rt = RouteTable(ip_version=4, new_handle=fake.factory, table_index=1,
-                    ownership=ExclusiveOwnershipPolicy(["wireguard.cali"]))
-    rules = RouteRules(ip_version=4, table_indices=[1], new_handle=fake.factory)
-    m = WireguardManager(cfg=Config(WireguardEnabled=True), hostname="node1", ip_version=4, route_table=rt,
-                         route_rules=rules, new_handle=fake.factory, fwmark=0x100000)
-    return fake, m
+def test_tunl0_addresses_removed_when_ipip_is_off() -> None:
+    """tunl0 cannot be deleted while the ipip module is loaded: Felix removes its addresses."""
+    fake = FakeNetlink()
+    eth0 = fake.add_link("eth0")
+    fake.addrs.append(Addr(eth0.index, AF_INET, "192.168.0.1", 24))
+    tunl = fake.add_link("tunl0", kind="ipip")
+    fake.addrs.append(Addr(tunl.index, AF_INET, "10.7.0.1", 32))
+    node = routing_node(Config(), fake=fake)
+    node.apply()
+    assert "tunl0" in {link.name for link in fake.links.values()}
+    assert [a for a in fake.addrs if a.index == tunl.index] == []
 
 
-def test_wireguard_manager_against_fake() -> None:
-    fake, m = wg_node()
-    peer_key = public_key_of("oGmU6Dl5bCqM0aGh0S0CiyCjP8cDf9lDn9QGqF7ieVY=")
-    m.on_update(pb.HostMetadataUpdate(hostname="node1", ipv4_addr="192.168.0.1"))
-    m.on_update(pb.HostMetadataUpdate(hostname="node2", ipv4_addr="192.168.0.2"))
-    m.on_update(pb.WireguardEndpointUpdate(hostname="node1", interface_ipv4_addr="10.8.0.1"))
-    m.on_update(pb.WireguardEndpointUpdate(hostname="node2", public_key=peer_key, interface_ipv4_addr="10.8.1.1"))
-    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, dst="10.8.1.0/26", dst_node_name="node2"))
-    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, dst="10.8.2.0/26", dst_node_name="node3"))
-    apply_all(m)
+WG = Config(WireguardEnabled=True)
+PEER_KEY = public_key_of("oGmU6Dl5bCqM0aGh0S0CiyCjP8cDf9lDn9QGqF7ieVY=")
+
+
+def wg_feed(node: Node) -> None:
+    node.send(pb.HostMetadataUpdate(hostname="node1", ipv4_addr="192.168.0.1"),
+              pb.HostMetadataUpdate(hostname="node2", ipv4_addr="192.168.0.2"),
+              pb.WireguardEndpointUpdate(hostname="node1", interface_ipv4_addr="10.8.0.1"),
+              pb.WireguardEndpointUpdate(hostname="node2", public_key=PEER_KEY, interface_ipv4_addr="10.8.1.1"),
+              pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, dst="10.8.1.0/26", dst_node_name="node2"),
+              pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, dst="10.8.2.0/26", dst_node_name="node3"))
+
+
+def test_wireguard_against_fake_and_its_public_key_goes_to_the_feed() -> None:
+    node = routing_node(WG)
+    m = manager(node, WireguardManager)
+    fake = node.netlink
+    wg_feed(node)
+    node.apply()
     wg = fake._by_name("wireguard.cali")
     dev = fake.wireguard["wireguard.cali"]
-    assert (dev.listen_port, dev.fwmark, wg.mtu) == (51820, 0x100000, 1440)
+    assert (dev.listen_port, dev.fwmark, wg.mtu) == (51820, m.fwmark, 1440)
     assert [(p.public_key, p.endpoint, p.allowed_ips) for p in dev.peers] == [
-        (peer_key, "192.168.0.2:51820", ("10.8.1.0/26", "10.8.1.1/32"))]
-    status = m.pop_wireguard_status()
-    assert status[0].public_key == public_key_of(dev.private_key or "")
+        (PEER_KEY, "192.168.0.2:51820", ("10.8.1.0/26", "10.8.1.1/32"))]
+    # The public key is reported on the feed, once.
+    (status,) = node.feed_messages
+    assert isinstance(status, pb.WireguardStatusUpdate)
+    assert status.public_key == public_key_of(dev.private_key or "") and status.ip_version == pb.IPV4
     assert {d: (r.type, r.oif) for d, r in fake.routes_in(1).items()} == {
         "10.8.1.0/26": (1, wg.index), "10.8.2.0/26": (9, 0)}
-    rule = [r for r in fake.rules if r.table == 1]
-    assert [(r.priority, r.invert, r.mark, r.mask) for r in rule] == [(99, True, 0x100000, 0x100000)]
-    # A restart keeps the key (read back from the device).
+    rules = [r for r in fake.rules if r.table == 1]
+    assert [(r.priority, r.invert, r.mark, r.mask) for r in rules] == [(99, True, m.fwmark, m.fwmark)]
+    node.apply()
+    assert len(node.feed_messages) == 1
+    # A restart keeps the key (read back from the device) and reports the same public key.
     key = dev.private_key
-    _, m2 = wg_node()
-    m2._new_handle = fake.factory
-    m2.route_table._new_handle = fake.factory
-    m2.route_rules._new_handle = fake.factory
-    m2.on_update(pb.WireguardEndpointUpdate(hostname="node1", interface_ipv4_addr="10.8.0.1"))
-    apply_all(m2)
+    again = routing_node(WG, fake=fake)
+    wg_feed(again)
+    again.apply()
     assert fake.wireguard["wireguard.cali"].private_key == key
+    assert [s.public_key for s in again.feed_messages] == [status.public_key]
 
 
-def test_wireguard_unsupported() -> None:
-    fake, m = wg_node(unsupported=True)
-    stale = m.rule
+def test_wireguard_unsupported_removes_its_rule() -> None:
+    fake = FakeNetlink()
+    first = routing_node(WG, fake=None)
+    stale = manager(first, WireguardManager).rule
+    fake = first.netlink
     fake.rules.append(stale)  # left by an earlier run
-    m.on_update(pb.WireguardEndpointUpdate(hostname="node1", interface_ipv4_addr="10.8.0.1"))
-    with pytest.raises(UnsupportedFeature) as exc:
-        m.complete_deferred_work()
-    assert exc.value.feature == "WireGuard"
-    m.on_update(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, dst="10.8.2.0/26", dst_node_name="node3"))
-    apply_all(m)  # no exception the second time
+    node = routing_node(WG, unsupported=["wireguard"], fake=fake)
+    wg_feed(node)
+    assert node.apply().ok
+    assert node.dp.unsupported.keys() == {"WireGuard"}
+    node.send(pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, dst="10.8.3.0/26", dst_node_name="node3"))
+    node.apply()  # no exception the second time
     assert stale not in fake.rules
+    assert fake.routes_in(1) == {}
+    assert node.feed_messages == []

@@ -12,8 +12,8 @@ from felixpy.drivers.netlink.types import AF_INET, AF_INET6, RTN_BLACKHOLE, Neig
 from felixpy.drivers.routetable import ExclusiveOwnershipPolicy, RouteTable, Target, TargetType
 from felixpy.drivers.routetable.conntrack import ConntrackFlusher
 from felixpy.errors import DataplaneError
-from felixpy.managers.base import IfaceState
-from felixpy.managers.routeclass import RouteClass
+from felixpy.ifacemonitor.events import IfaceState
+from felixpy.drivers.routetable.routeclass import RouteClass
 
 from .helpers import ConntrackRecorder, FakeClock, main_table
 

@@ -17,13 +17,15 @@ import pytest
 from felixpy.config import Config
 from felixpy.dataplane.clock import FakeClock
 from felixpy.dataplane.core import InternalDataplane
-from felixpy.dataplane.wiring import KernelDeps, NoRouteTable, build_dataplane, wireguard_table_index
+from felixpy.dataplane.wiring import KernelDeps, build_dataplane, wireguard_table_index
 from felixpy.drivers.netlink.fake import FakeNetlink
-from felixpy.drivers.netlink.types import AF_INET, AF_INET6, RTN_BLACKHOLE, Addr, LinkSpec
+from felixpy.drivers.netlink.types import AF_INET, AF_INET6, RTN_BLACKHOLE, Addr
 from felixpy.drivers.nftables.fake import FakeNft
 from felixpy.drivers.procsys import FakeSysctls
+from felixpy.drivers.routetable import DummyTable
 from felixpy.drivers.vxlanfdb import VXLANFDB
 from felixpy.errors import ConfigError
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceState, IfaceStateUpdate
 from felixpy.managers.endpoints import EndpointManager
 from felixpy.managers.ipip import IPIPManager
 from felixpy.managers.noencap import NoEncapManager
@@ -75,6 +77,9 @@ ROUTES = [
 
 
 def feed_and_apply(dp: InternalDataplane, msgs: list[Any]) -> Any:
+    # What the interface monitor's initial dump reports for the underlay (see underlay_fake).
+    dp.on_iface_update(IfaceStateUpdate("eth0", IfaceState.UP, 2))
+    dp.on_iface_update(IfaceAddrsUpdate("eth0", frozenset({"198.18.0.1", "fd00:198::1"})))
     for m in [*msgs, pb.InSync()]:
         dp.on_datastore_message(m)
     dp.set_iface_in_sync()
@@ -177,7 +182,7 @@ def test_route_sync_disabled_gives_vxlan_a_table_that_writes_nothing() -> None:
     dp, _ = build(Config(VXLANEnabled=True, RouteSyncDisabled=True, FelixHostname="node1", Ipv6Support=False),
                   fake)
     (vx,) = managers(dp, VXLANManager)
-    assert isinstance(vx.route_table, NoRouteTable)
+    assert isinstance(vx.route_table, DummyTable)
     assert feed_and_apply(dp, [VTEP1, VTEP2, *ROUTES]).ok
     assert any(link.name == "vxlan.calico" for link in fake.links.values())
     assert not fake.routes_in(254, AF_INET)
@@ -194,15 +199,15 @@ def test_wireguard_table_indices_come_from_route_table_ranges() -> None:
 def test_all_vxlan_net_exists_even_when_the_device_sync_breaks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The static chains reference all-vxlan-net: a device sync that blows up (a bug, not a kernel
     error) must not keep the set from being created, or every table apply would fail."""
-    import felixpy.managers.vxlan as vxlan_mod
+    import felixpy.drivers.tunnels.syncer as syncer_mod
 
     def boom(*_a: Any, **_k: Any) -> Any:
         raise RuntimeError("injected bug")
 
-    monkeypatch.setattr(vxlan_mod, "find_iface_with_address", boom)
+    monkeypatch.setattr(syncer_mod, "ensure_vxlan_device", boom)
     dp, nft = build(Config(VXLANEnabled=True, FelixHostname="node1", Ipv6Support=False), underlay_fake())
     report = feed_and_apply(dp, [VTEP1, VTEP2, *ROUTES])
-    assert "complete:VXLANManager" in report.failed_steps, report
+    assert "devices:TunnelDevices/v4" in report.failed_steps, report
     assert not [s for s in report.failed_steps if s.startswith(("table", "ipsets"))], report  # no device: FDB waits
     table = nft.table("ip")
     assert table is not None and any(name.endswith("all-vxlan-net") for name in table.sets)

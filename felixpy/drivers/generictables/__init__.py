@@ -5,4 +5,4 @@ values into their own syntax.  See :mod:`.model` and :mod:`.table`.
 """
 
 from felixpy.drivers.generictables.model import *  # noqa: F401,F403
-from felixpy.drivers.generictables.table import MapMetadata, MapsDataplane, NoopTable, Table  # noqa: F401
+from felixpy.drivers.generictables.table import MapMetadata, MapsDataplane, Table  # noqa: F401

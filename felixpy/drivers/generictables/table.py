@@ -1,4 +1,4 @@
-"""The Table protocol both *tables backends implement, plus NoopTable and MapsDataplane.
+"""The Table protocol both *tables backends implement, and the MapsDataplane protocol (nft verdict maps).
 
 Contract (after Felix's ``generictables.Table``):
 
@@ -62,35 +62,3 @@ class MapsDataplane(Protocol):
     def add_or_replace_map(self, meta: MapMetadata, members: Mapping[str, Action]) -> None: ...
 
     def remove_map(self, name: str) -> None: ...
-
-
-class NoopTable:
-    """A Table that records nothing and programs nothing (disabled tables/modes)."""
-
-    def __init__(self, name: str = "", ip_version: int = 0) -> None:
-        self.name = name
-        self.ip_version = ip_version
-
-    def insert_or_append_rules(self, chain_name: str, rules: Sequence[Rule]) -> None:
-        pass
-
-    def append_rules(self, chain_name: str, rules: Sequence[Rule]) -> None:
-        pass
-
-    def update_chain(self, chain: Chain) -> None:
-        pass
-
-    def update_chains(self, chains: Iterable[Chain]) -> None:
-        pass
-
-    def remove_chains(self, chains: Iterable[Chain]) -> None:
-        pass
-
-    def remove_chain_by_name(self, name: str) -> None:
-        pass
-
-    def invalidate_dataplane_cache(self, reason: str) -> None:
-        pass
-
-    def apply(self) -> float | None:
-        return None

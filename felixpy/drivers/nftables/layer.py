@@ -8,6 +8,11 @@ base chain ``<layer>-INPUT``, jump/goto targets and verdict-map references are
 namespaced the same way, and map elements' goto targets too.  Everything else
 is forwarded to the root, which owns the transaction; :meth:`apply` applies
 the root (any later layer's apply then finds nothing to do).
+
+How a fresh process recognises its objects
+    A layer owns nothing of its own: its chains are the root's chains whose
+    names carry the ``<layer>-`` prefix, and the root
+    (:mod:`felixpy.drivers.nftables.table`) recognises and sweeps them.
 """
 
 from __future__ import annotations

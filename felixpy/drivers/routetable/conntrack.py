@@ -26,7 +26,7 @@ import structlog
 from felixpy.deltatracker import DeltaTracker
 from felixpy.drivers.cmdshim import CommandResult, CommandRunner
 from felixpy.drivers.routetable.defs import is_single_address
-from felixpy.managers.routeclass import RouteClass
+from felixpy.drivers.routetable.routeclass import RouteClass
 
 log = structlog.get_logger(__name__)
 

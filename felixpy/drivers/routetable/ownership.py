@@ -24,11 +24,8 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from felixpy.drivers.netlink.types import DEFAULT_ROUTE_PROTO, RTPROT_BIRD, RTPROT_BOOT, Route
+from felixpy.kernelnames import BPF_IN_DEVICE, IPIP_DEVICE, VXLAN_DEVICE_V4
 
-BPF_IN_DEV = "bpfin.cali"
-VXLAN_IFACE_V4 = "vxlan.calico"
-VXLAN_IFACE_V6 = "vxlan-v6.calico"
-IPIP_IFACE = "tunl0"
 
 
 class OwnershipPolicy(Protocol):
@@ -43,7 +40,7 @@ class OwnershipPolicy(Protocol):
 
 class MainTableOwnershipPolicy:
     def __init__(self, *, workload_iface_prefixes: Iterable[str], device_route_protocol: int,
-                 remove_external_routes: bool, vxlan_iface: str = VXLAN_IFACE_V4,
+                 remove_external_routes: bool, vxlan_iface: str = VXLAN_DEVICE_V4,
                  ipip_cluster_routes: bool = False) -> None:
         self.workload_prefixes = tuple(workload_iface_prefixes)
         self.remove_external_routes = remove_external_routes
@@ -54,7 +51,7 @@ class MainTableOwnershipPolicy:
         else:
             self.all_protocols = frozenset({device_route_protocol})
             self.exclusive_protocols = frozenset({device_route_protocol})
-        self.special_ifaces = frozenset({vxlan_iface, BPF_IN_DEV})
+        self.special_ifaces = frozenset({vxlan_iface, BPF_IN_DEVICE})
         self.ipip_cluster_routes = ipip_cluster_routes
         # Workload interfaces whose endpoint is a local BGP peer: BIRD's routes to them stay.
         self.local_bgp_peer_ifaces: set[str] = set()
@@ -83,7 +80,7 @@ class MainTableOwnershipPolicy:
             return route.protocol in self.all_protocols
         if iface in self.special_ifaces:
             return True
-        return self.ipip_cluster_routes and iface == IPIP_IFACE and route.protocol == RTPROT_BIRD
+        return self.ipip_cluster_routes and iface == IPIP_DEVICE and route.protocol == RTPROT_BIRD
 
 
 class ExclusiveOwnershipPolicy:

@@ -48,6 +48,7 @@ import structlog
 
 from felixpy.deltatracker import DeltaTracker
 from felixpy.drivers.netlink.api import Netlink, NetlinkFactory
+from felixpy.drivers.netlink.handle import CachedHandle
 from felixpy.drivers.netlink.errors import NetlinkCallError
 from felixpy.drivers.netlink.types import (
     AF_INET,
@@ -64,8 +65,8 @@ from felixpy.drivers.routetable.conntrack import ConntrackCleanupTracker, NoConn
 from felixpy.drivers.routetable.defs import ROUTE_SHAPE, Target, canonical_cidr
 from felixpy.drivers.routetable.ownership import OwnershipPolicy
 from felixpy.errors import DataplaneError, FelixpyError
-from felixpy.managers.base import IfaceState
-from felixpy.managers.routeclass import RouteClass
+from felixpy.ifacemonitor.events import IfaceState
+from felixpy.drivers.routetable.routeclass import RouteClass
 
 log = structlog.get_logger(__name__)
 
@@ -104,8 +105,7 @@ class RouteTable:
         self.ip_version = ip_version
         self.family = family_of(ip_version)
         self.table_index = table_index or 254
-        self._new_handle = new_handle
-        self._nl: Netlink | None = None
+        self._nl = CachedHandle(new_handle)
         self.ownership = ownership
         self.default_protocol = default_protocol
         self.device_route_source_address = device_route_source_address
@@ -349,16 +349,10 @@ class RouteTable:
             raise DataplaneError(f"interfaces flapped during route update: {sorted(self._ifaces_to_rescan)}")
 
     def _handle(self) -> Netlink:
-        if self._nl is None:
-            self._nl = self._new_handle()
-        return self._nl
+        return self._nl.get()
 
     def _close_handle(self) -> None:
-        if self._nl is not None:
-            try:
-                self._nl.close()
-            finally:
-                self._nl = None
+        self._nl.drop()
 
     def close(self) -> None:
         self._close_handle()

@@ -1,26 +1,23 @@
-"""Reconciling Calico's tunnel devices: ``vxlan.calico``/``vxlan-v6.calico``, ``tunl0``, WireGuard.
+"""Low-level reconciliation of one tunnel device over a netlink handle.
 
-What it owns
-    The named devices (the name is the identification: a restarted process
-    finds the device by name and checks it), their MTU, their single tunnel
-    address (other global addresses are removed; IPv6 link-local addresses,
-    which the kernel adds itself, are left) and their up state.
+Pure functions over :class:`~felixpy.drivers.netlink.api.Netlink`, used only
+by :class:`~felixpy.drivers.tunnels.syncer.TunnelDevices` (which owns the
+devices and decides when to call these).
 
-Contract
-    :func:`ensure_vxlan_device` creates the device if missing and deletes and
-    recreates it if its parameters drift (VNI, port, parent device, source
-    address, MAC, GBP, l2miss — Felix's ``vxlanLinksIncompat``), then fixes
-    MTU, address and up state; it returns the resulting link and whether it
-    was (re)created.  The IPIP and WireGuard variants raise
-    :class:`~felixpy.errors.UnsupportedFeature` (``"IPIP"``/``"WireGuard"``)
-    when the kernel answers the link add with EOPNOTSUPP.  Called by managers
-    at apply time (``complete_deferred_work``), never from ``on_update``.
+:func:`ensure_vxlan_device` creates the device if missing and deletes and
+recreates it if its parameters drift (VNI, port, parent device, source
+address, MAC, GBP, l2miss — Felix's ``vxlanLinksIncompat``), then fixes MTU,
+address and up state; it returns the resulting link and whether it was
+(re)created.  :func:`ensure_simple_device` does the same for ``tunl0`` and
+WireGuard devices and raises :class:`~felixpy.errors.UnsupportedFeature`
+(``"IPIP"``/``"WireGuard"``) when the kernel answers the link add with
+EOPNOTSUPP.  :func:`ensure_only_address` leaves exactly one tunnel address
+(IPv6 link-local addresses, which the kernel adds itself, are kept).
 """
 
 from __future__ import annotations
 
 import errno as _errno
-import ipaddress
 from dataclasses import dataclass
 
 import structlog
@@ -159,14 +156,3 @@ def ensure_only_address(nl: Netlink, link: Link, address: str, ip_version: int) 
         nl.addr_del(existing)
     if not present:
         nl.addr_add(want)
-
-
-def find_iface_with_address(nl: Netlink, address: str, ip_version: int) -> Link | None:
-    """The interface holding ``address`` (how Felix finds a tunnel's parent device)."""
-    want = ipaddress.ip_address(address.split("/")[0])
-    for a in nl.addr_list(family=family_of(ip_version)):
-        if ipaddress.ip_address(a.address) == want:
-            for link in nl.link_list():
-                if link.index == a.index:
-                    return link
-    return None

@@ -1,0 +1,82 @@
+"""The ``/proc/sys`` shim and the settings Felix writes on a workload interface.
+
+:class:`ProcSys` is the narrow shim (read; write-if-different); what to write
+for an interface is :func:`workload_iface_settings`.  Only the
+:class:`~felixpy.drivers.procsys.syncer.InterfaceSysctls` syncer calls
+:func:`apply_settings`, from its ``apply()``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+class SysctlWriter(Protocol):
+    def write(self, path: str, value: str) -> bool:
+        """Write *value* to /proc/sys/*path*; False if the file doesn't exist."""
+        ...
+
+    def read(self, path: str) -> str | None: ...
+
+
+class ProcSys:
+    def __init__(self, root: str = "/proc/sys") -> None:
+        self._root = root
+
+    def read(self, path: str) -> str | None:
+        try:
+            with open(os.path.join(self._root, path)) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            return None
+
+    def write(self, path: str, value: str) -> bool:
+        full = os.path.join(self._root, path)
+        try:
+            with open(full) as f:
+                if f.read().strip() == value:
+                    return True
+            with open(full, "w") as f:
+                f.write(value)
+            return True
+        except FileNotFoundError:
+            return False
+
+
+def workload_iface_settings(iface: str, ip_version: int, rp_filter: str) -> dict[str, str]:
+    """The settings Felix applies to an oper-up workload interface (Felix's configureInterface).
+
+    ``accept_ra=0`` is written by both families' managers: even with IPv6 support off,
+    router advertisements from a workload must not configure the host.  ``rp_filter`` is the
+    host's ``net.ipv4.conf.default.rp_filter`` (strict unless the host says otherwise), or "0"
+    for a workload allowed to spoof source prefixes.
+    """
+    settings = {f"net/ipv6/conf/{iface}/accept_ra": "0"}
+    if ip_version == 4:
+        settings.update({
+            f"net/ipv4/conf/{iface}/route_localnet": "1",
+            f"net/ipv4/neigh/{iface}/proxy_delay": "0",
+            f"net/ipv4/conf/{iface}/proxy_arp": "1",
+            f"net/ipv4/conf/{iface}/forwarding": "1",
+            f"net/ipv4/conf/{iface}/rp_filter": rp_filter,
+        })
+    else:
+        settings.update({
+            f"net/ipv6/conf/{iface}/proxy_ndp": "1",
+            f"net/ipv6/conf/{iface}/forwarding": "1",
+        })
+    return settings
+
+
+def apply_settings(writer: SysctlWriter, settings: dict[str, str]) -> bool:
+    """Write every setting; False if the interface vanished (files missing)."""
+    ok = True
+    for path, value in settings.items():
+        if not writer.write(path, value):
+            ok = False
+    return ok
