@@ -7,7 +7,7 @@ PYTHON ?= .venv/bin/python
 PYTEST ?= .venv/bin/pytest
 PYTEST_ARGS ?=
 
-.PHONY: setup proto test unit typecheck demo bench clean image image-test
+.PHONY: setup proto test unit typecheck demo bench clean image image-test config-doc
 
 setup:
 	@bash scripts/setup.sh
@@ -24,6 +24,10 @@ unit: setup
 # mypy --strict over the felixpy package ([tool.mypy] in pyproject.toml).
 typecheck: setup
 	$(PYTHON) -m mypy
+
+# docs/config.md from the Config class (tests/test_configdoc.py fails when it is stale).
+config-doc: setup
+	$(PYTHON) -m felixpy.configdoc
 
 demo: setup
 	$(PYTHON) -m felixpy demo

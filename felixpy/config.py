@@ -6,8 +6,15 @@ name in Felix's docs, a ``FELIX_*`` variable and the code are the same word.
 
 Layers, lowest priority first, as Felix resolves them: built-in defaults <
 ``ConfigUpdate.config`` from the calc graph (already resolved by Felix) <
-the optional config file (``[global]``-less ``Name = value`` lines or YAML
-mapping) < ``FELIX_<Name>`` environment variables (case-insensitive names).
+the optional config file (INI, read as Felix's ``LoadConfigFile`` reads it:
+every section's keys, usually one ``[global]``) < ``FELIX_<Name>`` environment
+variables (case-insensitive names).
+
+Every parameter records its status next to its default (:data:`HONOURED`,
+:data:`IGNORED` or :data:`UNSUPPORTED`); ``docs/config.md`` is generated from
+those records by ``python -m felixpy.configdoc``.  A non-default value of an
+ignored parameter gets one warning per process; an unknown ``FELIX_*``
+variable or file key gets a warning with the closest known name.
 
 Bad values are reported by name (:class:`ConfigProblem`) and fall back to the
 default, as Felix does.  :func:`changed_params` tells the daemon which
@@ -18,19 +25,27 @@ parameters differ between two configs; any change outside
 
 from __future__ import annotations
 
+import configparser
 import dataclasses
+import difflib
 import ipaddress
 import os
 import re
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from felixpy.errors import ConfigError
+
 log = structlog.get_logger(__name__)
 
 EXIT_CONFIG_CHANGED = 129
+HONOURED = "honoured"
+IGNORED = "accepted and ignored"
+UNSUPPORTED = "unsupported (felixpy reports it)"
 NO_RESTART_PARAMS = frozenset({"CalicoVersion", "ClusterGUID", "ClusterType", "HealthTimeoutOverrides"})
 
 
@@ -88,6 +103,7 @@ def _choice(*choices: str) -> Callable[[str], str]:
         except KeyError:
             raise ValueError(f"must be one of {', '.join(choices)}") from None
 
+    parse.choices = choices  # type: ignore[attr-defined]  # read by felixpy.configdoc
     return parse
 
 
@@ -137,12 +153,24 @@ def _route_table_ranges(raw: str) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def _p(default: Any, parse: Callable[[str], Any]) -> Any:
-    return field(default=default, metadata={"parse": parse})
+def _p(default: Any, parse: Callable[[str], Any], status: str = HONOURED, note: str = "", *,
+       warn: bool = True) -> Any:
+    """One parameter: its default, its parser, and what felixpy does with it (*status*, *note*).
+
+    *warn* (ignored parameters only): a non-default value gets a warning; off for parameters that
+    concern only Felix itself, which Felix sends with its own values.
+    """
+    return field(default=default, metadata={"parse": parse, "status": status, "note": note, "warn": warn})
+
+
+def _ignored(default: Any, parse: Callable[[str], Any], note: str, *, warn: bool = True) -> Any:
+    return _p(default, parse, IGNORED, note, warn=warn)
 
 
 FAILSAFE_IN = "tcp:22,udp:68,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667"
 FAILSAFE_OUT = "udp:53,udp:67,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667"
+_WHICH_DRIVER = "felixpy is the dataplane driver; which driver Felix runs is Felix's choice"
+_NO_BPF = "BPF mode is not wired into the daemon"
 _ALLOW = _choice("ACCEPT", "RETURN")
 _DENY = _choice("DROP", "REJECT")
 
@@ -153,9 +181,9 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     # Identity.
     FelixHostname: str = _p("", _str)
     # Driver selection and modes.
-    UseInternalDataplaneDriver: bool = _p(True, _bool)
-    DataplaneDriver: str = _p("calico-iptables-plugin", _str)
-    BPFEnabled: bool = _p(False, _bool)
+    UseInternalDataplaneDriver: bool = _ignored(True, _bool, _WHICH_DRIVER, warn=False)
+    DataplaneDriver: str = _ignored("calico-iptables-plugin", _str, _WHICH_DRIVER, warn=False)
+    BPFEnabled: bool = _p(False, _bool, UNSUPPORTED, "true: the daemon reports BPF mode unsupported and exits 2")
     NFTablesMode: str = _p("Auto", _choice("Enabled", "Disabled", "Auto"))
     IptablesBackend: str = _p("auto", _choice("auto", "legacy", "nft"))
     Ipv6Support: bool = _p(True, _bool)
@@ -174,8 +202,10 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     NftablesFilterDenyAction: str = _p("DROP", _DENY)
     IptablesNATOutgoingInterfaceFilter: str = _p("", _str)
     NftablesRefreshInterval: float = _p(180.0, _float)
-    NFTablesFlowTableOffload: str = _p("Disabled", _choice("All", "Disabled"))
-    NFTablesFlowTableDataIfacePattern: str = _p("", _str)
+    NFTablesFlowTableOffload: str = _ignored("Disabled", _choice("All", "Disabled"),
+                                             "no flowtable offload in felixpy")
+    NFTablesFlowTableDataIfacePattern: str = _ignored("", _str,
+                                                      "no flowtable offload in felixpy")
     ChainInsertMode: str = _p("insert", _choice("insert", "append"))
     DefaultEndpointToHostAction: str = _p("DROP", _choice("DROP", "RETURN", "ACCEPT"))
     DisableConntrackInvalidCheck: bool = _p(False, _bool)
@@ -188,7 +218,8 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     KubeNodePortRanges: tuple[str, ...] = _p(("30000:32767",), _str_list)
     ServiceLoopPrevention: str = _p("Drop", _choice("Drop", "Reject", "Disabled"))
     WorkloadSourceSpoofing: str = _p("Disabled", _choice("Disabled", "Any"))
-    FloatingIPs: str = _p("Disabled", _choice("Enabled", "Disabled"))
+    FloatingIPs: str = _ignored("Disabled", _choice("Enabled", "Disabled"),
+                                "floating IPs (DNAT) arrive with the host-endpoint work")
     AllowVXLANPacketsFromWorkloads: bool = _p(False, _bool)
     AllowIPIPPacketsFromWorkloads: bool = _p(False, _bool)
     ExternalNodesCIDRList: tuple[str, ...] = _p((), _str_list)
@@ -210,15 +241,21 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     RemoveExternalRoutes: bool = _p(True, _bool)
     RouteTableRanges: tuple[tuple[int, int], ...] = _p(((1, 250),), _route_table_ranges)
     RouteSyncDisabled: bool = _p(False, _bool)
-    RouteSource: str = _p("CalicoIPAM", _choice("CalicoIPAM", "WorkloadIPs"))
+    RouteSource: str = _ignored("CalicoIPAM", _choice("CalicoIPAM", "WorkloadIPs"),
+                                "routes follow the calc graph's RouteUpdates; no workload-IP route source")
     ProgramClusterRoutes: str = _p("EnabledIPIPOnly", _choice("Enabled", "Disabled", "EnabledIPIPOnly", "EnabledNoEncapOnly"))
     IPv4NormalRoutePriority: int = _p(1024, _int)
     IPv6NormalRoutePriority: int = _p(1024, _int)
-    IPv4ElevatedRoutePriority: int = _p(512, _int)
-    IPv6ElevatedRoutePriority: int = _p(512, _int)
-    IPForwarding: str = _p("Enabled", _choice("Enabled", "Disabled"))
-    NetlinkTimeoutSecs: float = _p(10.0, _float)
-    MTUIfacePattern: str = _p(r"^((en|wl|ww|sl|ib)[Pcopsvx].*|(eth|wlan|wwan).*)", _str)
+    IPv4ElevatedRoutePriority: int = _ignored(512, _int,
+                                              "no live-migration route elevation")
+    IPv6ElevatedRoutePriority: int = _ignored(512, _int,
+                                              "no live-migration route elevation")
+    IPForwarding: str = _p("Enabled", _choice("Enabled", "Disabled"), HONOURED,
+                           "Enabled: ip_forward and IPv6 all/forwarding set to 1; Disabled: left as they are")
+    NetlinkTimeoutSecs: float = _ignored(10.0, _float,
+                                         "netlink calls use pyroute2's own timeouts")
+    MTUIfacePattern: str = _p(r"^((en|wl|ww|sl|ib)[Pcopsvx].*|(eth|wlan|wwan).*)", _str, HONOURED,
+                              "host MTU detection, Felix's MTU file")
     # Encapsulation.
     VXLANEnabled: bool | None = _p(None, _bool)
     IpInIpEnabled: bool | None = _p(None, _bool)
@@ -229,8 +266,10 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     IpInIpMtu: int = _p(0, _int)
     IPv4VXLANTunnelAddr: str = _p("", _str)
     IPv6VXLANTunnelAddr: str = _p("", _str)
-    VXLANTunnelMACAddr: str = _p("", _str)
-    VXLANTunnelMACAddrV6: str = _p("", _str)
+    VXLANTunnelMACAddr: str = _ignored("", _str,
+                                       "the VXLAN device MAC comes from the VTEP updates")
+    VXLANTunnelMACAddrV6: str = _ignored("", _str,
+                                         "the VXLAN device MAC comes from the VTEP updates")
     IpInIpTunnelAddr: str = _p("", _str)
     WireguardEnabled: bool = _p(False, _bool)
     WireguardEnabledV6: bool = _p(False, _bool)
@@ -242,22 +281,33 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     WireguardMTU: int = _p(0, _int)
     WireguardMTUV6: int = _p(0, _int)
     WireguardHostEncryptionEnabled: bool = _p(False, _bool)
-    WireguardPersistentKeepAlive: float = _p(0.0, _float)
+    WireguardPersistentKeepAlive: float = _ignored(0.0, _float,
+                                                   "peers are programmed without a keep-alive")
     # XDP / L2.
-    XDPEnabled: bool = _p(True, _bool)
-    GenericXDPEnabled: bool = _p(False, _bool)
-    XDPRefreshInterval: float = _p(90.0, _float)
-    LocalSubnetL2Reachability: str = _p("Disabled", _choice("Disabled", "Enabled"))
+    XDPEnabled: bool = _ignored(True, _bool,
+                                "no XDP acceleration of untracked deny policies")
+    GenericXDPEnabled: bool = _ignored(False, _bool,
+                                       "no XDP acceleration of untracked deny policies")
+    XDPRefreshInterval: float = _ignored(90.0, _float, "no XDP acceleration of untracked deny policies")
+    LocalSubnetL2Reachability: str = _ignored("Disabled", _choice("Disabled", "Enabled"),
+                                              "no proxy-neighbour manager")
     # Status, health, metrics, logging.
-    EndpointReportingEnabled: bool = _p(False, _bool)
-    EndpointReportingDelaySecs: float = _p(1.0, _float)
-    EndpointStatusPathPrefix: str = _p("/var/run/calico", _str)
+    EndpointReportingEnabled: bool = _p(False, _bool, HONOURED,
+                                        "true (or a non-empty EndpointStatusPathPrefix): endpoint status is "
+                                        "sent back on the feed; neither: it is not")
+    EndpointReportingDelaySecs: float = _ignored(1.0, _float,
+                                                 "status goes out after the apply that changed it")
+    EndpointStatusPathPrefix: str = _p("/var/run/calico", _str, HONOURED,
+                                       "non-empty: endpoint status goes back to Felix, whose file reporter "
+                                       "writes the files (felixpy writes none itself)")
     ReportingIntervalSecs: float = _p(30.0, _float)
-    ReportingTTLSecs: float = _p(90.0, _float)
+    ReportingTTLSecs: float = _ignored(90.0, _float,
+                                       "a datastore TTL: Felix's concern, not the driver's", warn=False)
     HealthEnabled: bool = _p(False, _bool)
     HealthHost: str = _p("localhost", _str)
     HealthPort: int = _p(9099, _port)
-    HealthTimeoutOverrides: str = _p("", _str)
+    HealthTimeoutOverrides: str = _ignored("", _str,
+                                           "health reporters keep their built-in timeouts")
     PrometheusMetricsEnabled: bool = _p(False, _bool)
     PrometheusMetricsHost: str = _p("", _str)
     PrometheusMetricsPort: int = _p(9091, _port)
@@ -266,21 +316,24 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     FlowLogsGoldmaneServer: str = _p("", _str)
     FlowLogsLocalReporter: str = _p("Disabled", _choice("Enabled", "Disabled"))
     # BPF.
-    BPFLogLevel: str = _p("off", _choice("off", "info", "debug"))
-    BPFConntrackLogLevel: str = _p("off", _choice("off", "debug"))
-    BPFDataIfacePattern: str = _p(r"^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*)", _str)
-    BPFAttachType: str = _p("Netkit", _choice("Netkit", "TCX", "TC"))
-    BPFRedirectToPeer: str = _p("Enabled", _choice("Enabled", "Disabled", "L2Only"))
-    BPFPolicyDebugEnabled: bool = _p(True, _bool)
-    BPFMapSizeRoute: int = _p(262144, _int)
-    BPFMapSizeConntrack: int = _p(512000, _int)
-    BPFMapSizeIPSets: int = _p(1048576, _int)
-    BPFMapSizeIfState: int = _p(1000, _int)
-    BPFEnforceRPF: str = _p("Loose", _choice("Disabled", "Strict", "Loose"))
+    BPFLogLevel: str = _ignored("off", _choice("off", "info", "debug"), _NO_BPF)
+    BPFConntrackLogLevel: str = _ignored("off", _choice("off", "debug"), _NO_BPF)
+    BPFDataIfacePattern: str = _ignored(r"^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*)", _str, _NO_BPF)
+    BPFAttachType: str = _ignored("Netkit", _choice("Netkit", "TCX", "TC"), _NO_BPF)
+    BPFRedirectToPeer: str = _ignored("Enabled", _choice("Enabled", "Disabled", "L2Only"), _NO_BPF)
+    BPFPolicyDebugEnabled: bool = _ignored(True, _bool, _NO_BPF)
+    BPFMapSizeRoute: int = _ignored(262144, _int, _NO_BPF)
+    BPFMapSizeConntrack: int = _ignored(512000, _int, _NO_BPF)
+    BPFMapSizeIPSets: int = _ignored(1048576, _int, _NO_BPF)
+    BPFMapSizeIfState: int = _ignored(1000, _int, _NO_BPF)
+    BPFEnforceRPF: str = _ignored("Loose", _choice("Disabled", "Strict", "Loose"), _NO_BPF)
     # Informational (never trigger a restart).
-    CalicoVersion: str = _p("", _str)
-    ClusterGUID: str = _p("", _str)
-    ClusterType: str = _p("", _str)
+    CalicoVersion: str = _ignored("", _str,
+                                  "informational (usage reporting is Felix's)", warn=False)
+    ClusterGUID: str = _ignored("", _str,
+                                "informational (usage reporting is Felix's)", warn=False)
+    ClusterType: str = _ignored("", _str,
+                                "informational (usage reporting is Felix's)", warn=False)
 
     # -- derived views ---------------------------------------------------------------
     @property
@@ -311,12 +364,54 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     def filter_deny_action(self) -> str:
         return self.NftablesFilterDenyAction if self.nftables_enabled else self.IptablesFilterDenyAction
 
+    @property
+    def endpoint_status_wanted(self) -> bool:
+        """Whether endpoint status goes back on the feed: Felix consumes it for its datastore reporter
+        (``EndpointReportingEnabled``) and for its endpoint-status file reporter (a non-empty
+        ``EndpointStatusPathPrefix``, the default); with neither, Felix would drop it."""
+        return self.EndpointReportingEnabled or bool(self.EndpointStatusPathPrefix)
+
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
 
 
+# Felix's own parameters (felix/config/config_params.go) that the dataplane driver has no use for: how
+# Felix reaches its datastore, logs, reports usage, tunes the Go runtime, debugs itself.  Set in calico-node's
+# environment as a matter of course, so they are accepted silently (logged at debug).
+FELIX_PROCESS_PARAMS = frozenset({
+    "DatastoreType", "EtcdAddr", "EtcdScheme", "EtcdKeyFile", "EtcdCertFile", "EtcdCaFile", "EtcdEndpoints",
+    "TyphaAddr", "TyphaK8sServiceName", "TyphaK8sNamespace", "TyphaReadTimeout", "TyphaWriteTimeout",
+    "TyphaKeyFile", "TyphaCertFile", "TyphaCAFile", "TyphaCN", "TyphaURISAN",
+    "LogFilePath", "LogSeverityFile", "LogSeveritySys", "LogDebugFilenameRegex",
+    "UsageReportingEnabled", "UsageReportingInitialDelaySecs", "UsageReportingIntervalSecs",
+    "PrometheusGoMetricsEnabled", "PrometheusProcessMetricsEnabled", "PrometheusMetricsCAFile",
+    "PrometheusMetricsCertFile", "PrometheusMetricsKeyFile", "PrometheusMetricsClientAuth",
+    "DebugMemoryProfilePath", "DebugCPUProfilePath", "DebugDisableLogDropping", "DebugSimulateCalcGraphHangAfter",
+    "DebugSimulateDataplaneHangAfter", "DebugSimulateDataplaneApplyDelay", "DebugPanicAfter",
+    "DebugSimulateDataRace", "DebugHost", "DebugPort", "DebugBPFCgroupV2", "CgroupV2Path",
+    "GoGCThreshold", "GoMemoryLimitMB", "GoMaxProcs", "Variant", "FeatureGates", "PolicySyncPathPrefix",
+    "MetadataAddr", "MetadataPort", "OpenstackRegion", "WindowsManageFirewallRules", "RequireMTUFile",
+})
+# Felix dataplane parameters felixpy has no equivalent for: accepted, ignored, and a warning when set.
+FELIX_UNMODELLED_PARAMS = frozenset({
+    "WireguardThreadingEnabled", "PrometheusWireGuardMetricsEnabled", "AWSSrcDstCheck", "RouteTableRange",
+    "LiveMigrationRouteConvergenceTime", "SidecarAccelerationEnabled", "IstioAmbientMode", "IstioDSCPMark",
+    "FlowLogsFlushInterval", "FlowLogsCollectorDebugTrace", "FlowLogsPolicyEvaluationMode",
+    "BPFDisableUnprivileged", "BPFJITHardening", "BPFConntrackCleanupMode", "BPFConntrackTimeouts",
+    "BPFLogFilters", "BPFCTLBLogFilter", "BPFL3IfacePattern", "BPFConnectTimeLoadBalancingEnabled",
+    "BPFConnectTimeLoadBalancing", "BPFHostNetworkedNATWithoutCTLB", "BPFExternalServiceMode",
+    "BPFDSROptoutCIDRs", "BPFKubeProxyIptablesCleanupEnabled", "BPFKubeProxyMinSyncPeriod",
+    "BPFKubeProxyHealthzPort", "BPFExtToServiceConnmark", "BPFPSNATPorts", "BPFMapSizeNATFrontend",
+    "BPFMapSizeNATBackend", "BPFMapSizeNATAffinity", "BPFMapSizePerCPUConntrack", "BPFMapSizeConntrackScaling",
+    "BPFMapSizeConntrackCleanupQueue", "BPFHostConntrackBypass", "BPFForceTrackPacketsFromIfaces",
+    "BPFDisableGROForIfaces", "BPFExcludeCIDRsFromNAT", "BPFExportBufferSizeMB", "BPFProfiling",
+    "BPFMaglevMaxEndpointsPerService", "BPFMaglevMaxServices",
+})
+
+
 PARAM_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))
 _BY_LOWER = {n.lower(): n for n in PARAM_NAMES}
+_FELIX_BY_LOWER = {n.lower(): n for n in FELIX_PROCESS_PARAMS | FELIX_UNMODELLED_PARAMS}
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
 
@@ -329,18 +424,37 @@ class ConfigProblem:
 
 
 def _apply_layer(values: dict[str, Any], raw_layer: Mapping[str, str], source: str,
-                 problems: list[ConfigProblem]) -> None:
+                 problems: list[ConfigProblem], unknown: list[str] | None = None) -> None:
     for raw_name, raw in raw_layer.items():
         name = _BY_LOWER.get(raw_name.lower())
         if name is None:
+            if unknown is not None:
+                unknown.append(raw_name)
             continue  # Felix ignores parameters it doesn't know (other components use them).
+        if not raw.strip():
+            continue  # as Felix: an empty value is ignored ("none" is how to ask for the zero value)
         try:
-            if raw.strip().lower() in ("", "none") and _FIELDS[name].default is None:
-                values[name] = None
-            else:
-                values[name] = _FIELDS[name].metadata["parse"](raw)
+            parse = _FIELDS[name].metadata["parse"]
+            values[name] = _zero_value(name) if raw.strip().lower() == "none" else parse(raw)
         except (ValueError, TypeError) as exc:
             problems.append(ConfigProblem(name, source, raw, str(exc)))
+
+
+def _zero_value(name: str) -> Any:
+    """Felix's ``none``: the parameter's zero value (off, 0, empty), not its default."""
+    f = _FIELDS[name]
+    default: Any = f.default
+    if default is None:
+        return None
+    if getattr(f.metadata["parse"], "choices", None) is not None:
+        raise ValueError("cannot be none: it must be one of " + ", ".join(f.metadata["parse"].choices))
+    return type(default)()
+
+
+def closest_param(name: str) -> str | None:
+    """The known parameter name closest to *name* (case-insensitive), if any is close."""
+    found = difflib.get_close_matches(name.lower(), list(_BY_LOWER), n=1, cutoff=0.8)
+    return _BY_LOWER[found[0]] if found else None
 
 
 def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -349,41 +463,106 @@ def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def file_layer(path: str) -> dict[str, str]:
-    """``Name = value`` lines (``#`` comments, optional ``[global]``) or a YAML mapping."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if re.search(r"^\s*\w+\s*:", text, re.M) and "=" not in text:
-        import yaml
+    """The config file as Felix's ``LoadConfigFile`` reads it: an INI file whose every section's keys
+    count (conventionally one ``[global]``), ``#``/``;`` comments, later keys winning.
 
-        data = yaml.safe_load(text) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping")
-        return {str(k): "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
-                for k, v in data.items()}
+    A missing file is no error (Felix logs and carries on); a malformed one raises
+    :class:`ConfigError` naming the file and line.  Key case is kept.
+    """
+    parser = configparser.ConfigParser(interpolation=None, strict=False, default_section="\x00none",
+                                       delimiters=("=",), comment_prefixes=("#", ";"))
+    parser.optionxform = str  # type: ignore[assignment, method-assign]  # keep Felix's CamelCase
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        log.info("Ignoring absent config file", path=path)
+        return {}
+    try:
+        parser.read_string(text, source=path)
+    except configparser.MissingSectionHeaderError as exc:
+        raise ConfigError(f"{path}:{exc.lineno}: a key outside any section; Felix's config file needs a "
+                          "section header such as [global]") from None
+    except configparser.Error as exc:
+        raise ConfigError(f"{path}: not a valid INI config file: {exc.message}") from None
     out: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line or line.startswith("["):
-            continue
-        k, sep, v = line.partition("=")
-        if sep:
-            out[k.strip()] = v.strip()
+    for section in parser.sections():
+        for key, value in parser.items(section):
+            if key in out:
+                log.warning("Multiple values defined for a config file key; the last wins", path=path, key=key)
+            out[key] = value
     return out
+
+
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(kind: str, what: str, **kw: Any) -> None:
+    with _warned_lock:
+        if (kind, what) in _warned:
+            return
+        _warned.add((kind, what))
+    log.warning(kind, **kw)
+
+
+def _report_unknown(names: list[str], source: str, prefix: str) -> None:
+    for raw in names:
+        felix_name = _FELIX_BY_LOWER.get(raw.lower())
+        if felix_name in FELIX_PROCESS_PARAMS:
+            log.debug("Felix process parameter; nothing for the dataplane driver to do", param=felix_name)
+        elif felix_name is not None:
+            _warn_once(f"{prefix}{raw} ({felix_name}) is a Felix parameter felixpy has no equivalent for; "
+                       f"ignored", f"{source}:{raw}", param=f"{prefix}{raw}", source=source)
+        else:
+            guess = closest_param(raw)
+            hint = f"; did you mean {guess}?" if guess else ""
+            _warn_once(f"Unknown config parameter {prefix}{raw} in the {source}, ignored{hint}",
+                       f"{source}:{raw}", param=f"{prefix}{raw}", source=source, closest=guess)
+
+
+def _report_ignored(cfg: Config) -> None:
+    for f in dataclasses.fields(cfg):
+        if f.metadata["status"] != IGNORED or not f.metadata["warn"]:
+            continue
+        value = getattr(cfg, f.name)
+        if value != f.default:
+            _warn_once(f"{f.name} is set but felixpy does not implement it: {f.metadata['note']}",
+                       f"{f.name}={value!r}", param=f.name, value=str(value))
+
+
+def check_values(raw: Mapping[str, str]) -> tuple[list[ConfigProblem], list[tuple[str, str | None]]]:
+    """Validate one layer without logging: its bad values, and its unknown names with the closest
+    known parameter (``felixpy feed --check``)."""
+    problems: list[ConfigProblem] = []
+    unknown: list[str] = []
+    _apply_layer({}, raw, "scenario", problems, unknown)
+    return problems, [(n, closest_param(n)) for n in unknown if n.lower() not in _FELIX_BY_LOWER]
 
 
 def load(datastore: Mapping[str, str] | None = None, *, config_file: str | None = None,
          environ: Mapping[str, str] | None = None) -> tuple[Config, list[ConfigProblem]]:
-    """Resolve the layers into one Config; return it with every problem found."""
+    """Resolve the layers into one Config; return it with every problem found.
+
+    Warns (once per process each) about unknown ``FELIX_*`` variables and file keys, naming the
+    closest known parameter, and about ignored parameters set to a non-default value.
+    """
     values: dict[str, Any] = {}
     problems: list[ConfigProblem] = []
     _apply_layer(values, datastore or {}, "datastore", problems)
     if config_file:
-        _apply_layer(values, file_layer(config_file), "file", problems)
-    _apply_layer(values, env_layer(environ), "environment", problems)
+        unknown_keys: list[str] = []
+        _apply_layer(values, file_layer(config_file), "file", problems, unknown_keys)
+        _report_unknown(unknown_keys, f"config file {config_file}", "")
+    unknown_env: list[str] = []
+    _apply_layer(values, env_layer(environ), "environment", problems, unknown_env)
+    _report_unknown(unknown_env, "environment", "FELIX_")
     for p in problems:
         log.error("Bad config value, using the default", param=p.param, source=p.source, value=p.raw,
                   error=p.error)
-    return Config(**values), problems
+    cfg = Config(**values)
+    _report_ignored(cfg)
+    return cfg, problems
 
 
 def changed_params(old: Config, new: Config) -> list[str]:

@@ -31,11 +31,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+import prometheus_client
 import structlog
 
 from felixpy import config as configmod
 from felixpy import health as healthmod
+from felixpy import logs
 from felixpy import metrics as metricsmod
+from felixpy import nodestatus
 from felixpy.config import Config
 from felixpy.dataplane.clock import Clock, SystemClock
 from felixpy.dataplane.core import InternalDataplane
@@ -177,11 +180,21 @@ class Daemon:
                 break
             if isinstance(batch[-1], FeedMessages):
                 n_msgs += len(batch[-1].messages)
+        self._observe_iface_batches(batch)
         for ev in batch:
             self._handle(ev)
             if self.exit_code is not None:
                 return
         self._tick()
+
+    def _observe_iface_batches(self, batch: list[object]) -> None:
+        """Felix's ``felix_int_dataplane_iface/addr_msg_batch_size``: interface events per batch."""
+        states = sum(1 for ev in batch if isinstance(ev, IfaceEvent) and isinstance(ev.update, IfaceStateUpdate))
+        addrs = sum(1 for ev in batch if isinstance(ev, IfaceEvent) and isinstance(ev.update, IfaceAddrsUpdate))
+        if states:
+            self.metrics.iface_msg_batch_size.observe(states)
+        if addrs:
+            self.metrics.addr_msg_batch_size.observe(addrs)
 
     def _next_timeout(self) -> float:
         now = self._clock.monotonic()
@@ -224,6 +237,14 @@ class Daemon:
         elif isinstance(ev, Stop):
             log.info("Stopping", reason=ev.reason)
             self.exit_code = EXIT_OK
+        elif isinstance(ev, nodestatus.StatusRequest):
+            self._answer_status(ev)
+
+    def _answer_status(self, req: nodestatus.StatusRequest) -> None:
+        """``felixpy status``: a snapshot taken here, on the runner thread that owns the dataplane."""
+        req.answer(lambda: nodestatus.snapshot(session=self._session, now=self._clock.monotonic(),
+                                               uptime=time.monotonic() - self._started,
+                                               registries=[self.metrics.registry, prometheus_client.REGISTRY]))
 
     def _dataplane(self) -> InternalDataplane | None:
         return self._session.dataplane if self._session is not None else None
@@ -284,6 +305,7 @@ class Daemon:
         if self.exit_code is not None:
             return
         s.config = cfg
+        logs.set_level(cfg.LogSeverityScreen)
         self.health.register("InternalDataplaneMainLoop", max(20.0, cfg.DataplaneWatchdogTimeout))
         try:
             dp = self._build(cfg, clock=self._clock, status_sink=lambda ups: self._send_statuses(s, ups),
@@ -378,6 +400,8 @@ class Daemon:
             s.send(msg)
 
     def _send_statuses(self, s: Session, updates: list[EndpointStatus]) -> None:
+        if s.config is None or not s.config.endpoint_status_wanted:
+            return
         for u in updates:
             if u.kind == "workload":
                 if u.status:

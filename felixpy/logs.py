@@ -18,7 +18,12 @@ _LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARN
            "PANIC": logging.CRITICAL}
 
 
+_configured_level: str | None = None  # set once configure() has run in this process
+
+
 def configure(level: str = "INFO", stream: TextIO | None = None, json: bool | None = None) -> None:
+    global _configured_level
+    _configured_level = level.upper()
     stream = stream or sys.stderr
     if json is None:
         json = not stream.isatty()
@@ -37,3 +42,16 @@ def configure(level: str = "INFO", stream: TextIO | None = None, json: bool | No
         logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
+
+
+def set_level(level: str) -> None:
+    """Apply ``LogSeverityScreen`` as resolved with the datastore's ``ConfigUpdate`` (the CLI configured
+    logging from the file and environment before any feed arrived).  No-op unless :func:`configure`
+    has run in this process (an in-process daemon under test leaves the test's logging alone)."""
+    global _configured_level
+    if _configured_level is None or _configured_level == level.upper():
+        return
+    structlog.get_logger(__name__).info("Log level from config", old=_configured_level, new=level.upper())
+    _configured_level = level.upper()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level.upper(),
+                                                                                        logging.INFO)))

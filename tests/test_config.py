@@ -2,8 +2,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from felixpy import config
 from felixpy.config import Config, ProtoPort
+from felixpy.errors import ConfigError
 
 
 def test_defaults_match_felix() -> None:
@@ -31,11 +34,32 @@ def test_layers_env_beats_file_beats_datastore(tmp_path: Path) -> None:
     assert c.IptablesBackend == "nft"
 
 
-def test_yaml_config_file(tmp_path: Path) -> None:
-    f = tmp_path / "felix.yaml"
-    f.write_text("Ipv6Support: false\nIptablesMarkMask: '0xff000000'\n")
+def test_config_file_is_ini_and_every_section_counts_as_felix_reads_it(tmp_path: Path) -> None:
+    f = tmp_path / "felix.cfg"
+    f.write_text("# Felix config\n[global]\nIpv6Support = false\n; a comment\nIptablesMarkMask=0xff000000\n"
+                 "[logging]\nLogSeverityScreen = ERROR\nEndpointStatusPathPrefix = none\n")
+    assert config.file_layer(str(f)) == {"Ipv6Support": "false", "IptablesMarkMask": "0xff000000",
+                                         "LogSeverityScreen": "ERROR", "EndpointStatusPathPrefix": "none"}
     c, problems = config.load(config_file=str(f), environ={})
     assert problems == [] and c.Ipv6Support is False and c.IptablesMarkMask == 0xFF000000
+    assert c.LogSeverityScreen == "ERROR"
+
+
+def test_absent_config_file_is_not_an_error(tmp_path: Path) -> None:
+    assert config.file_layer(str(tmp_path / "missing.cfg")) == {}
+
+
+@pytest.mark.parametrize("text, where", [
+    ("Ipv6Support = false\n", "a key outside any section"),
+    ("Ipv6Support: false\n", "a key outside any section"),  # YAML is not guessed at
+    ("[global]\nIpv6Support false\n", "not a valid INI config file"),
+])
+def test_malformed_config_file_is_a_config_error_naming_the_file(tmp_path: Path, text: str, where: str) -> None:
+    f = tmp_path / "felix.cfg"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        config.file_layer(str(f))
+    assert str(f) in str(exc.value) and where in str(exc.value)
 
 
 def test_bad_values_are_reported_by_name_and_fall_back_to_defaults() -> None:
@@ -66,3 +90,15 @@ def test_restart_detection_ignores_informational_params() -> None:
     assert config.restart_needed(a, a.replace(CalicoVersion="v3.30", ClusterGUID="x")) == []
     assert config.restart_needed(a, a.replace(MaxIpsetSize=10, ChainInsertMode="append")) == [
         "ChainInsertMode", "MaxIpsetSize"]
+
+
+def test_none_means_the_zero_value_and_empty_is_ignored_as_felix_does() -> None:
+    c, problems = config.load({"EndpointStatusPathPrefix": "none", "XDPEnabled": "none", "VXLANMTU": "none",
+                               "FailsafeInboundHostPorts": "none", "VXLANEnabled": "none", "HealthPort": ""},
+                              environ={"FELIX_LOGPREFIX": ""})
+    assert problems == []
+    assert c.EndpointStatusPathPrefix == "" and c.XDPEnabled is False and c.VXLANMTU == 0
+    assert c.FailsafeInboundHostPorts == () and c.VXLANEnabled is None
+    assert c.HealthPort == 9099 and c.LogPrefix == "calico-packet"  # empty: not set at all
+    c, problems = config.load({"ChainInsertMode": "none"}, environ={})
+    assert [p.param for p in problems] == ["ChainInsertMode"] and c.ChainInsertMode == "insert"

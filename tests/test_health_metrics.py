@@ -70,8 +70,8 @@ def test_daemon_serves_health_and_felix_metrics(netns: str) -> None:
         assert _get(netns, "http://127.0.0.1:9099/readiness")[0] == 200
         code, text = _get(netns, "http://127.0.0.1:9091/metrics")
         assert code == 200
-        for name in ("felix_int_dataplane_apply_time_seconds_count", "felix_int_dataplane_failures_total",
-                     'felix_int_dataplane_messages_total{type="IPSetRemove"} 1.0',
+        for name in ("felix_int_dataplane_apply_time_seconds_count", "\nfelix_int_dataplane_failures ",
+                     'felix_int_dataplane_messages{type="IPSetRemove"} 1.0',
                      "felix_int_dataplane_msg_batch_size_count",
                      "felix_int_dataplane_initial_resync_time_seconds"):
             assert name in text, name

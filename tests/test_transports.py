@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -159,7 +160,7 @@ def test_informational_config_change_does_not_restart(netns: str) -> None:
         d.stop()
 
 
-def test_external_driver_pipes_fd3_fd4(netns: str) -> None:
+def test_external_driver_pipes_fd3_fd4(netns: str, tmp_path: Path) -> None:
     """Felix's way: exec with no arguments, ToDataplane on fd 3, FromDataplane on fd 4."""
     to_r, to_w = os.pipe()
     from_r, from_w = os.pipe()
@@ -168,6 +169,7 @@ def test_external_driver_pipes_fd3_fd4(netns: str) -> None:
     proc = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-c", script, str(to_r), str(from_w)],
                             pass_fds=(to_r, from_w),
                             env={**os.environ, "PYTHONPATH": str(REPO),
+                                 "FELIXPY_STATUS_SOCKET": str(tmp_path / "status.sock"),
                                  "FELIXPY_MTU_FILE": os.path.join(tempfile.mkdtemp(prefix="fpymtu-"), "mtu")},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     os.close(to_r)

@@ -204,7 +204,7 @@ class EndpointManager:
         self._active[key] = _Active(ep, pid, names, new_groups)
         self._iface_to_key[iface] = key
         self._shadowed.pop(key, None)
-        spoof = tuple(ep.allow_spoofed_source_prefixes)
+        spoof = self._allowed_spoofing(key, ep)
         if spoof != self._spoofing.get(iface, ()):
             if spoof:
                 self._spoofing[iface] = spoof
@@ -213,6 +213,19 @@ class EndpointManager:
             self._rpf_dirty = True
         self._set_routes(ep, iface)
         self._to_reconfigure.add(iface)
+
+    def _allowed_spoofing(self, key: WlKey, ep: pb.WorkloadEndpoint) -> tuple[str, ...]:
+        """The endpoint's ``allow_spoofed_source_prefixes`` if ``WorkloadSourceSpoofing=Any``.
+
+        With ``Disabled`` (the default) they are ignored: the workload keeps strict RPF.
+        (Felix's calc graph goes further and drops such an endpoint before the dataplane sees it.)
+        """
+        prefixes = tuple(ep.allow_spoofed_source_prefixes)
+        if prefixes and self._r.ctx.config.WorkloadSourceSpoofing != "Any":
+            log.warning("Endpoint asks to allow spoofed source prefixes but WorkloadSourceSpoofing is "
+                        "Disabled; ignoring them", endpoint=key, prefixes=list(prefixes))
+            return ()
+        return prefixes
 
     def _set_routes(self, ep: pb.WorkloadEndpoint, iface: str) -> None:
         targets = []

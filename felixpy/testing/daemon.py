@@ -36,6 +36,7 @@ class DaemonProcess:
     proc: subprocess.Popen[bytes]
     log_path: str
     env: dict[str, str] = field(default_factory=dict)
+    status_socket: str = ""  # ``felixpy status --socket``: per daemon, never the shared default path
 
     @property
     def target(self) -> str:
@@ -74,16 +75,18 @@ def start_daemon(netns: str, *, transport: str = "unix", env: Mapping[str, str] 
     _TMPDIRS.add(tmp)
     sock = os.path.join(tmp, "felixpy.sock")
     log_path = os.path.join(tmp, "daemon.log")
+    status_socket = os.path.join(tmp, "status.sock")
     listen = f"grpc:unix:{sock}" if transport == "grpc" else f"unix:{sock}"
     # The daemon writes Felix's MTU file: keep it out of the machine's /var/lib/calico.
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "FELIXPY_MTU_FILE": os.path.join(tmp, "mtu"), **(env or {})}
-    args = ["ip", "netns", "exec", netns, sys.executable, "-m", "felixpy", "run", "--listen", listen, *extra_args]
+    args = ["ip", "netns", "exec", netns, sys.executable, "-m", "felixpy", "run", "--listen", listen,
+            "--status-socket", status_socket, *extra_args]
     if not iface_monitor:
         args.append("--no-iface-monitor")
     log_f = open(log_path, "wb")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(args, stdout=log_f, stderr=subprocess.STDOUT, env=full_env, cwd=str(REPO))
     log_f.close()
-    d = DaemonProcess(netns, sock, transport, proc, log_path, dict(env or {}))
+    d = DaemonProcess(netns, sock, transport, proc, log_path, dict(env or {}), status_socket)
     deadline = time.monotonic() + wait_socket
     while not os.path.exists(sock):
         if proc.poll() is not None:

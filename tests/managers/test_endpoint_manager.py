@@ -312,7 +312,8 @@ def test_dispatch_with_many_endpoints_reaches_each_and_fails_closed(v: int, mode
 
 
 # -------------------------------------------------------------------------------------- rpf skip
-def test_allow_spoofed_source_prefixes_go_to_rpf_skip_and_relax_rp_filter(node: Node, v: int) -> None:
+def test_allow_spoofed_source_prefixes_go_to_rpf_skip_and_relax_rp_filter(v: int) -> None:
+    node = Node(families=(4, 6), config=Config(Ipv6Support=True, WorkloadSourceSpoofing="Any"))
     spoof = ["192.168.7.0/24", "fd00:7::/64"]
     node.send(profile("prof"), wep("a", mac=MAC, profiles=["prof"], spoof=spoof, **addrs(1)))
     node.link_up("calia")
@@ -326,6 +327,16 @@ def test_allow_spoofed_source_prefixes_go_to_rpf_skip_and_relax_rp_filter(node: 
     node.send(wep("a", mac=MAC, profiles=["prof"], **addrs(1)))
     node.apply()
     assert raw.rules("cali-rpf-skip") == ()
+    assert node.sysctls.values["net/ipv4/conf/calia/rp_filter"] == "1"
+
+
+def test_spoofed_source_prefixes_are_ignored_unless_workload_source_spoofing_is_any(node: Node, v: int) -> None:
+    """Felix's default ``WorkloadSourceSpoofing=Disabled``: the prefixes change nothing, RPF stays strict."""
+    node.send(profile("prof"), wep("a", mac=MAC, profiles=["prof"], spoof=["192.168.7.0/24", "fd00:7::/64"],
+                                   **addrs(1)))
+    node.link_up("calia")
+    node.apply()
+    assert node.f(v).raw.rules("cali-rpf-skip") == ()
     assert node.sysctls.values["net/ipv4/conf/calia/rp_filter"] == "1"
 
 

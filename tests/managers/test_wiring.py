@@ -101,7 +101,8 @@ _ROUTING_STEPS = ("fdb:", "routes:", "complete:VXLANManager", "complete:IPIPMana
 
 def _apply_batch(config: Config) -> tuple[FakeKernel, InternalDataplane]:
     kernel = FakeKernel()
-    dp = build(config, kernel)
+    # The batch's workload asks for spoofed source prefixes; honoured only with this setting.
+    dp = build(config.replace(WorkloadSourceSpoofing="Any"), kernel)
     for name in ("calia", "calib"):
         dp.on_iface_update(kernel.workload_iface(name))
     for msg in _workload_batch(config.Ipv6Support):

@@ -299,6 +299,10 @@ class IPSets:
         raise FatalDataplaneError(
             f"IPv{self.ip_version} IP sets: failed to update after {MAX_RETRY_ATTEMPTS} attempts: {last_error}")
 
+    def status_counts(self) -> dict[str, int]:
+        """Calico IP sets in the kernel and the members felixpy wants in them."""
+        return {"sets": self._sets.dataplane_len(), "members": sum(t.desired_len() for t in self._members.values())}
+
     def apply_deletions(self) -> bool:
         self._try_pending_renames()
         deleted = self._delete_some(temp_only=False)

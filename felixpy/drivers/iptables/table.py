@@ -185,6 +185,7 @@ class IptablesTable:
         self._peak_restore = 0.0
         self._reason = ""
         self._num_rules = 0
+        self._num_chains = 0
         self.unexpected_inserts_seen = 0
         self.last_restore_input = ""
         self._metrics = metrics or get_metrics()
@@ -321,6 +322,10 @@ class IptablesTable:
                 stack.extend(_targets(chain.rules)[::-1])
             del self._refcounts[name]
             self._dirty_chains.add(name)  # no longer referenced: remove it
+
+    def status_counts(self) -> dict[str, int]:
+        """Chains and rules as last programmed (what ``felix_iptables_chains``/``_rules`` report)."""
+        return {"chains": self._num_chains, "rules": self._num_rules}
 
     def _add_rules(self, delta: int) -> None:
         if delta:
@@ -522,7 +527,8 @@ class IptablesTable:
                 self._log.warning("succeeded after retry", attempts=len(attempts) + 1)
             break
 
-        self._gauge_chains.set(len(self._refcounts))
+        self._num_chains = len(self._refcounts)
+        self._gauge_chains.set(self._num_chains)
         resched: float | None = None
         if self._refresh_interval > 0:
             resched = self._refresh_interval - (now - self._last_read)

@@ -251,6 +251,11 @@ class NftablesTable:
         if chain_name not in BASE_CHAINS:
             raise ValueError(f"{chain_name!r} is not one of the base chains {sorted(BASE_CHAINS)}")
 
+    def status_counts(self) -> dict[str, int]:
+        """Chains, rules, sets and set members in the kernel as last read back or written."""
+        return {"chains": len(self._dp_chains), "rules": sum(len(c.hashes) for c in self._dp_chains.values()),
+                "sets": len(self._dp_sets), "members": sum(len(s.members) for s in self._dp_sets.values())}
+
     def insert_or_append_rules(self, chain_name: str, rules: Sequence[m.Rule]) -> None:
         """Our rules at the top of base chain *chain_name*; raises RuleRenderError for a bad rule."""
         self._check_base(chain_name)

@@ -60,6 +60,7 @@ from felixpy.drivers.netlink.types import (
     Route,
     family_of,
 )
+from felixpy.drivers.routetable import metrics
 from felixpy.drivers.routetable.conntrack import ConntrackCleanupTracker, NoConntrackCleanup
 from felixpy.drivers.routetable.defs import ROUTE_SHAPE, Target, canonical_cidr
 from felixpy.drivers.routetable.ownership import OwnershipPolicy
@@ -114,6 +115,9 @@ class RouteTable:
         self.clock = clock
         self.grace_period = grace_period
         self.log = log.bind(table=self.table_index, ip_version=ip_version)
+        label = metrics.table_label(ip_version, self.table_index)
+        self._g_routes = metrics.num_routes.labels(label)
+        self._g_ifaces = metrics.num_ifaces.labels(label)
 
         self._full_resync = True
         self._ifaces_to_rescan: set[str] = set()
@@ -362,6 +366,12 @@ class RouteTable:
             self._resync_ifaces(nl)
         self._apply_updates(nl)
         self._maybe_clean_grace()
+        self._g_routes.set(self.kernel.desired_len())
+        self._g_ifaces.set(len(self._name_to_index))
+
+    def status_counts(self) -> dict[str, int]:
+        """Routes felixpy wants in this table and routes of ours the kernel has."""
+        return {"routes": self.kernel.desired_len(), "routes_in_kernel": self.kernel.dataplane_len()}
 
     # -- reading the kernel back ------------------------------------------------
     def _on_iface_seen(self, ifindex: int) -> None:
@@ -418,6 +428,7 @@ class RouteTable:
                       to_update=self.kernel.num_pending_updates(),
                       to_delete=self.kernel.num_pending_deletions(),
                       seconds=round(time.monotonic() - start, 4))
+        metrics.resync_seconds.observe(time.monotonic() - start)
 
     def _drop_arps_already_present(self, nl: Netlink) -> None:
         """Static ARP entries the kernel already has (permanent, same MAC) need no write.
@@ -452,6 +463,10 @@ class RouteTable:
             self._ifaces_to_rescan.discard(name)
 
     def _resync_iface(self, nl: Netlink, name: str) -> None:
+        with metrics.partial_resync_seconds.time():
+            self._resync_iface_routes(nl, name)
+
+    def _resync_iface_routes(self, nl: Netlink, name: str) -> None:
         try:
             link = nl.link_by_name(name)
         except NetlinkCallError as exc:
@@ -539,8 +554,9 @@ class RouteTable:
             if not batch:
                 continue
             if batch is waiting:
-                for key, _ in batch:
-                    self.conntrack.wait_for_pending(key[0])
+                with metrics.conntrack_wait_seconds.time():
+                    for key, _ in batch:
+                        self.conntrack.wait_for_pending(key[0])
             results = nl.routes_replace([r for _, r in batch])
             for (key, route), err in zip(batch, results):
                 if err == _errno.ENOBUFS:
