@@ -243,7 +243,7 @@ class Daemon:
     def _answer_status(self, req: nodestatus.StatusRequest) -> None:
         """``felixpy status``: a snapshot taken here, on the runner thread that owns the dataplane."""
         req.answer(lambda: nodestatus.snapshot(session=self._session, now=self._clock.monotonic(),
-                                               uptime=time.monotonic() - self._started,
+                                               uptime=self._clock.monotonic() - self._started,
                                                registries=[self.metrics.registry, prometheus_client.REGISTRY]))
 
     def _dataplane(self) -> InternalDataplane | None:
