@@ -41,6 +41,7 @@ from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceState, IfaceState
 from felixpy.managers.base import EndpointStatus
 from felixpy.managers.dscp import DSCPManager
 from felixpy.managers.endpoints import EndpointManager, wl_key
+from felixpy.managers.hostendpoints import HostEndpointManager
 from felixpy.managers.hostips import HostIPManager
 from felixpy.managers.masq import MasqManager
 from felixpy.managers.policy import PolicyManager
@@ -151,6 +152,10 @@ class Family:
     @property
     def endpoints(self) -> EndpointManager:
         return self.parts.endpoints
+
+    @property
+    def hostendpoints(self) -> HostEndpointManager:
+        return self.parts.hostendpoints
 
     @property
     def hostips(self) -> HostIPManager:
