@@ -190,9 +190,9 @@ class HostEndpointManager:
                 self._up_ifaces.add(msg.name)
             else:
                 self._up_ifaces.discard(msg.name)
-            hid = self._iface_to_hep.get(msg.name)
-            if hid is not None:
-                self._status_dirty.add(hid)
+            holder = self._iface_to_hep.get(msg.name)
+            if holder is not None:
+                self._status_dirty.add(holder)
         elif isinstance(msg, pb.ActivePolicyUpdate):
             self._selectors[PolicyID.from_proto(msg.id)] = msg.policy.original_selector
         elif isinstance(msg, pb.ActivePolicyRemove):
