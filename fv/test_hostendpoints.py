@@ -140,9 +140,11 @@ def hep(hid: str, name: str = "", *, v4: Sequence[str] = (), v6: Sequence[str] =
         tiers: Sequence[Mapping[str, Any]] = (), untracked: Sequence[Mapping[str, Any]] = (),
         pre_dnat: Sequence[Mapping[str, Any]] = (), forward: Sequence[Mapping[str, Any]] = (),
         profiles: Sequence[str] = ()) -> dict[str, Any]:
-    h: dict[str, Any] = {"id": hid, "name": name, "tiers": list(tiers), "untracked_tiers": list(untracked),
+    h: dict[str, Any] = {"id": hid, "tiers": list(tiers), "untracked_tiers": list(untracked),
                          "pre_dnat_tiers": list(pre_dnat), "forward_tiers": list(forward),
                          "profile_ids": list(profiles)}
+    if name:
+        h["name"] = name
     if v4:
         h["expected_ipv4_addrs"] = list(v4)
     if v6:
