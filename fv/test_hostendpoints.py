@@ -24,7 +24,7 @@ from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.testing import conncheck as cc
 from felixpy.testing import netns as nsmod
 from felixpy.testing.topology import sh, sysctl
-from fv.datastore import WORKLOADS, datastore, policy, tier, workload
+from fv.datastore import HOST, WORKLOADS, datastore, policy, tier, workload
 from fv.harness import FamilyView, FvNode, Pinger, compare_rulesets, parse_ruleset
 
 pytestmark = pytest.mark.fv
@@ -215,7 +215,10 @@ def test_wildcard_hep_protects_host_bound_traffic_on_every_interface(fv: FamilyV
                        policies=[DENY_IN_ALLOW_OUT]))
     expect_tcp({(a.ns, a.node_ip(v), WEB): False, (b.ns, b.node_ip(v), WEB): False,
                 (a.ns, a.node_ip(v), SSH): True, (b.ns, b.node_ip(v), SSH): True,
-                (lab.node.netns, a.ip(v), WEB): True},
+                (lab.node.netns, a.ip(v), WEB): True,
+                # Workload → host is decided by DefaultEndpointToHostAction (ACCEPT here), not by host
+                # endpoint policy: cali-INPUT sends it to cali-wl-to-host first (as Felix).
+                (lab.node.endpoints["a"].netns, lab.node.endpoints[HOST].ip(v), WEB): True},
                "'*' host endpoint denying ingress")
     # A specific host endpoint on eth1 takes precedence over '*' there.
     fv.apply(with_heps(hep("all", "*", tiers=[tier("default", ingress=["deny-in"], egress=["deny-in"])]),
