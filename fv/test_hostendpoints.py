@@ -12,10 +12,9 @@ and both families, and leaves the node with no host endpoint.
 from __future__ import annotations
 
 import contextlib
-import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ import pytest
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.testing import conncheck as cc
 from felixpy.testing import netns as nsmod
-from felixpy.testing.topology import sh, sysctl
+from felixpy.testing.topology import Outside, sh
 from fv.datastore import HOST, WORKLOADS, datastore, policy, tier, workload
 from fv.harness import FamilyView, FvNode, Pinger, compare_rulesets, parse_ruleset
 
@@ -34,75 +33,63 @@ PROBE_TIMEOUT, SLOW_TIMEOUT = 0.5, 2.0
 
 
 @dataclass
-class Outside:
-    """A namespace outside the cluster, joined to the node by ``iface``."""
+class Outsider:
+    """An outside namespace and the echo servers in it."""
 
-    ns: str
-    iface: str  # the node side
-    node4: str
-    node6: str
-    peer4: str
-    peer6: str
-    servers: cc.Servers = field(default_factory=cc.Servers)
+    out: Outside
+    servers: cc.Servers
+
+    @property
+    def ns(self) -> str:
+        return self.out.netns
 
     def node_ip(self, v: int) -> str:
-        return self.node4 if v == 4 else self.node6
+        return self.out.node_ip(v)
 
     def ip(self, v: int) -> str:
-        return self.peer4 if v == 4 else self.peer6
+        return self.out.ip(v)
 
 
-def _plug_outside(node_ns: str, iface: str, net4: str, net6: str) -> Outside:
-    ns = nsmod.create("fpyfo")
-    out = Outside(ns, iface, f"{net4}.1", f"{net6}::1", f"{net4}.2", f"{net6}::2")
+def _plug_outside(fvnode: FvNode, iface: str, net4: str, net6: str) -> Outsider:
+    assert fvnode.node is not None
+    out = fvnode.node.add_outside(iface, net4, net6)
+    servers = cc.Servers()
     try:
-        tmp = f"fpyo{secrets.token_hex(3)}"
-        sh("ip", "-n", node_ns, "link", "add", iface, "type", "veth", "peer", "name", tmp, "netns", ns)
-        sh("ip", "-n", ns, "link", "set", tmp, "name", "eth0")
-        for key in ("net.ipv6.conf.all.accept_dad", "net.ipv6.conf.default.accept_dad", "net.ipv6.conf.eth0.accept_dad"):
-            sysctl(ns, key, "0")
-        sysctl(node_ns, f"net.ipv6.conf.{iface}.accept_dad", "0")
-        sh("ip", "-n", node_ns, "addr", "add", f"{out.node4}/24", "dev", iface)
-        sh("ip", "-n", node_ns, "-6", "addr", "add", f"{out.node6}/64", "dev", iface, "nodad")
-        sh("ip", "-n", ns, "addr", "add", f"{out.peer4}/24", "dev", "eth0")
-        sh("ip", "-n", ns, "-6", "addr", "add", f"{out.peer6}/64", "dev", "eth0", "nodad")
-        for n, dev in ((node_ns, iface), (ns, "eth0"), (ns, "lo")):
-            sh("ip", "-n", n, "link", "set", dev, "up")
-        sh("ip", "-n", ns, "route", "add", "default", "via", out.node4)
-        sh("ip", "-n", ns, "-6", "route", "add", "default", "via", out.node6)
-        out.servers.start(ns, tcp_ports=(WEB, BGP, SSH))
+        servers.start(out.netns, tcp_ports=(WEB, BGP, SSH))
     except BaseException:
-        _unplug(node_ns, out)
+        fvnode.node.remove_outside(out)
         raise
-    return out
+    return Outsider(out, servers)
 
 
-def _unplug(node_ns: str, out: Outside) -> None:
-    out.servers.stop()
-    sh("ip", "-n", node_ns, "link", "del", out.iface, check=False)
-    nsmod.delete(out.ns)
+def _unplug(fvnode: FvNode, o: Outsider) -> None:
+    o.servers.stop()
+    assert fvnode.node is not None
+    fvnode.node.remove_outside(o.out)
 
 
 @dataclass
 class Lab:
     node: FvNode
-    a: Outside  # on eth0
-    b: Outside  # on eth1
+    a: Outsider  # on eth0
+    b: Outsider  # on eth1
 
 
 @pytest.fixture(scope="module")
 def lab(fvnode: FvNode) -> Iterator[Lab]:
     ssh = cc.Servers()
     ssh.start(fvnode.netns, tcp_ports=(SSH,), udp_ports=())
-    a = _plug_outside(fvnode.netns, "eth0", "10.98.0", "fd00:98")
     try:
-        b = _plug_outside(fvnode.netns, "eth1", "10.97.0", "fd00:97")
+        a = _plug_outside(fvnode, "eth0", "10.98.0", "fd00:98")
         try:
-            yield Lab(fvnode, a, b)
+            b = _plug_outside(fvnode, "eth1", "10.97.0", "fd00:97")
+            try:
+                yield Lab(fvnode, a, b)
+            finally:
+                _unplug(fvnode, b)
         finally:
-            _unplug(fvnode.netns, b)
+            _unplug(fvnode, a)
     finally:
-        _unplug(fvnode.netns, a)
         ssh.stop()
 
 
