@@ -187,11 +187,9 @@ class EndpointManager:
             self._promote_shadowed(previous.endpoint.name)  # the old interface is free now
         tiers = tiers_from_proto(ep.tiers, self._selectors)
         new_groups = groups_to_program(tiers)
-        self._groups.incref(new_groups)
         try:
-            chains = self._r.workload_endpoint_chains(ep, tiers)
+            chains = self._groups.render_holding(new_groups, lambda: self._r.workload_endpoint_chains(ep, tiers))
         except Exception:
-            self._groups.decref(new_groups)
             log.exception("Failed to render endpoint chains; endpoint left as it was", endpoint=key,
                           iface=iface)
             return

@@ -11,10 +11,14 @@ the tables (no kernel I/O).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 from felixpy.drivers.generictables.table import Table
 from felixpy.rules import PolicyGroup, RuleRenderer, TierPolicyGroups
+
+
+T = TypeVar("T")
 
 
 def groups_to_program(tiers: Iterable[TierPolicyGroups]) -> list[PolicyGroup]:
@@ -37,6 +41,15 @@ class PolicyGroupChains:
                 for table in self._tables:
                     table.update_chain(chain)
             self._refs[name] = n + 1
+
+    def render_holding(self, groups: Sequence[PolicyGroup], render: Callable[[], T]) -> T:
+        """Hold a reference on *groups* for the chains *render* returns; none is kept if it raises."""
+        self.incref(groups)
+        try:
+            return render()
+        except Exception:
+            self.decref(groups)
+            raise
 
     def decref(self, groups: Iterable[PolicyGroup]) -> None:
         for g in groups:

@@ -114,12 +114,10 @@ def resolve_host_endpoints(heps: Mapping[str, ResolvedHEP], iface_addrs: Mapping
 
 @dataclass(slots=True)
 class _Programmed:
-    """The chains programmed for one interface, per table, and the groups they reference."""
+    """The chains programmed for one interface, per table name, and the groups they reference."""
 
     hep_id: str
-    filter: list[Chain]
-    mangle: list[Chain]
-    raw: list[Chain]
+    chains: dict[str, list[Chain]]
     groups: list[PolicyGroup]
     pre_dnat: bool
 
@@ -129,11 +127,9 @@ class HostEndpointManager:
                  status: EndpointStatusCombiner, groups: PolicyGroupChains,
                  workload_prefixes: tuple[str, ...]) -> None:
         self.ip_version = ip_version
-        self._r = renderer
-        self._raw, self._mangle, self._filter = raw, mangle, filter
+        self._r, self._groups, self._wl_prefixes = renderer, groups, workload_prefixes
+        self._tables: dict[str, Table] = {"raw": raw, "mangle": mangle, "filter": filter}
         self._status = status
-        self._groups = groups
-        self._wl_prefixes = workload_prefixes
         status.register_family(ip_version)
 
         self._heps: dict[str, pb.HostEndpoint] = {}
@@ -249,22 +245,24 @@ class HostEndpointManager:
             untracked = ()
         profiles = list(ep.profile_ids)
         groups = groups_to_program([*tiers, *fwd, *untracked, *pre_dnat])
-        self._groups.incref(groups)
-        try:
-            filt = self._r.host_endpoint_filter_chains(iface, tiers, fwd, profiles)
-            mangle = self._r.host_endpoint_mangle_egress_chains(iface, tiers, profiles)
+
+        def render() -> dict[str, list[Chain]]:
+            r = self._r
+            mangle = r.host_endpoint_mangle_egress_chains(iface, tiers, profiles)
             if pre_dnat:
-                mangle += self._r.host_endpoint_mangle_ingress_chains(iface, pre_dnat)
-            raw = self._r.host_endpoint_raw_chains(iface, untracked) if untracked else []
+                mangle += r.host_endpoint_mangle_ingress_chains(iface, pre_dnat)
+            return {"filter": r.host_endpoint_filter_chains(iface, tiers, fwd, profiles), "mangle": mangle,
+                    "raw": r.host_endpoint_raw_chains(iface, untracked) if untracked else []}
+
+        try:
+            chains = self._groups.render_holding(groups, render)
         except Exception:
-            self._groups.decref(groups)
             log.exception("Failed to render host endpoint chains; interface left as it was", host_endpoint=hid,
                           iface=iface)
             return
         old = self._active.get(iface)
-        for table, new, before in ((self._filter, filt, old.filter if old else []),
-                                   (self._mangle, mangle, old.mangle if old else []),
-                                   (self._raw, raw, old.raw if old else [])):
+        for name, new in chains.items():
+            table, before = self._tables[name], old.chains[name] if old else []
             names = {c.name for c in new}
             for stale in before:
                 if stale.name not in names:
@@ -272,29 +270,29 @@ class HostEndpointManager:
             table.update_chains([c for c in new if c not in before])
         if old is not None:
             self._groups.decref(old.groups)
-        self._active[iface] = _Programmed(hid, filt, mangle, raw, groups, bool(pre_dnat))
+        self._active[iface] = _Programmed(hid, chains, groups, bool(pre_dnat))
 
     def _unprogram(self, iface: str) -> None:
         prog = self._active.pop(iface)
-        for table, chains in ((self._filter, prog.filter), (self._mangle, prog.mangle), (self._raw, prog.raw)):
+        for name, chains in prog.chains.items():
             for c in chains:
-                table.remove_chain_by_name(c.name)
+                self._tables[name].remove_chain_by_name(c.name)
         self._groups.decref(prog.groups)
 
     def _update_dispatch(self) -> None:
         specific = sorted(i for i in self._active if i != ALL_INTERFACES)
         default = ALL_INTERFACES if ALL_INTERFACES in self._active else ""
-        untracked = [i for i in specific if self._active[i].raw]
+        untracked = [i for i in specific if self._active[i].chains["raw"]]
         pre_dnat = [i for i in specific if self._active[i].pre_dnat]
         pre_dnat_default = default if default and self._active[ALL_INTERFACES].pre_dnat else ""
         r = self._r
-        self._sync_dispatch("raw", self._raw, r.host_dispatch_chains(untracked))
-        self._sync_dispatch("filter", self._filter, r.host_dispatch_chains(specific, default, apply_on_forward=True))
-        self._sync_dispatch("mangle", self._mangle, [*r.from_host_dispatch_chains(pre_dnat, pre_dnat_default),
-                                                     *r.to_host_dispatch_chains(specific, default)])
+        self._sync_dispatch("raw", r.host_dispatch_chains(untracked))
+        self._sync_dispatch("filter", r.host_dispatch_chains(specific, default, apply_on_forward=True))
+        self._sync_dispatch("mangle", [*r.from_host_dispatch_chains(pre_dnat, pre_dnat_default),
+                                       *r.to_host_dispatch_chains(specific, default)])
 
-    def _sync_dispatch(self, key: str, table: Table, chains: Sequence[Chain]) -> None:
-        active = self._dispatch[key]
+    def _sync_dispatch(self, key: str, chains: Sequence[Chain]) -> None:
+        table, active = self._tables[key], self._dispatch[key]
         new = {c.name: c for c in chains}
         for name, chain in new.items():
             if active.get(name) != chain:
