@@ -218,8 +218,7 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     KubeNodePortRanges: tuple[str, ...] = _p(("30000:32767",), _str_list)
     ServiceLoopPrevention: str = _p("Drop", _choice("Drop", "Reject", "Disabled"))
     WorkloadSourceSpoofing: str = _p("Disabled", _choice("Disabled", "Any"))
-    FloatingIPs: str = _ignored("Disabled", _choice("Enabled", "Disabled"),
-                                "floating IPs (DNAT) arrive with the host-endpoint work")
+    FloatingIPs: str = _p("Disabled", _choice("Enabled", "Disabled"))
     AllowVXLANPacketsFromWorkloads: bool = _p(False, _bool)
     AllowIPIPPacketsFromWorkloads: bool = _p(False, _bool)
     ExternalNodesCIDRList: tuple[str, ...] = _p((), _str_list)

@@ -5,7 +5,10 @@
 2. starts the real daemon inside the node namespace on a unix socket;
 3. probes the workload matrix (TCP 8080, ICMP) before the feed, after the
    initial batch reaches ``DataplaneInSync``, and after each scripted step;
-4. prints what the daemon programmed (our chains, sets) and tears it all down,
+4. plugs an "outside" namespace into the node's ``eth0`` and locks that host
+   interface down with a deny-all host endpoint: only the failsafe ports
+   (SSH 22 here) still answer;
+5. prints what the daemon programmed (our chains, sets) and tears it all down,
    also on Ctrl-C or failure.
 """
 
@@ -91,6 +94,50 @@ def _programmed(ns: str, mode: str) -> None:
     say(f"$ ipset list -name  →  {sets or 'none'}")
 
 
+HEP_PORTS = (22, 8080)
+
+
+def _host_endpoint_messages(seq: int) -> list[pb.ToDataplane]:
+    """A deny-all policy (IPv6 neighbour discovery allowed) and a host endpoint for eth0 using it."""
+    nd = pb.Rule(action="allow", protocol=pb.Protocol(name="icmpv6"))
+    deny = pb.Rule(action="deny")
+    pid = pb.PolicyID(name="demo-lockdown", kind="GlobalNetworkPolicy")
+    pol = pb.ActivePolicyUpdate(id=pid, policy=pb.Policy(inbound_rules=[nd, deny], outbound_rules=[nd, deny],
+                                                          tier="default", original_selector="has(host)"))
+    hep = pb.HostEndpointUpdate(id=pb.HostEndpointID(endpoint_id="demo-node-eth0"), endpoint=pb.HostEndpoint(
+        name="eth0", tiers=[pb.TierInfo(name="default", ingress_policies=[pid], egress_policies=[pid])]))
+    return [pb.ToDataplane(sequence_number=seq, active_policy_update=pol),
+            pb.ToDataplane(sequence_number=seq + 1, host_endpoint_update=hep)]
+
+
+def _show_outside(title: str, outside_ns: str, out: Any) -> None:
+    say(f"\n== {title}")
+    for version in (4, 6):
+        cells = []
+        for port in HEP_PORTS:
+            ok = cc.probe(outside_ns, out.node_ip(version), "tcp", port, timeout=0.5)
+            cells.append(f"tcp:{port} {'open' if ok else 'blocked'}")
+        say(f"-- IPv{version} outside → node {out.node_ip(version)}: " + ", ".join(cells))
+
+
+def _host_endpoint_step(n: Any, client: Any, seq: int) -> None:
+    out = n.add_outside("eth0", "10.98.0", "fd00:98")
+    servers = cc.Servers()
+    try:
+        servers.start(n.netns, tcp_ports=HEP_PORTS, udp_ports=())
+        say(f"\nhost interface eth0 ({out.node4}, {out.node6}) leads to an outside namespace")
+        _show_outside("Outside → node before any host endpoint", out.netns, out)
+        client.send(_host_endpoint_messages(seq))
+        try:
+            client.wait_for(lambda m: m.HasField("host_endpoint_status_update")
+                            and m.host_endpoint_status_update.status.status == "up", 10)
+        except TimeoutError:
+            say("(no 'up' status for the host endpoint within 10s)")
+        _show_outside("After a deny-all host endpoint on eth0: only failsafe ports answer", out.netns, out)
+    finally:
+        servers.stop()
+
+
 def main(mode: str = "iptables-legacy", scenario: str = "demo") -> int:
     path = bundled_scenario_path(scenario) if scenario == "demo" else scenario
     sc = load_scenario(path)
@@ -124,6 +171,8 @@ def main(mode: str = "iptables-legacy", scenario: str = "demo") -> int:
                     client.send(step.messages)
                     time.sleep(1.0)
                     _show(f"After step {i}: {step.description}", eps)
+                last = sc.steps[-1].messages if sc.steps else sc.initial
+                _host_endpoint_step(n, client, last[-1].sequence_number + 1 if last else 0)
                 _programmed(n.netns, mode)
                 statuses = [m for m in client.received if m.HasField("workload_endpoint_status_update")]
                 say(f"\nendpoint status reports received: {len(statuses)}")

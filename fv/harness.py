@@ -210,7 +210,8 @@ class FvNode:
         return took
 
     def _with_macs(self, state: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
-        out = {k: [dict(x) for x in state.get(k, [])] for k in ("ipsets", "policies", "profiles", "workloads")}
+        out = {k: [dict(x) for x in state.get(k, [])]
+               for k in ("ipsets", "policies", "profiles", "workloads", "host_endpoints")}
         for wl in out["workloads"]:
             if wl["name"] in self.macs:
                 wl.setdefault("mac", self.macs[wl["name"]])
@@ -268,7 +269,7 @@ class FvNode:
 
     def _delta(self, want: dict[str, list[dict[str, Any]]]) -> list[pb.ToDataplane]:
         """What Felix's calc graph would send to go from ``self.state`` to ``want``."""
-        keys = {"ipsets": "id", "policies": "name", "profiles": "name", "workloads": "name"}
+        keys = {"ipsets": "id", "policies": "name", "profiles": "name", "workloads": "name", "host_endpoints": "id"}
         update: dict[str, list[Any]] = {}
         remove: dict[str, list[Any]] = {}
         for section, key in keys.items():
@@ -294,6 +295,12 @@ class FvNode:
         sc = scenario_from_dict({"config": self.config, **self.state,
                                  "steps": [{"update": update, "remove": remove}]})
         return list(sc.steps[0].messages)
+
+    def send_payloads(self, payloads: Sequence[pb.ToDataplane]) -> None:
+        """Send messages outside the declarative state (e.g. ``GlobalBGPConfigUpdate``) and wait
+        until they are applied; a new feed forgets them."""
+        self._send(list(payloads) + self._barrier_msgs())
+        self._wait_barrier()
 
     def _barrier_id(self, n: int) -> pb.WorkloadEndpointID:
         return pb.WorkloadEndpointID(orchestrator_id="k8s", workload_id=f"fv/barrier-{n:06d}", endpoint_id="eth0")

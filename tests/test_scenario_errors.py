@@ -163,6 +163,7 @@ ERRORS = [
     ("workloads: [{name: w}, {name: w}]", "workloads[1]: duplicate workload"),
     # Host endpoints.
     ("host_endpoints: [{id: h}]", "host_endpoints[0].name: required"),
+    ("host_endpoints: [{expected_ipv4_addrs: [10.0.0.1]}]", "host_endpoints[0].id: required"),
     (
         "host_endpoints: [{name: eth0, expected_ipv4_addrs: [fd00::1]}]",
         "expected_ipv4_addrs[0]: fd00::1 is not an IPv4 address",

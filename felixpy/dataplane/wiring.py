@@ -73,10 +73,14 @@ from felixpy.kernelnames import IPIP_DEVICE, MAIN_ROUTE_TABLE, vxlan_device_name
 from felixpy.managers.base import EndpointStatus, Manager
 from felixpy.managers.dscp import DSCPManager
 from felixpy.managers.endpoints import EndpointManager
+from felixpy.managers.floatingips import FloatingIPManager
+from felixpy.managers.groupchains import PolicyGroupChains
+from felixpy.managers.hostendpoints import HostEndpointManager
 from felixpy.managers.hostips import HostIPManager
 from felixpy.managers.ipsets import IPSetsManager
 from felixpy.managers.masq import MasqManager
 from felixpy.managers.policy import PolicyManager
+from felixpy.managers.serviceloop import ServiceLoopManager
 from felixpy.managers.status import EndpointStatusCombiner
 from felixpy.rules import RendererOptions, RuleRenderer
 
@@ -168,7 +172,10 @@ class FamilyParts:
     hostips: HostIPManager
     policy: PolicyManager
     endpoints: EndpointManager
+    hostendpoints: HostEndpointManager
+    floatingips: FloatingIPManager
     masq: MasqManager
+    serviceloop: ServiceLoopManager
     dscp: DSCPManager
     routing: list[Manager] = field(default_factory=list)
     fdb: VXLANFDB | None = None
@@ -269,9 +276,8 @@ def _nftables_tables(config: Config, v: int, deps: KernelDeps) -> FamilyTables:
 
 
 def program_static_chains(renderer: RuleRenderer, tables: Mapping[str, Table]) -> None:
-    """Start of day: static chains and the hooks into the kernel chains (recorded only), plus the
-    inactive forms of chains the static chains jump to whose owners (the service-loop and
-    floating-IP managers) are not ported yet."""
+    """Start of day: static chains and the hooks into the kernel chains (recorded only).  The
+    manager-owned chains they jump to are created by their managers' first apply."""
     for name, table in tables.items():
         table.update_chains(renderer.static_chains(name))
     for hook in renderer.kernel_hooks():
@@ -280,8 +286,6 @@ def program_static_chains(renderer: RuleRenderer, tables: Mapping[str, Table]) -
             table.append_rules(hook.chain, hook.rules)
         else:
             table.insert_or_append_rules(hook.chain, hook.rules)
-    tables["nat"].update_chains([renderer.fip_dnat_chain({}), renderer.fip_snat_chain({})])
-    tables["filter"].update_chain(renderer.cidr_block_chain([]))
 
 
 # ------------------------------------------------------------------------------ per family
@@ -343,6 +347,9 @@ def _build_family(dp: InternalDataplane, config: Config, v: int, ft: FamilyTable
     dp.register_device_syncer(devices)
     dp.register_device_syncer(sysctls)
     priority = config.IPv4NormalRoutePriority if v == 4 else config.IPv6NormalRoutePriority
+    floating_ips = config.FloatingIPs == "Enabled"
+    # Workload and host endpoints share policy-group chains: one refcount decides when one exists.
+    groups = PolicyGroupChains(renderer, [tables["raw"], tables["mangle"], tables["filter"]])
     parts = FamilyParts(
         v=v, renderer=renderer, tables=ft, main_route_table=main_rt, devices=devices, sysctls=sysctls,
         ipsets_manager=IPSetsManager(f"ipv{v}", ft.ipsets, config.MaxIpsetSize),
@@ -350,11 +357,17 @@ def _build_family(dp: InternalDataplane, config: Config, v: int, ft: FamilyTable
         policy=PolicyManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"], filter=tables["filter"]),
         endpoints=EndpointManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"], filter=tables["filter"],
                                   route_table=main_rt, sysctls=sysctls, status=status, route_priority=priority,
-                                  maps=ft.maps),
+                                  maps=ft.maps, groups=groups, floating_ips=floating_ips),
+        hostendpoints=HostEndpointManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"],
+                                          filter=tables["filter"], status=status, groups=groups,
+                                          workload_prefixes=config.InterfacePrefix),
+        floatingips=FloatingIPManager(v, renderer, tables["nat"], floating_ips),
         masq=MasqManager(v, ft.ipsets, tables["nat"], renderer, config.MaxIpsetSize),
+        serviceloop=ServiceLoopManager(v, renderer, tables["filter"]),
         dscp=DSCPManager(v, ft.ipsets, tables["mangle"], renderer, config.MaxIpsetSize),
     )
-    for mgr in (parts.ipsets_manager, parts.hostips, parts.policy, parts.endpoints, parts.masq, parts.dscp):
+    for mgr in (parts.ipsets_manager, parts.hostips, parts.policy, parts.endpoints, parts.hostendpoints,
+                parts.floatingips, parts.masq, parts.serviceloop, parts.dscp):
         dp.register_manager(mgr)
     _build_routing(dp, config, parts, deps)
     for table in ft.to_apply:

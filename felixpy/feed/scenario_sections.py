@@ -367,8 +367,13 @@ _HEP_TIER_KEYS = ("tiers", "untracked_tiers", "pre_dnat_tiers", "forward_tiers")
 
 
 def _parse_host_endpoint(data: Mapping[str, Any], path: str, state: ScenarioState) -> tuple[Key, Message]:
-    name = _required(data, "name", path)
-    hep_id = expect_str(data.get("id", name), key_path(path, "id"))
+    # A HEP chosen by its expected IPs names no interface (it then needs an id).
+    if "name" in data or not (data.get("expected_ipv4_addrs") or data.get("expected_ipv6_addrs")):
+        name = _required(data, "name", path)
+        hep_id = expect_str(data.get("id", name), key_path(path, "id"))
+    else:
+        name = ""
+        hep_id = _required(data, "id", path)
     handled = ("id", "name", "profile_ids", "expected_ipv4_addrs", "expected_ipv6_addrs") + _HEP_TIER_KEYS
     ep = pb.HostEndpoint(name=name)
     fill(ep, data, path, also_allowed=handled)

@@ -1,7 +1,7 @@
 """Endpoint manager (per IP family): workload endpoints → endpoint chains, dispatch, routes, sysctls, status.
 
-Felix's ``endpointManager`` for workloads (host endpoints have room here but
-arrive in a later issue):
+Felix's ``endpointManager`` for workloads (host endpoints, their chains and
+the host dispatch chains belong to :mod:`felixpy.managers.hostendpoints`):
 
 * ``on_update`` only records: pending endpoint updates/removals, interface
   states, and each active policy's selector (for policy groups).
@@ -13,7 +13,9 @@ arrive in a later issue):
   chains they reference, refcounted, released when no endpoint uses them),
   rebuilds the fail-closed dispatch chains (or nftables verdict maps) when the
   endpoint set changed, the rpf-skip chain for workloads allowed to spoof,
-  sets the LocalWorkload routes (only while admin-up; static ARP from the MAC),
+  sets the LocalWorkload routes (only while admin-up; static ARP from the MAC;
+  with ``FloatingIPs=Enabled``, or for OpenStack endpoints, also each floating
+  IP of this family so the DNAT'd packets reach the workload),
   and asks the interface-sysctls syncer to configure workload interfaces that
   are oper-up (an endpoint whose interface does not exist yet is remembered and
   configured when it appears).
@@ -43,14 +45,16 @@ from felixpy.drivers.routetable.api import RouteTableAPI
 from felixpy.drivers.routetable.defs import Target
 from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
 from felixpy.drivers.routetable.routeclass import RouteClass
+from felixpy.managers.groupchains import PolicyGroupChains, groups_to_program
 from felixpy.managers.status import EndpointStatusCombiner
 from felixpy.proto import felixbackend_pb2 as pb
-from felixpy.rules import PolicyGroup, PolicyID, RuleRenderer, TierPolicyGroups, tiers_from_proto
+from felixpy.rules import PolicyGroup, PolicyID, RuleRenderer, tiers_from_proto
 
 log = structlog.get_logger(__name__)
 
 WlKey = tuple[str, str, str]
 
+ORCHESTRATOR_OPENSTACK = "openstack"  # its endpoints' floating IPs are always programmed (as Felix)
 IFACE_RETRY_INTERVAL = 1.0  # seconds before retrying a workload interface whose /proc/sys writes failed
 
 
@@ -72,7 +76,8 @@ class _Active:
 class EndpointManager:
     def __init__(self, ip_version: int, renderer: RuleRenderer, *, raw: Table, mangle: Table, filter: Table,
                  route_table: RouteTableAPI, sysctls: InterfaceConfigurer, status: EndpointStatusCombiner,
-                 maps: MapsDataplane | None = None, route_priority: int = 0) -> None:
+                 maps: MapsDataplane | None = None, route_priority: int = 0,
+                 groups: PolicyGroupChains | None = None, floating_ips: bool = False) -> None:
         self.ip_version = ip_version
         self._r = renderer
         self._raw, self._mangle, self._filter = raw, mangle, filter
@@ -81,6 +86,8 @@ class EndpointManager:
         self._status = status
         self._maps = maps
         self._route_priority = route_priority
+        self._floating_ips = floating_ips
+        self._groups = groups or PolicyGroupChains(renderer, [filter])
         status.register_family(ip_version)
 
         self._pending: dict[WlKey, tuple[pb.WorkloadEndpointID, pb.WorkloadEndpoint | None]] = {}
@@ -98,8 +105,6 @@ class EndpointManager:
         self._dispatch_chains: dict[str, Chain] = {}
         self._dispatch_maps: set[str] = set()
         self._selectors: dict[PolicyID, str] = {}
-        self._group_refs: dict[str, int] = {}
-        self._host_dispatch_dirty = True  # host endpoints arrive later; their dispatch chains exist now
 
     # ----------------------------------------------------------------------- updates
     def on_update(self, msg: Any) -> None:
@@ -138,9 +143,6 @@ class EndpointManager:
         if self._rpf_dirty:
             self._raw.update_chain(self._r.rpf_skip_chain(self._spoofing))
             self._rpf_dirty = False
-        if self._host_dispatch_dirty:
-            self._update_host_dispatch()
-            self._host_dispatch_dirty = False
         self._request_interface_config()
 
     def on_devices_applied(self) -> None:
@@ -184,12 +186,10 @@ class EndpointManager:
             self._deactivate(key)
             self._promote_shadowed(previous.endpoint.name)  # the old interface is free now
         tiers = tiers_from_proto(ep.tiers, self._selectors)
-        new_groups = self._groups_to_program(tiers)
-        self._incref_groups(new_groups)
+        new_groups = groups_to_program(tiers)
         try:
-            chains = self._r.workload_endpoint_chains(ep, tiers)
+            chains = self._groups.render_holding(new_groups, lambda: self._r.workload_endpoint_chains(ep, tiers))
         except Exception:
-            self._decref_groups(new_groups)
             log.exception("Failed to render endpoint chains; endpoint left as it was", endpoint=key,
                           iface=iface)
             return
@@ -199,7 +199,7 @@ class EndpointManager:
             for stale in old.chains:
                 if stale not in names:
                     self._filter.remove_chain_by_name(stale)
-            self._decref_groups(old.groups)
+            self._groups.decref(old.groups)
         self._filter.update_chains(chains)
         self._active[key] = _Active(ep, pid, names, new_groups)
         self._iface_to_key[iface] = key
@@ -211,7 +211,7 @@ class EndpointManager:
             else:
                 self._spoofing.pop(iface, None)
             self._rpf_dirty = True
-        self._set_routes(ep, iface)
+        self._set_routes(pid, ep, iface)
         self._to_reconfigure.add(iface)
 
     def _allowed_spoofing(self, key: WlKey, ep: pb.WorkloadEndpoint) -> tuple[str, ...]:
@@ -227,10 +227,13 @@ class EndpointManager:
             return ()
         return prefixes
 
-    def _set_routes(self, ep: pb.WorkloadEndpoint, iface: str) -> None:
+    def _set_routes(self, pid: pb.WorkloadEndpointID, ep: pb.WorkloadEndpoint, iface: str) -> None:
         targets = []
         if ep.state == "active":
-            nets = ep.ipv4_nets if self.ip_version == 4 else ep.ipv6_nets
+            nets = list(ep.ipv4_nets if self.ip_version == 4 else ep.ipv6_nets)
+            if self._floating_ips or pid.orchestrator_id == ORCHESTRATOR_OPENSTACK:
+                # The floating IP is DNAT'd to the workload: route it there too.
+                nets += [n.ext_ip for n in (ep.ipv4_nat if self.ip_version == 4 else ep.ipv6_nat)]
             for net in nets:
                 cidr = net if "/" in net else f"{net}/{32 if self.ip_version == 4 else 128}"
                 try:
@@ -239,7 +242,8 @@ class EndpointManager:
                     targets.append(Target(cidr=cidr, dest_mac=ep.mac or None,
                                           priority=self._route_priority or None))
                 except (ValueError, TypeError) as exc:
-                    log.error("Skipping bad workload address", iface=iface, cidr=net, error=str(exc))
+                    log.error("Skipping bad workload address", endpoint=wl_key(pid), iface=iface, cidr=net,
+                              error=str(exc))
         self._routes.set_routes(RouteClass.LOCAL_WORKLOAD, iface, targets)
 
     def _remove(self, key: WlKey, pid: pb.WorkloadEndpointID) -> None:
@@ -267,7 +271,7 @@ class EndpointManager:
         act = self._active.pop(key)
         for name in act.chains:
             self._filter.remove_chain_by_name(name)
-        self._decref_groups(act.groups)
+        self._groups.decref(act.groups)
         iface = act.endpoint.name
         if self._iface_to_key.get(iface) == key:
             del self._iface_to_key[iface]
@@ -276,29 +280,6 @@ class EndpointManager:
         if self._spoofing.pop(iface, None) is not None:
             self._rpf_dirty = True
         self._dispatch_dirty = True
-
-    # --------------------------------------------------------------------- groups
-    @staticmethod
-    def _groups_to_program(tiers: tuple[TierPolicyGroups, ...]) -> list[PolicyGroup]:
-        return [g for t in tiers for g in (*t.ingress, *t.egress) if not g.should_be_inlined()]
-
-    def _incref_groups(self, groups: list[PolicyGroup]) -> None:
-        for g in groups:
-            name = g.chain_name()
-            n = self._group_refs.get(name, 0)
-            if n == 0:
-                self._filter.update_chain(self._r.policy_group_chain(g))
-            self._group_refs[name] = n + 1
-
-    def _decref_groups(self, groups: list[PolicyGroup]) -> None:
-        for g in groups:
-            name = g.chain_name()
-            n = self._group_refs.get(name, 0) - 1
-            if n <= 0:
-                self._group_refs.pop(name, None)
-                self._filter.remove_chain_by_name(name)
-            else:
-                self._group_refs[name] = n
 
     # ------------------------------------------------------------------- dispatch
     def _update_dispatch(self) -> None:
@@ -318,15 +299,6 @@ class EndpointManager:
             for stale in self._dispatch_maps - seen:
                 self._maps.remove_map(stale)
             self._dispatch_maps = seen
-
-    def _update_host_dispatch(self) -> None:
-        """Felix's host-endpoint dispatch chains; with no host endpoints they let traffic fall
-        through, but the static chains jump to them, so they must exist."""
-        host_ifaces: list[str] = []
-        self._raw.update_chains(self._r.host_dispatch_chains(host_ifaces))
-        self._filter.update_chains(self._r.host_dispatch_chains(host_ifaces, "", apply_on_forward=True))
-        self._mangle.update_chains([*self._r.from_host_dispatch_chains(host_ifaces),
-                                    *self._r.to_host_dispatch_chains(host_ifaces)])
 
     def route_table_syncers(self) -> list[RouteTableAPI]:
         return [self._routes]

@@ -44,6 +44,26 @@ class Workload:
 
 
 @dataclass
+class Outside:
+    """A namespace outside the cluster joined to the node by a veth (``iface`` on the node side,
+    ``eth0`` inside) on ``net4``.0/24 and ``net6``::/64: the node is .1 / ::1, the outside .2 / ::2,
+    with its default routes via the node."""
+
+    netns: str
+    iface: str
+    node4: str
+    node6: str
+    peer4: str
+    peer6: str
+
+    def node_ip(self, version: int) -> str:
+        return self.node4 if version == 4 else self.node6
+
+    def ip(self, version: int) -> str:
+        return self.peer4 if version == 4 else self.peer6
+
+
+@dataclass
 class Node:
     netns: str
     host_ipv4: str = "10.99.0.1"
@@ -93,6 +113,33 @@ class Node:
         wl = Workload(name, wns, iface, ipv4, ipv6, mac)
         self.workloads[name] = wl
         return wl
+
+    def add_outside(self, iface: str, net4: str, net6: str) -> Outside:
+        """A host interface ``iface`` (e.g. the node's ``eth0``) leading to a new outside namespace."""
+        ns = nsmod.create(f"{self.workload_prefix}o")
+        self._extra_netns.append(ns)
+        out = Outside(ns, iface, f"{net4}.1", f"{net6}::1", f"{net4}.2", f"{net6}::2")
+        tmp = f"fpyo{secrets.token_hex(3)}"
+        sh("ip", "-n", self.netns, "link", "add", iface, "type", "veth", "peer", "name", tmp, "netns", ns)
+        sh("ip", "-n", ns, "link", "set", tmp, "name", "eth0")
+        for key in ("net.ipv6.conf.all.accept_dad", "net.ipv6.conf.default.accept_dad", "net.ipv6.conf.eth0.accept_dad"):
+            sysctl(ns, key, "0")
+        sysctl(self.netns, f"net.ipv6.conf.{iface}.accept_dad", "0")
+        sh("ip", "-n", self.netns, "addr", "add", f"{out.node4}/24", "dev", iface)
+        sh("ip", "-n", self.netns, "-6", "addr", "add", f"{out.node6}/64", "dev", iface, "nodad")
+        sh("ip", "-n", ns, "addr", "add", f"{out.peer4}/24", "dev", "eth0")
+        sh("ip", "-n", ns, "-6", "addr", "add", f"{out.peer6}/64", "dev", "eth0", "nodad")
+        for n, dev in ((self.netns, iface), (ns, "eth0"), (ns, "lo")):
+            sh("ip", "-n", n, "link", "set", dev, "up")
+        sh("ip", "-n", ns, "route", "add", "default", "via", out.node4)
+        sh("ip", "-n", ns, "-6", "route", "add", "default", "via", out.node6)
+        return out
+
+    def remove_outside(self, out: Outside) -> None:
+        sh("ip", "-n", self.netns, "link", "del", out.iface, check=False)
+        nsmod.delete(out.netns)
+        if out.netns in self._extra_netns:
+            self._extra_netns.remove(out.netns)
 
     def remove_workload(self, name: str) -> None:
         wl = self.workloads.pop(name)

@@ -40,6 +40,7 @@ from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceState, IfaceState
 from felixpy.managers.base import EndpointStatus
 from felixpy.managers.dscp import DSCPManager
 from felixpy.managers.endpoints import EndpointManager, wl_key
+from felixpy.managers.hostendpoints import HostEndpointManager
 from felixpy.managers.hostips import HostIPManager
 from felixpy.managers.masq import MasqManager
 from felixpy.managers.policy import PolicyManager
@@ -152,6 +153,10 @@ class Family:
         return self.parts.endpoints
 
     @property
+    def hostendpoints(self) -> HostEndpointManager:
+        return self.parts.hostendpoints
+
+    @property
     def hostips(self) -> HostIPManager:
         return self.parts.hostips
 
@@ -194,6 +199,8 @@ def program_start_of_day(renderer: RuleRenderer, tables: dict[str, FakeTable]) -
     tables["raw"].update_chains(renderer.host_dispatch_chains([]))
     tables["filter"].update_chains(renderer.host_dispatch_chains([], apply_on_forward=True))
     tables["filter"].update_chains(renderer.workload_dispatch_chains([]))
+    tables["nat"].update_chains([renderer.fip_dnat_chain({}), renderer.fip_snat_chain({})])
+    tables["filter"].update_chain(renderer.cidr_block_chain([]))
     tables["mangle"].update_chains([*renderer.from_host_dispatch_chains([]), *renderer.to_host_dispatch_chains([])])
 
 
@@ -213,6 +220,7 @@ class Node:
         self.ipset_kernel = FakeIPSet(FakeClock())
         self.conntrack = NoConntrack()
         self.status: dict[tuple[str, str, str], str] = {}
+        self.host_status: dict[str, str] = {}
         self.status_updates: list[EndpointStatus] = []
         self.feed_messages: list[Any] = []
         cfg = replace(self.config, Ipv6Support=6 in self.families, RouteSyncDisabled=not self.route_sync)
@@ -278,6 +286,12 @@ class Node:
     def _on_status(self, updates: list[EndpointStatus]) -> None:
         self.status_updates.extend(updates)
         for u in updates:
+            if u.kind == "host":
+                if u.status:
+                    self.host_status[u.endpoint_id.endpoint_id] = u.status
+                else:
+                    self.host_status.pop(u.endpoint_id.endpoint_id, None)
+                continue
             key = wl_key(u.endpoint_id)
             if u.status:
                 self.status[key] = u.status

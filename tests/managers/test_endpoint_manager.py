@@ -49,16 +49,6 @@ def po(name: str) -> str:
     return f"cali-po-gnp/{name}"
 
 
-@pytest.fixture(params=[4, 6], ids=["v4", "v6"])
-def v(request: pytest.FixtureRequest) -> int:
-    return int(request.param)
-
-
-@pytest.fixture
-def node() -> Node:
-    return Node(families=(4, 6), config=Config(Ipv6Support=True))
-
-
 def dispatch_chains(t: FakeTable) -> list[Chain]:
     return [c for n, c in t.state.chains.items()
             if n.startswith((CHAIN_FROM_WORKLOAD_DISPATCH, CHAIN_TO_WORKLOAD_DISPATCH))]
