@@ -8,7 +8,9 @@ Profiles (``--profile``):
 * ``stress`` — 5,000 workloads, 1,000 policies × 10 rules, 200 sets × 500 members (no remote routes).
   Not in ``make bench`` (it takes long); run it by hand.
 
-Modes (``--modes``): ``legacy`` (iptables-legacy), ``nft`` (iptables-nft), ``nftables`` (nftables mode).
+Modes (``--modes``): ``legacy`` (iptables-legacy), ``nft`` (iptables-nft), ``nftables`` (nftables mode,
+libnftables in the daemon), ``nftables-child`` (nftables mode, ``nft`` run as a child process per transaction,
+:class:`felixpy.drivers.nftables.shim.NftChildProcess`, selected by ``bench/hooks/sitecustomize.py``).
 BPF mode is not measured: the daemon has no BPF dataplane mode yet.
 
 Per mode, in a throwaway node namespace (``felixpy.testing.topology``), the real daemon
@@ -86,10 +88,13 @@ PROFILES = {
     "stress": Profile("stress", 5000, 1000, 10, 200, 500, 0),
     "smoke": Profile("smoke", 20, 20, 10, 20, 50, 50),
 }
+# bench/hooks/sitecustomize.py: the nft-as-a-child shim (and tracemalloc for profile_daemon.py).
+_HOOKS = {"PYTHONPATH": f"{Path(__file__).resolve().parent / 'hooks'}:{Path(__file__).resolve().parents[1]}"}
 MODES = {
-    "legacy": {"FELIX_IPTABLESBACKEND": "legacy"},
-    "nft": {"FELIX_IPTABLESBACKEND": "nft"},
-    "nftables": {"FELIX_NFTABLESMODE": "Enabled"},
+    "legacy": {"FELIX_IPTABLESBACKEND": "legacy", **_HOOKS},
+    "nft": {"FELIX_IPTABLESBACKEND": "nft", **_HOOKS},
+    "nftables": {"FELIX_NFTABLESMODE": "Enabled", **_HOOKS},
+    "nftables-child": {"FELIX_NFTABLESMODE": "Enabled", "FELIXPY_BENCH_NFT_SHIM": "child", **_HOOKS},
 }
 
 
@@ -185,7 +190,7 @@ def dump(ns: str, mode: str, families: list[int]) -> tuple[float, dict[str, str]
     """The state in the kernel, as the raw tools print it; and the time of that raw read-back."""
     out: dict[str, str] = {}
     total = 0.0
-    if mode == "nftables":
+    if mode.startswith("nftables"):
         dt, text = nsrun(ns, "nft", "list", "ruleset")
         out["nft"] = text
         total += nsrun(ns, "nft", "-j", "list", "ruleset")[0]
@@ -240,7 +245,7 @@ def raw_cold(mode: str, state: dict[str, str], families: list[int]) -> tuple[flo
     """Load ``state`` into a fresh namespace with the raw tools; returns (seconds, namespace)."""
     ns = nsmod.create("fpyraw")
     total = 0.0
-    if mode == "nftables":
+    if mode.startswith("nftables"):
         total += nsrun(ns, "nft", "-f", "-", stdin=state["nft"])[0]
         return total, ns
     total += nsrun(ns, "ipset", "restore", stdin=state["ipset"])[0]
@@ -253,7 +258,7 @@ def raw_one_chain(mode: str, ns: str, before: dict[str, str], after: dict[str, s
                   families: list[int]) -> tuple[float, int]:
     """Write the chains that changed between ``before`` and ``after`` into ``ns`` with the raw tool."""
     total, changed = 0.0, 0
-    if mode == "nftables":
+    if mode.startswith("nftables"):
         old, new = _nft_chains(before["nft"]), _nft_chains(after["nft"])
         script = []
         for (table, chain), body in new.items():
@@ -278,7 +283,7 @@ def raw_one_chain(mode: str, ns: str, before: dict[str, str], after: dict[str, s
 
 
 def rule_count(mode: str, state: dict[str, str]) -> tuple[int, int]:
-    chains = _nft_chains(state["nft"]) if mode == "nftables" else {
+    chains = _nft_chains(state["nft"]) if mode.startswith("nftables") else {
         k: v for key in state if key.startswith("v") for k, v in _ipt_chains(state[key]).items()}
     rules = sum(len([ln for ln in body if ln.strip() and not ln.strip().startswith(("type ", "policy "))])
                 for body in chains.values())
@@ -326,11 +331,14 @@ def wait_applied_after(d: DaemonProcess, sent: float, timeout: float = 300.0) ->
     raise TimeoutError("no apply after the message")
 
 
-def feed(d: DaemonProcess, batch: list[object], settle: float) -> tuple[FeedClient, float]:
+def feed(d: DaemonProcess, batch: list[object], settle: float,
+         before_insync: Callable[[], None] | None = None) -> tuple[FeedClient, float]:
     msgs = [to_dataplane(seq, m) for seq, m in enumerate(batch)]
     c = connect(d.target)
     c.send(msgs)
     time.sleep(settle)
+    if before_insync is not None:
+        before_insync()
     t0 = time.perf_counter()
     c.send([to_dataplane(len(msgs), pb.InSync())])
     c.wait_in_sync(1800)
@@ -407,6 +415,15 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def prepare_node(node: topology.Node, p: Profile) -> None:
+    """The VXLAN parent device (the node's underlay address) when the profile has remote routes."""
+    if p.remote_routes:
+        topology.sh("ip", "-n", node.netns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+        topology.sh("ip", "-n", node.netns, "addr", "add", "192.168.0.1/16", "dev", "eth0")
+        topology.sh("ip", "-n", node.netns, "link", "set", "eth0", "up")
+        topology.sh("ip", "-n", node.netns, "link", "set", "eth0p", "up")
+
+
 def run_mode(mode: str, p: Profile, *, ipv6: bool, settle: float, churn_s: float, samples: int) -> ModeResult:
     families = [4, 6] if ipv6 else [4]
     names = iface_names(p.workloads)
@@ -415,11 +432,7 @@ def run_mode(mode: str, p: Profile, *, ipv6: bool, settle: float, churn_s: float
     env = {**MODES[mode], "FELIX_FELIXHOSTNAME": HOSTNAME}
     raw_ns: str | None = None
     with topology.node("fpyprof") as node:
-        if p.remote_routes:
-            topology.sh("ip", "-n", node.netns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
-            topology.sh("ip", "-n", node.netns, "addr", "add", "192.168.0.1/16", "dev", "eth0")
-            topology.sh("ip", "-n", node.netns, "link", "set", "eth0", "up")
-            topology.sh("ip", "-n", node.netns, "link", "set", "eth0p", "up")
+        prepare_node(node, p)
         d = start_daemon(node.netns, env=env)
         try:
             c, res.cold = feed(d, batch, settle)
@@ -510,7 +523,7 @@ def report(p: Profile, results: list[ModeResult], ipv6: bool, churn_s: float, wa
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", choices=sorted(PROFILES), default="large")
-    ap.add_argument("--modes", default="legacy,nft,nftables")
+    ap.add_argument("--modes", default="legacy,nft,nftables,nftables-child")
     ap.add_argument("--ipv6", action="store_true")
     ap.add_argument("--settle", type=float, default=None, help="seconds between the batch and InSync")
     ap.add_argument("--churn", type=float, default=60.0, help="churn seconds (0: no churn run)")
