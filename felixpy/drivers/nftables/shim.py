@@ -62,6 +62,22 @@ class NftShim(Protocol):
 
 
 @runtime_checkable
+class NftSetsShim(NftShim, Protocol):
+    """A shim that can list just the table's sets (with their elements): the IP-set refresh path."""
+
+    def list_sets(self, family: str, name: str) -> list[dict[str, Any]] | None: ...
+
+
+def _sets_of(objs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    # ``list sets table F T`` lists every table's sets of family F (nft 1.0.6): keep table T's.
+    return [o for o in objs if "set" in o and o["set"].get("table") == name]
+
+
+def _has_table(objs: list[dict[str, Any]], name: str) -> bool:
+    return any(o.get("table", {}).get("name") == name for o in objs)
+
+
+@runtime_checkable
 class NftScriptShim(NftShim, Protocol):
     """A shim that can also run an nft script (text) as one transaction: the large-transaction path."""
 
@@ -117,6 +133,18 @@ class LibNftables:
         objs: list[dict[str, Any]] = json.loads(out)["nftables"] if out else []
         return objs
 
+    def list_sets(self, family: str, name: str) -> list[dict[str, Any]] | None:
+        if not _has_table(self._list({"tables": {"family": family}}), name):
+            return None
+        return _sets_of(self._list({"sets": {"family": family, "table": name}}), name)
+
+    def _list(self, what: dict[str, Any]) -> list[dict[str, Any]]:
+        rc, out, err = self._cmd(json.dumps({"nftables": [{"list": what}]}))
+        if rc != 0:
+            raise NftError(rc, err)
+        objs: list[dict[str, Any]] = json.loads(out)["nftables"] if out else []
+        return objs
+
 
 class NftChildProcess:
     """The shim as a child process per call: the ``nft`` binary reading JSON or a script on stdin.
@@ -159,6 +187,13 @@ class NftChildProcess:
             raise
         objs: list[dict[str, Any]] = json.loads(out)["nftables"] if out else []
         return objs
+
+    def list_sets(self, family: str, name: str) -> list[dict[str, Any]] | None:
+        tables = self._call(["-j", "list", "tables", family], None, "")
+        if not _has_table(json.loads(tables)["nftables"] if tables else [], name):
+            return None
+        out = self._call(["-j", "list", "sets", "table", family, name], None, "")
+        return _sets_of(json.loads(out)["nftables"] if out else [], name)
 
 
 @functools.cache
