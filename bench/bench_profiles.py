@@ -536,7 +536,7 @@ def main() -> None:
         t0 = time.monotonic()
         results.append(run_mode(mode, p, ipv6=args.ipv6, settle=settle, churn_s=args.churn, samples=args.samples))
         wall[mode] = time.monotonic() - t0
-        print(f"({mode} done in {wall[mode]:.0f} s)", file=sys.stderr, flush=True)
+        print(f"({mode} done in {wall[mode]:.0f} s: {results[-1]})", file=sys.stderr, flush=True)
     report(p, results, args.ipv6, args.churn, wall)
 
 
