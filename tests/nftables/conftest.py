@@ -30,11 +30,12 @@ def make(clock: FakeClock) -> Callable[..., Harness]:
     return _make
 
 
-@pytest.fixture
-def kernel_nft(in_netns: str) -> Iterator[NftShim]:
-    """A real libnftables shim, with this thread inside a throwaway network namespace."""
+@pytest.fixture(params=["libnftables", "nft-child"])
+def kernel_nft(request: pytest.FixtureRequest, in_netns: str) -> Iterator[NftShim]:
+    """A real shim — libnftables in this process, or the ``nft`` binary as a child per call — with this
+    thread inside a throwaway network namespace (the children are forked from it)."""
     if os.geteuid() != 0:
         pytest.skip("needs root")
     assert inside_netns(in_netns), "refusing to touch nftables outside the throwaway namespace"
-    from felixpy.drivers.nftables.shim import LibNftables
-    yield LibNftables()
+    from felixpy.drivers.nftables.shim import LibNftables, NftChildProcess
+    yield LibNftables() if request.param == "libnftables" else NftChildProcess()

@@ -131,3 +131,25 @@ def test_fake_keys_vxlan_vni_per_family_like_the_kernel() -> None:
     with pytest.raises(NetlinkCallError) as exc:
         nl.link_add(LinkSpec(name="vxlan.other", kind="vxlan", vxlan=VXLANInfo(vni=4096, port=4789, local="198.18.0.9")))
     assert exc.value.errno == errno.EEXIST
+
+
+def test_fdb_replaces_all_arp_entries_in_one_call_and_keeps_per_entry_results() -> None:
+    """Issue #17: one neighbour-replace call per apply (one ``ip -batch``), not one per VTEP; an entry the
+    kernel refused stays pending while the others are recorded as programmed."""
+    fake, idx = vxlan_fake()
+    calls: list[int] = []
+    handle = fake.factory()
+    real = handle.neighs_replace
+
+    def counting(neighs: list[Neigh]) -> list[int]:
+        calls.append(len(neighs))
+        out = real(neighs)
+        return [out[0], *out[1:-1], 22] if len(out) > 1 else out   # the last entry refused (EINVAL)
+
+    handle.neighs_replace = counting  # type: ignore[method-assign]
+    fdb = VXLANFDB(ip_version=4, iface_name="vxlan.calico", new_handle=lambda: handle)
+    fdb.set_vteps([VTEP(f"192.168.0.{n}", f"10.5.0.{n}", f"66:00:00:00:00:{n:02x}") for n in range(2, 52)])
+    with pytest.raises(DataplaneError):
+        fdb.apply()
+    assert calls == [50]
+    assert not fdb.in_sync()

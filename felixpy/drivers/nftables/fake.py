@@ -101,6 +101,7 @@ class FakeNft:
         self._handle = 0
         self.run_calls = 0
         self.list_calls = 0
+        self.set_list_calls = 0
         self.last_commands: list[dict[str, Any]] = []
         self.fail_all_runs = False
         self.fail_all_lists = False
@@ -136,6 +137,17 @@ class FakeNft:
         except (KeyError, TypeError, ValueError) as e:
             self._tables, self._handle = saved_tables, saved_handle
             raise NftError(-1, f"Error: malformed command {e!r}") from None
+
+    def list_sets(self, family: str, name: str) -> list[dict[str, Any]] | None:
+        """The table's sets with their elements (``list sets``); None when the table does not exist."""
+        self.set_list_calls += 1
+        if self.fail_all_lists or self._fail_lists > 0:
+            self._fail_lists = max(0, self._fail_lists - 1)
+            raise NftError(-1, "Error: injected list failure")
+        if (family, name) not in self._tables:
+            return None
+        self.list_calls -= 1  # list_table's counter is for full listings only
+        return [o for o in self.list_table(family, name) or () if "set" in o]
 
     def list_table(self, family: str, name: str) -> list[dict[str, Any]] | None:
         self.list_calls += 1

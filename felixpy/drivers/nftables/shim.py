@@ -12,6 +12,13 @@ Two calls, both in libnftables' JSON dialect, plus a text one:
   nft script as one transaction — faster for very large ones, see
   :mod:`.script`.
 
+Two implementations: :class:`LibNftables` runs libnftables inside this process
+(ctypes); :class:`NftChildProcess` runs the ``nft`` binary as a child per call
+(``nft -j -f -``, ``nft -f -``, ``nft -j list table``), as Felix does through
+knftables.  The child's C heap — about 3.8 KB per rule of a transaction, so
+gigabytes for a 300k-rule start of day — dies with the child instead of
+staying in this process's malloc arenas.
+
 libnftables acts on the network namespace of the *calling thread*, through a
 context that is not thread safe: one shim per table, used from one thread at a
 time.  :class:`~felixpy.drivers.nftables.fake.FakeNft` implements the same
@@ -25,6 +32,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from felixpy.drivers.cmdshim import CommandRunner
 from felixpy.errors import CommandError
 
 _ARGV = ["libnftables", "json"]
@@ -38,8 +46,8 @@ BIG_RUN_BYTES = 1 << 20
 class NftError(CommandError):
     """libnftables refused a command; ``stderr`` carries its message."""
 
-    def __init__(self, returncode: int, stderr: str, excerpt: str = "") -> None:
-        super().__init__(list(_ARGV), returncode, stderr, excerpt)
+    def __init__(self, returncode: int, stderr: str, excerpt: str = "", argv: Sequence[str] = _ARGV) -> None:
+        super().__init__(list(argv), returncode, stderr, excerpt)
 
     @property
     def not_found(self) -> bool:
@@ -51,6 +59,22 @@ class NftShim(Protocol):
     def run(self, commands: Sequence[dict[str, Any]]) -> None: ...
 
     def list_table(self, family: str, name: str) -> list[dict[str, Any]] | None: ...
+
+
+@runtime_checkable
+class NftSetsShim(NftShim, Protocol):
+    """A shim that can list just the table's sets (with their elements): the IP-set refresh path."""
+
+    def list_sets(self, family: str, name: str) -> list[dict[str, Any]] | None: ...
+
+
+def _sets_of(objs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    # ``list sets table F T`` lists every table's sets of family F (nft 1.0.6): keep table T's.
+    return [o for o in objs if "set" in o and o["set"].get("table") == name]
+
+
+def _has_table(objs: list[dict[str, Any]], name: str) -> bool:
+    return any(o.get("table", {}).get("name") == name for o in objs)
 
 
 @runtime_checkable
@@ -108,6 +132,68 @@ class LibNftables:
             raise error
         objs: list[dict[str, Any]] = json.loads(out)["nftables"] if out else []
         return objs
+
+    def list_sets(self, family: str, name: str) -> list[dict[str, Any]] | None:
+        if not _has_table(self._list({"tables": {"family": family}}), name):
+            return None
+        return _sets_of(self._list({"sets": {"family": family, "table": name}}), name)
+
+    def _list(self, what: dict[str, Any]) -> list[dict[str, Any]]:
+        rc, out, err = self._cmd(json.dumps({"nftables": [{"list": what}]}))
+        if rc != 0:
+            raise NftError(rc, err)
+        objs: list[dict[str, Any]] = json.loads(out)["nftables"] if out else []
+        return objs
+
+
+class NftChildProcess:
+    """The shim as a child process per call: the ``nft`` binary reading JSON or a script on stdin.
+
+    Same protocol as :class:`LibNftables` (``run``, ``run_script``, ``list_table``) and the same
+    all-or-nothing transactions (``nft -f`` is one batch).  Children are forked from the calling
+    thread, so they act on its network namespace like libnftables does.
+    """
+
+    def __init__(self, runner: CommandRunner | None = None, nft: str = "nft") -> None:
+        if runner is None:
+            from felixpy.drivers.cmdshim import SubprocessRunner
+
+            runner = SubprocessRunner()
+        self._runner = runner
+        self._nft = nft
+
+    def _call(self, args: Sequence[str], stdin: str | None, excerpt: str) -> str:
+        argv = [self._nft, *args]
+        res = self._runner.run(argv, stdin)
+        if res.returncode != 0:
+            raise NftError(res.returncode, res.stderr, excerpt, argv=argv)
+        return res.stdout
+
+    def run(self, commands: Sequence[dict[str, Any]]) -> None:
+        if not commands:
+            return
+        text = json.dumps({"nftables": list(commands)}, separators=(",", ":"))
+        self._call(["-j", "-f", "-"], text, text[:2000])
+
+    def run_script(self, script: str) -> None:
+        self._call(["-f", "-"], script, script[:2000])
+
+    def list_table(self, family: str, name: str) -> list[dict[str, Any]] | None:
+        try:
+            out = self._call(["-j", "list", "table", family, name], None, "")
+        except NftError as error:
+            if error.not_found:
+                return None
+            raise
+        objs: list[dict[str, Any]] = json.loads(out)["nftables"] if out else []
+        return objs
+
+    def list_sets(self, family: str, name: str) -> list[dict[str, Any]] | None:
+        tables = self._call(["-j", "list", "tables", family], None, "")
+        if not _has_table(json.loads(tables)["nftables"] if tables else [], name):
+            return None
+        out = self._call(["-j", "list", "sets", "table", family, name], None, "")
+        return _sets_of(json.loads(out)["nftables"] if out else [], name)
 
 
 @functools.cache

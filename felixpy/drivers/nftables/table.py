@@ -64,7 +64,7 @@ from felixpy.drivers.nftables.readback import ChainSnapshot, MapSnapshot, SetSna
 from felixpy.drivers.nftables.render import chain_rule_hashes, referenced_names
 from felixpy.drivers.nftables.script import Command, RuleCmd, to_json, to_script
 from felixpy.drivers.nftables.sets import NftSets, SetPlan
-from felixpy.drivers.nftables.shim import NftScriptShim, NftShim
+from felixpy.drivers.nftables.shim import NftScriptShim, NftSetsShim, NftShim
 from felixpy.errors import DataplaneError, FatalDataplaneError
 
 log = structlog.get_logger(__name__)
@@ -170,6 +170,7 @@ class NftablesTable:
         self._dp_others: list[tuple[str, str]] = []
         self._last_read = 0.0
         self._reason = "start of day"
+        self._sets_resync = False   # queue_resync(): re-read the sets only
 
         labels = (str(ip_version), TABLE_NAME)
         self._g_chains = metrics.NFT_CHAINS.labels(*labels)
@@ -327,7 +328,17 @@ class NftablesTable:
         return self.sets.get_desired_members(set_id)
 
     def queue_resync(self) -> None:
-        self.invalidate_dataplane_cache("IP set resync")
+        """The IP-set refresh (``IpsetsRefreshInterval``): re-read the *sets* on the next apply.
+
+        As Felix's nftables IPSets resync, which lists sets and never the chains.  Listing the whole table
+        here made a rule change that met the 90 s timer wait for a full listing (seconds at 20k rules and
+        200k set members).  The chains are still re-read by the table's own refresh timer and after any
+        failure; a shim without ``list_sets`` falls back to a full re-read.
+        """
+        if isinstance(self._shim, NftSetsShim):
+            self._sets_resync = True
+        else:
+            self.invalidate_dataplane_cache("IP set resync")
 
     def apply_updates(self) -> None:
         """nft sets go in the table's transaction: this runs that transaction (apply() then has nothing to do)."""
@@ -367,6 +378,8 @@ class NftablesTable:
         while True:
             if not self._in_sync:
                 self._load_dataplane_state()
+            elif self._sets_resync:
+                self._load_sets()
             full = failures >= RECREATE_FROM_FAILURE - 1
             plan = self._build_plan(full)
             try:
@@ -424,13 +437,12 @@ class NftablesTable:
             from err
 
     # ----------------------------------------------------------------------- read back
-    def _load_dataplane_state(self) -> None:
+    def _list(self, lister: Callable[[str, str], list[dict[str, Any]] | None]) -> list[dict[str, Any]] | None:
         delay = 0.1
         for attempt in range(1, LIST_ATTEMPTS + 1):
             metrics.NFT_LIST_CALLS.inc()
             try:
-                objs = self._shim.list_table(self._family, TABLE_NAME)
-                break
+                return lister(self._family, TABLE_NAME)
             except DataplaneError as e:
                 metrics.NFT_LIST_ERRORS.inc()
                 self._log.warning("Listing the nftables table failed", attempt=attempt, error=str(e))
@@ -438,6 +450,24 @@ class NftablesTable:
                     raise FatalDataplaneError(f"cannot list nftables {self._family} {TABLE_NAME}: {e}") from e
                 self._sleep(delay)
                 delay *= 2
+        raise AssertionError("unreachable")
+
+    def _load_sets(self) -> None:
+        """Re-read the sets only (see :meth:`queue_resync`); a missing table means a full re-read."""
+        assert isinstance(self._shim, NftSetsShim)
+        objs = self._list(self._shim.list_sets)
+        self._sets_resync = False
+        if objs is None:
+            self.invalidate_dataplane_cache("table missing at IP set resync")
+            self._load_dataplane_state()
+            return
+        self._dp_sets = parse_table(objs, self.ip_version).sets
+        self.sets.resync(self._dp_sets)
+        self._log.debug("Re-read nftables sets", sets=len(self._dp_sets), dirty=len(self.sets.dirty))
+
+    def _load_dataplane_state(self) -> None:
+        objs = self._list(self._shim.list_table)
+        self._sets_resync = False
         self._last_read = self._now()
         snap = parse_table(objs or (), self.ip_version)
         self._table_present = objs is not None

@@ -93,12 +93,17 @@ class VXLANFDB:
             return
         failures: list[str] = []
         # ARP/NDP then FDB: replaces first, then deletions (as Felix).
-        for mac, (ip, lladdr) in self.arp.pending_updates():
-            (err,) = nl.neighs_replace([Neigh(self.family, self.ifindex, ip, lladdr)])
-            if err:
-                failures.append(f"arp {ip}: errno {err}")
-            else:
-                self.arp.set_dataplane(mac, (ip, lladdr))
+        # All ARP/NDP replaces in one call (one ``ip -batch`` for the lot, not one process per entry:
+        # 5,000 remote VTEPs took ~60 % of a cold start that way); results come back per entry.
+        arp_updates = list(self.arp.pending_updates())
+        if arp_updates:
+            errs = nl.neighs_replace([Neigh(self.family, self.ifindex, ip, lladdr)
+                                      for _mac, (ip, lladdr) in arp_updates])
+            for (mac, (ip, lladdr)), err in zip(arp_updates, errs, strict=True):
+                if err:
+                    failures.append(f"arp {ip}: errno {err}")
+                else:
+                    self.arp.set_dataplane(mac, (ip, lladdr))
         for mac in self.arp.pending_deletions():
             ip, lladdr = self.arp.get_dataplane(mac) or ("", mac)
             try:
