@@ -1,0 +1,107 @@
+"""Reading the live kernel: one reader per dataplane mode behind :class:`Reader`, and :func:`read_kernel`.
+
+Each reader runs the mode's own dump tool through the command shim (so a namespace
+is just ``SubprocessRunner(netns=…)``) and recognises felixpy's state the way the
+drivers do after a restart: ``cali-`` chains in ``ip[6]tables-save``, the ``calico``
+table in nftables.  :func:`read_kernel` tries them in turn (nftables, iptables-nft,
+iptables-legacy) and says which one holds felixpy's state — or that none does.  A
+BPF reader (maps, ifstate, the policy programs' IR) is another :class:`Reader`; BPF
+mode is not a daemon mode yet, so there is none.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from felixpy.drivers.cmdshim import CommandRunner
+from felixpy.explain import ipt_parse, nft_parse
+from felixpy.explain.host import HostView, host_view
+from felixpy.explain.ipset_parse import IPSetSave
+from felixpy.explain.ruleset import Ruleset
+
+
+class Reader(Protocol):
+    """One dataplane mode's view of the kernel."""
+
+    mode: str
+
+    def read(self, runner: CommandRunner, ip_version: int) -> Ruleset | None:
+        """The family's ruleset, or None when this mode holds no felixpy state."""
+        ...
+
+
+class IptablesReader:
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.mode = f"iptables-{backend}"
+
+    def save_command(self, ip_version: int) -> list[str]:
+        return [f"ip{'6' if ip_version == 6 else ''}tables-{self.backend}-save"]
+
+    def read(self, runner: CommandRunner, ip_version: int) -> Ruleset | None:
+        res = runner.run(self.save_command(ip_version))
+        if not res.ok or not ipt_parse.has_felixpy_chains(res.stdout):
+            return None
+        sets = runner.run(["ipset", "save"])
+        return from_iptables_text(res.stdout, sets.stdout if sets.ok else "", ip_version, self.mode)
+
+
+class NftablesReader:
+    mode = "nftables"
+
+    def read(self, runner: CommandRunner, ip_version: int) -> Ruleset | None:
+        family = "ip" if ip_version == 4 else "ip6"
+        res = runner.run(["nft", "-j", "list", "table", family, nft_parse.TABLE])
+        if not res.ok:
+            return None
+        return from_nft_text(res.stdout, ip_version)
+
+
+def from_iptables_text(save: str, ipset_save: str, ip_version: int, mode: str) -> Ruleset:
+    return ipt_parse.ruleset_from_save(save, ip_version, IPSetSave(ipset_save), mode)
+
+
+def from_nft_text(text: str, ip_version: int) -> Ruleset:
+    objs = json.loads(text).get("nftables", [])
+    return nft_parse.ruleset_from_json(objs, ip_version)
+
+
+READERS: tuple[Reader, ...] = (NftablesReader(), IptablesReader("nft"), IptablesReader("legacy"))
+
+
+@dataclass(slots=True)
+class KernelState:
+    """What one read of the kernel found for one IP family."""
+
+    ip_version: int
+    ruleset: Ruleset | None
+    host: HostView
+    also_found: list[str] = field(default_factory=list)   # other modes that hold felixpy state too
+
+
+def read_host(runner: CommandRunner, ip_version: int) -> HostView:
+    addrs = runner.run(["ip", "-j", "addr"])
+    routes = runner.run(["ip", f"-{ip_version}", "-j", "route", "show", "table", "main"])
+    return host_view(addrs.stdout if addrs.ok else "[]", routes.stdout if routes.ok else "[]")
+
+
+def read_kernel(runner: CommandRunner, ip_version: int, readers: Sequence[Reader] = READERS,
+                mode: str | None = None) -> KernelState:
+    """Read the family's felixpy state from the first mode that holds it (or from ``mode``)."""
+    host = read_host(runner, ip_version)
+    found: Ruleset | None = None
+    for reader in readers:
+        if mode is not None and reader.mode != mode:
+            continue
+        rs = reader.read(runner, ip_version)
+        if rs is None:
+            continue
+        if found is None:
+            found = rs
+            break
+    if found is not None:
+        found.local_addrs = host.local_addrs
+    return KernelState(ip_version, found, host)
