@@ -1,4 +1,4 @@
-"""Command line: ``felixpy run | feed | replay | demo | version``.
+"""Command line: ``felixpy run | feed | replay | demo | explain | version``.
 
 ``felixpy-dataplane-driver`` (no arguments) is the entry point Felix execs as its
 external ``DataplaneDriver``: messages on fd 3, replies on fd 4.
@@ -55,6 +55,11 @@ def _parser() -> argparse.ArgumentParser:
                       choices=["iptables-legacy", "iptables-nft", "nftables"])
     demo.add_argument("--scenario", default="demo")
 
+    explain = sub.add_parser("explain", help="explain what the kernel's rules do with one packet")
+    from felixpy.explain import command as explain_command
+
+    explain_command.add_arguments(explain)
+
     sub.add_parser("version", help="print the version")
     return p
 
@@ -70,6 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _feed(args)
     if args.cmd == "replay":
         return _replay(args)
+    if args.cmd == "explain":
+        from felixpy.explain import command as explain_command
+
+        return explain_command.main(args)
     if args.cmd == "demo":
         from felixpy import demo
 

@@ -28,7 +28,9 @@ def to_text(ex: Explanation) -> str:
         lines.append(f"ip set:   {s['set']} matched {s['direction']} {s['member']}")
     d = ex.decided_by
     if d is not None:
-        if d.get("by") in ("policy", "profile"):
+        if d.get("by") == "routing":
+            lines.append(f"decided:  routing: {d['reason']}")
+        elif d.get("by") in ("policy", "profile"):
             lines.append(f"decided:  {d['kind']} {d['name']}" + (f" rule {d['rule_index']}" if "rule_index" in d else ""))
         else:
             why = "; ".join(d.get("comments") or []) or d.get("action", "")

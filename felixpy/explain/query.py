@@ -35,6 +35,10 @@ def explain_packet(state: KernelState, pkt: Packet, *, from_iface: str | None = 
         notes = [n for n in notes if "out interface" not in n]
     pkt = replace(pkt, iif=iif, oif=oif)
     direction = direction_of(pkt, rs.local_addrs)
+    if oif is None and direction != "input":
+        # No route: the kernel drops it (or the sender gets ENETUNREACH) before any rule is met.
+        return Explanation(pkt.describe(), rs.backend, rs.ip_version, direction, "deny",
+                           decided_by={"by": "routing", "reason": f"no route to {pkt.dst}"}, notes=notes)
     ex = explain(rs, evaluate(rs, pkt, direction))
     ex.notes = notes + ex.notes
     return ex
