@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from felixpy.drivers.generictables import model as m
-from felixpy.explain.packet import Packet
+from felixpy.explain.packet import Packet, protocol_number
 from felixpy.explain.ruleset import (
     AnyCriterion, HookEntry, KRule, Ruleset, UnknownAction, UnknownMatch, VerdictMapAction,
 )
@@ -92,7 +93,7 @@ class _Matcher:
         self.rs = rs
         self.uncertain = uncertain
 
-    def _set(self, name: str, pkt: Packet, src: bool, ipport: bool, sets: list[SetMatch]) -> bool:
+    def set_member(self, name: str, pkt: Packet, src: bool, ipport: bool, sets: list[SetMatch]) -> bool:
         contents = self.rs.sets(name)
         if contents is None:
             self.uncertain.append(f"IP set {name} is referenced but could not be read")
@@ -107,80 +108,11 @@ class _Matcher:
             sets.append(SetMatch(name, "src" if src else "dst", hit))
         return hit is not None
 
-    def criterion(self, c: AnyCriterion, pkt: Packet, sets: list[SetMatch]) -> bool:  # noqa: C901
-        t = type(c)
-        if t is m.MarkMatchesWithMask:
-            return ((pkt.mark & c.mask) == c.mark) != c.negate  # type: ignore[union-attr]
-        if t is m.InInterface:
-            return _iface_match(c.iface, pkt.iif) != c.negate  # type: ignore[union-attr]
-        if t is m.OutInterface:
-            return _iface_match(c.iface, pkt.oif) != c.negate  # type: ignore[union-attr]
-        if t is m.ConntrackState:
-            states = {s.strip().upper() for s in c.states.split(",")}  # type: ignore[union-attr]
-            return (pkt.ct_state in states) != c.negate  # type: ignore[union-attr]
-        if t is m.ProtocolNum:
-            return (pkt.proto == c.num) != c.negate  # type: ignore[union-attr]
-        if t in (m.SourceNet, m.DestNet):
-            net = _net(c.net)  # type: ignore[union-attr]
-            ip = pkt.src if t is m.SourceNet else pkt.dst
-            if net is None:
-                self.uncertain.append(f"unparseable address {c.net!r}")  # type: ignore[union-attr]
-                return False
-            return (net.version == ip.version and ip in net) != c.negate  # type: ignore[union-attr]
-        if t in (m.SourceIPSet, m.DestIPSet, m.SourceIPPortSet, m.DestIPPortSet):
-            src = t in (m.SourceIPSet, m.SourceIPPortSet)
-            ipport = t in (m.SourceIPPortSet, m.DestIPPortSet)
-            found: list[SetMatch] = []
-            hit = self._set(c.name, pkt, src, ipport, found)  # type: ignore[union-attr]
-            result = hit != c.negate  # type: ignore[union-attr]
-            if result and hit:
-                sets.extend(found)
-            return result
-        if t in (m.SourcePorts, m.DestPorts):
-            if not pkt.has_ports:
-                return False
-            port = pkt.sport if t is m.SourcePorts else pkt.dport
-            hit = any(p.first <= port <= p.last for p in c.ports)  # type: ignore[union-attr]
-            return hit != c.negate  # type: ignore[union-attr]
-        if t is m.DestPort:
-            return pkt.has_ports and pkt.dport == c.port  # type: ignore[union-attr]
-        if t in (m.ICMPType, m.ICMPV6Type):
-            want = 1 if t is m.ICMPType else 58
-            if pkt.proto != want:
-                return False
-            hit = pkt.icmp_type == c.type and (c.code is None or pkt.icmp_code == c.code)  # type: ignore[union-attr]
-            return hit != c.negate  # type: ignore[union-attr]
-        if t is m.MarkClear:
-            return pkt.mark & c.mark == 0  # type: ignore[union-attr]
-        if t is m.MarkNotClear:
-            return pkt.mark & c.mark != 0  # type: ignore[union-attr]
-        if t is m.MarkSingleBitSet:
-            return pkt.mark & c.mark == c.mark  # type: ignore[union-attr]
-        if t is m.ConnMarkMatchesWithMask:
-            return c.mark == 0  # type: ignore[union-attr]  # a new flow's connmark is 0
-        if t is m.Protocol:
-            from felixpy.explain.packet import protocol_number
-            return (pkt.proto == protocol_number(c.name)) != c.negate  # type: ignore[union-attr]
-        if t is m.TCPFlagsSet:
-            return pkt.proto == 6 and c.flags.upper() == "SYN"  # type: ignore[union-attr]
-        if t is m.SrcAddrType or t is m.DestAddrType:
-            if c.addr_type.upper() != m.ADDR_TYPE_LOCAL:  # type: ignore[union-attr]
-                self.uncertain.append(f"address type {c.addr_type} is not modelled")  # type: ignore[union-attr]
-                return False
-            ip = pkt.src if t is m.SrcAddrType else pkt.dst
-            return (ip.compressed in self.rs.local_addrs) != c.negate  # type: ignore[union-attr]
-        if t is m.RPFCheckFailed:
-            return False
-        if t is m.IPVSConnection:
-            return c.negate  # type: ignore[union-attr]
-        if t is m.Limit:
-            return True
-        if t is m.ConnLimit:
-            return False
-        if t is UnknownMatch:
-            self.uncertain.append(f"criterion not modelled (taken as not matching): {c.text}")  # type: ignore[union-attr]
-            return False
-        return False  # ARP, vmap-as-criterion: never for an IP packet
+    def criterion(self, c: AnyCriterion, pkt: Packet, sets: list[SetMatch]) -> bool:
+        fn = _CRITERIA.get(type(c))
+        if fn is None:
+            return False  # ARP, vmap-as-criterion: never for an IP packet
+        return fn(c, pkt, self, sets)
 
     def rule(self, r: KRule, pkt: Packet) -> tuple[bool, list[SetMatch]]:
         sets: list[SetMatch] = []
@@ -189,6 +121,115 @@ class _Matcher:
             if not crit(c, pkt, sets):
                 return False, sets
         return True, sets
+
+
+# --------------------------------------------------------------------------- criteria
+def _c_mark(c: m.MarkMatchesWithMask, pkt: Packet, mt: _Matcher, sets: list[SetMatch]) -> bool:
+    return ((pkt.mark & c.mask) == c.mark) != c.negate
+
+
+def _c_iif(c: m.InInterface, pkt: Packet, mt: _Matcher, sets: list[SetMatch]) -> bool:
+    return _iface_match(c.iface, pkt.iif) != c.negate
+
+
+def _c_oif(c: m.OutInterface, pkt: Packet, mt: _Matcher, sets: list[SetMatch]) -> bool:
+    return _iface_match(c.iface, pkt.oif) != c.negate
+
+
+def _c_ct(c: m.ConntrackState, pkt: Packet, mt: _Matcher, sets: list[SetMatch]) -> bool:
+    return (pkt.ct_state in {s.strip().upper() for s in c.states.split(",")}) != c.negate
+
+
+def _c_proto(c: m.ProtocolNum, pkt: Packet, mt: _Matcher, sets: list[SetMatch]) -> bool:
+    return (pkt.proto == c.num) != c.negate
+
+
+def _c_proto_name(c: m.Protocol, pkt: Packet, mt: _Matcher, sets: list[SetMatch]) -> bool:
+    return (pkt.proto == protocol_number(c.name)) != c.negate
+
+
+def _c_net(c: m.SourceNet | m.DestNet, pkt: Packet, mt: _Matcher, sets: list[SetMatch]) -> bool:
+    net = _net(c.net)
+    if net is None:
+        mt.uncertain.append(f"unparseable address {c.net!r}")
+        return False
+    ip = pkt.src if isinstance(c, m.SourceNet) else pkt.dst
+    return (net.version == ip.version and ip in net) != c.negate
+
+
+def _c_set(c: m.SourceIPSet | m.DestIPSet | m.SourceIPPortSet | m.DestIPPortSet, pkt: Packet, mt: _Matcher,
+           sets: list[SetMatch]) -> bool:
+    src = isinstance(c, (m.SourceIPSet, m.SourceIPPortSet))
+    ipport = isinstance(c, (m.SourceIPPortSet, m.DestIPPortSet))
+    found: list[SetMatch] = []
+    hit = mt.set_member(c.name, pkt, src, ipport, found)
+    if hit and not c.negate:
+        sets.extend(found)
+    return hit != c.negate
+
+
+def _c_ports(c: m.SourcePorts | m.DestPorts, pkt: Packet, mt: _Matcher, sets: list[SetMatch]) -> bool:
+    if not pkt.has_ports:
+        return False
+    port = pkt.sport if isinstance(c, m.SourcePorts) else pkt.dport
+    return any(p.first <= port <= p.last for p in c.ports) != c.negate
+
+
+def _c_dport(c: m.DestPort, pkt: Packet, mt: _Matcher, sets: list[SetMatch]) -> bool:
+    return pkt.has_ports and pkt.dport == c.port
+
+
+def _c_icmp(c: m.ICMPType | m.ICMPV6Type, pkt: Packet, mt: _Matcher, sets: list[SetMatch]) -> bool:
+    if pkt.proto != (1 if isinstance(c, m.ICMPType) else 58):
+        return False
+    hit = pkt.icmp_type == c.type and (c.code is None or pkt.icmp_code == c.code)
+    return hit != c.negate
+
+
+def _c_addr_type(c: m.SrcAddrType | m.DestAddrType, pkt: Packet, mt: _Matcher, sets: list[SetMatch]) -> bool:
+    if c.addr_type.upper() != m.ADDR_TYPE_LOCAL:
+        mt.uncertain.append(f"address type {c.addr_type} is not modelled (taken as not matching)")
+        return False
+    ip = pkt.src if isinstance(c, m.SrcAddrType) else pkt.dst
+    return (ip.compressed in mt.rs.local_addrs) != c.negate
+
+
+def _c_unknown(c: UnknownMatch, pkt: Packet, mt: _Matcher, sets: list[SetMatch]) -> bool:
+    mt.uncertain.append(f"criterion not modelled (taken as not matching): {c.text}")
+    return False
+
+
+_CRITERIA: dict[type, Callable[[Any, Packet, _Matcher, list[SetMatch]], bool]] = {
+    m.MarkMatchesWithMask: _c_mark,
+    m.MarkClear: lambda c, pkt, mt, sets: pkt.mark & c.mark == 0,
+    m.MarkNotClear: lambda c, pkt, mt, sets: pkt.mark & c.mark != 0,
+    m.MarkSingleBitSet: lambda c, pkt, mt, sets: pkt.mark & c.mark == c.mark,
+    m.ConnMarkMatchesWithMask: lambda c, pkt, mt, sets: c.mark == 0,   # a new flow's connmark is 0
+    m.InInterface: _c_iif,
+    m.OutInterface: _c_oif,
+    m.ConntrackState: _c_ct,
+    m.ProtocolNum: _c_proto,
+    m.Protocol: _c_proto_name,
+    m.SourceNet: _c_net,
+    m.DestNet: _c_net,
+    m.SourceIPSet: _c_set,
+    m.DestIPSet: _c_set,
+    m.SourceIPPortSet: _c_set,
+    m.DestIPPortSet: _c_set,
+    m.SourcePorts: _c_ports,
+    m.DestPorts: _c_ports,
+    m.DestPort: _c_dport,
+    m.ICMPType: _c_icmp,
+    m.ICMPV6Type: _c_icmp,
+    m.TCPFlagsSet: lambda c, pkt, mt, sets: pkt.proto == 6 and c.flags.upper() == "SYN",  # a new flow's SYN
+    m.SrcAddrType: _c_addr_type,
+    m.DestAddrType: _c_addr_type,
+    m.RPFCheckFailed: lambda c, pkt, mt, sets: False,        # assumed: the source is reachable back
+    m.IPVSConnection: lambda c, pkt, mt, sets: c.negate,      # not an IPVS connection
+    m.Limit: lambda c, pkt, mt, sets: True,                   # under the rate
+    m.ConnLimit: lambda c, pkt, mt, sets: False,              # one flow is under any connection limit
+    UnknownMatch: _c_unknown,
+}
 
 
 def _base_chain(rs: Ruleset, entry: HookEntry, pkt: Packet, matcher: _Matcher,

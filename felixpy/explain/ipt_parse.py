@@ -216,8 +216,8 @@ def parse_rule(spec: str, ip_version: int, position: int,
             crit.append(m.Limit(arg(), int(burst)))
             step = 4 if arg(2) == "--limit-burst" else 2
         elif t == "--connlimit-above":
-            mask = arg(3) if arg(2) == "--connlimit-mask" else "0"
-            crit.append(m.ConnLimit(int(arg()), int(mask)))
+            cl_mask = arg(3) if arg(2) == "--connlimit-mask" else "0"
+            crit.append(m.ConnLimit(int(arg()), int(cl_mask)))
             step = 4 if arg(2) == "--connlimit-mask" else 2
         elif t in ("-j", "--jump", "-g", "--goto"):
             target = arg()

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from felixpy.drivers.generictables import model as m
-from felixpy.explain.packet import ICMP_TYPES, ICMPV6_TYPES, protocol_number
+from felixpy.explain.packet import ICMP_CODES, ICMP_TYPES, ICMPV6_CODES, ICMPV6_TYPES, protocol_number
 from felixpy.explain.ruleset import (
     AnyAction, AnyCriterion, HookEntry, IPSetContents, KRule, LazyChains, Ruleset, UnknownAction, UnknownMatch,
     VerdictMapAction,
@@ -76,6 +76,7 @@ def _match(mt: dict[str, Any], ip_version: int, prev: list[AnyCriterion]) -> Any
     op, left, right = mt.get("op", "=="), mt.get("left"), mt.get("right")
     neg = op == "!="
     icmp_names = ICMP_TYPES if ip_version == 4 else ICMPV6_TYPES
+    code_names = ICMP_CODES if ip_version == 4 else ICMPV6_CODES
     if isinstance(left, dict) and "&" in left:
         base, mask = left["&"]
         if isinstance(mask, (int, str)) and _is_key(base, "meta", "mark"):
@@ -115,7 +116,7 @@ def _match(mt: dict[str, Any], ip_version: int, prev: list[AnyCriterion]) -> Any
         if len(parts) == 2 and parts[0] is not None and parts[0][0] in ("icmp", "icmpv6") and len(elems) == 1:
             t, c = elems[0]["concat"]
             cls = m.ICMPType if parts[0][0] == "icmp" else m.ICMPV6Type
-            return cls(_icmp_value(t, icmp_names), _int(c), True)
+            return cls(_icmp_value(t, icmp_names), _icmp_value(c, code_names), True)
     p = _payload(left)
     if p is not None:
         proto, fld = p
@@ -126,6 +127,11 @@ def _match(mt: dict[str, Any], ip_version: int, prev: list[AnyCriterion]) -> Any
             if net is not None:
                 return (m.SourceNet if fld == "saddr" else m.DestNet)(net, neg)
         if fld in ("sport", "dport") and proto in ("tcp", "udp", "sctp", "th", "udplite", "dccp"):
+            # "udp dport …" carries its own protocol dependency (nft folds "meta l4proto udp" into it).
+            num = protocol_number(proto)
+            if num is not None and not any(isinstance(c, m.ProtocolNum) and c.num == num and not c.negate
+                                           for c in prev):
+                prev.append(m.ProtocolNum(num))
             ports = _ports(right)
             return (m.SourcePorts if fld == "sport" else m.DestPorts)(ports, neg)
         if proto in ("icmp", "icmpv6") and fld == "type" and not isinstance(right, dict):
@@ -134,7 +140,7 @@ def _match(mt: dict[str, Any], ip_version: int, prev: list[AnyCriterion]) -> Any
         if proto in ("icmp", "icmpv6") and fld == "code" and not neg and prev:
             last = prev[-1]
             if isinstance(last, (m.ICMPType, m.ICMPV6Type)) and last.code is None and not last.negate:
-                prev[-1] = type(last)(last.type, _int(right))
+                prev[-1] = type(last)(last.type, _icmp_value(right, code_names))
                 return None
     return UnknownMatch(f"match {left!r} {op} {right!r}")
 
@@ -217,11 +223,11 @@ def parse_rule(expr: Iterable[dict[str, Any]], comment: str | None, ip_version: 
             crit.append(m.ConnLimit(int((val or {}).get("val", 0))))
         elif kind in ("snat", "dnat", "masquerade"):
             v = val or {}
-            action = {"snat": m.SNAT(str(v.get("addr", ""))), "dnat": m.DNAT(str(v.get("addr", ""))),
-                      "masquerade": m.Masquerade()}[kind]
+            addr = str(v.get("addr", ""))
+            action = m.SNAT(addr) if kind == "snat" else m.DNAT(addr) if kind == "dnat" else m.Masquerade()
         else:
             crit.append(UnknownMatch(f"{kind} {val!r}"))
-    hash_, comments = "", ()
+    hash_, comments = "", cast("tuple[str, ...]", ())
     if comment:
         head, sep, rest = comment.partition(";")
         if head.startswith(HASH_PREFIX) and sep:
@@ -269,7 +275,7 @@ def set_contents(obj: Mapping[str, Any]) -> IPSetContents | None:
                 s.nets.append(ipaddress.ip_network(f"{e['prefix']['addr']}/{e['prefix']['len']}", strict=False))
             elif isinstance(e, dict) and "range" in e:
                 lo, hi = (ipaddress.ip_address(x) for x in e["range"])
-                s.nets.extend(ipaddress.summarize_address_range(lo, hi))  # type: ignore[arg-type]
+                s.nets.extend(ipaddress.summarize_address_range(lo, hi))
         except (ValueError, TypeError, KeyError):
             continue
     return s

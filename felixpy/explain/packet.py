@@ -29,6 +29,16 @@ ICMPV6_TYPES: dict[str, int] = {
     "ind-neighbor-solicit": 141, "ind-neighbor-advert": 142, "mld2-listener-report": 143,
 }
 
+# nft prints ICMP codes by these names (its icmp_code / icmpv6_code symbol tables).
+ICMP_CODES: dict[str, int] = {
+    "net-unreachable": 0, "host-unreachable": 1, "prot-unreachable": 2, "port-unreachable": 3,
+    "frag-needed": 4, "net-prohibited": 9, "host-prohibited": 10, "admin-prohibited": 13,
+}
+ICMPV6_CODES: dict[str, int] = {
+    "no-route": 0, "admin-prohibited": 1, "addr-unreachable": 3, "port-unreachable": 4, "policy-fail": 5,
+    "reject-route": 6,
+}
+
 
 def protocol_number(name: str) -> int | None:
     """``tcp`` → 6, ``"17"`` → 17; None for a name we don't know."""
