@@ -48,7 +48,7 @@ def cross_check(netns: str, v: int, endpoints: Mapping[str, cc.Endpoint], actual
                 label: str) -> None:
     """Raise AssertionError naming every cell where explain disagrees with the real probe."""
     __tracebackhide__ = True
-    state = read_kernel(SubprocessRunner(netns=netns), v)
+    state = read_kernel(SubprocessRunner(netns=netns), v, full=True)
     wrong: list[str] = []
     for (probe, s, d), got in sorted(actual.items()):
         ok, ex_req, ex_reply = explain_cell(state, probe, endpoints[s].ip(v), endpoints[d].ip(v))

@@ -261,3 +261,50 @@ def ruleset_from_save(text: str, ip_version: int, sets: SetLookup, backend: str)
 def has_felixpy_chains(text: str) -> bool:
     """Whether a save dump holds felixpy's chains (``:cali-…`` declarations)."""
     return "\n:cali-" in text
+
+
+def parse_listing(text: str) -> tuple[list[str], str | None]:
+    """``iptables -S <chain>`` output → (rule specs without ``-A <chain> ``, built-in policy or None)."""
+    specs: list[str] = []
+    policy = None
+    for line in text.splitlines():
+        if line.startswith("-A "):
+            specs.append(line[3:].partition(" ")[2])
+        elif line.startswith("-P "):
+            p = line.split()[-1]
+            policy = p.lower() if p in ("ACCEPT", "DROP") else None
+    return specs, policy
+
+
+def lazy_ruleset(list_chain: Callable[[str, str], str | None], ip_version: int, sets: SetLookup,
+                 backend: str) -> Ruleset:
+    """A ruleset that lists each chain (``list_chain(table, chain)`` → ``-S`` text, None if absent) on use."""
+    policies: dict[str, str] = {}
+
+    def fetch(key: str) -> object | None:
+        table, _, chain = key.partition("/")
+        text = list_chain(table, chain)
+        if text is None:
+            return None
+        specs, policy = parse_listing(text)
+        if policy is not None:
+            policies[key] = policy
+        return specs
+
+    def parse(key: str, raw: object) -> list[KRule]:
+        lines = raw if isinstance(raw, list) else []
+        return [parse_rule(spec, ip_version, i + 1) for i, spec in enumerate(lines)]
+
+    chains = LazyChains({}, parse, fetch)
+
+    def hook_source(hook: str) -> list[HookEntry]:
+        out = []
+        for t, c, prio in TABLE_HOOKS.get(hook, ()):
+            key = f"{t}/{c}"
+            if key in chains:   # lists it (and learns its policy)
+                out.append(HookEntry(f"{t} {c}", key, prio, policies.get(key, "accept")))
+        return out
+
+    return Ruleset(backend=backend, ip_version=ip_version, chains=chains, hooks={}, sets=sets,
+                   resolve=lambda current, target: current.split("/", 1)[0] + "/" + target,
+                   display=lambda key: key.replace("/", " ", 1), hook_source=hook_source)

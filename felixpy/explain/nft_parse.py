@@ -9,14 +9,15 @@ criteria/actions; anything else becomes :class:`~.ruleset.UnknownMatch`.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from felixpy.drivers.generictables import model as m
 from felixpy.explain.packet import ICMP_CODES, ICMP_TYPES, ICMPV6_CODES, ICMPV6_TYPES, protocol_number
 from felixpy.explain.ruleset import (
-    AnyAction, AnyCriterion, HookEntry, IPSetContents, KRule, LazyChains, Ruleset, UnknownAction, UnknownMatch,
-    VerdictMapAction,
+    AnyAction, AnyCriterion, FetchingMap, HookEntry, IPSetContents, KRule, LazyChains, Ruleset, UnknownAction,
+    UnknownMatch, VerdictMapAction,
 )
 
 HASH_PREFIX = "cali:"
@@ -281,6 +282,16 @@ def set_contents(obj: Mapping[str, Any]) -> IPSetContents | None:
     return s
 
 
+def map_elements(obj: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """A listed verdict ``map`` → key → ("goto", chain) / ("jump", chain) / ("accept",) …"""
+    elems: dict[str, tuple[str, ...]] = {}
+    for e in obj.get("elem", ()):
+        if isinstance(e, list) and len(e) == 2 and isinstance(e[1], dict) and len(e[1]) == 1:
+            (vk, vv), = e[1].items()
+            elems[str(e[0])] = (vk, vv["target"]) if isinstance(vv, dict) and "target" in vv else (vk,)
+    return elems
+
+
 def ruleset_from_json(objs: Iterable[Mapping[str, Any]], ip_version: int, backend: str = "nftables") -> Ruleset:
     """One family's ``calico`` table objects (``nft -j list …`` ``nftables`` array) → a Ruleset."""
     family = "ip" if ip_version == 4 else "ip6"
@@ -304,12 +315,7 @@ def ruleset_from_json(objs: Iterable[Mapping[str, Any]], ip_version: int, backen
         elif kind == "set":
             sets[o["name"]] = o
         elif kind == "map":
-            elems: dict[str, tuple[str, ...]] = {}
-            for e in o.get("elem", ()):
-                if isinstance(e, list) and len(e) == 2 and isinstance(e[1], dict) and len(e[1]) == 1:
-                    (vk, vv), = e[1].items()
-                    elems[str(e[0])] = (vk, vv["target"]) if isinstance(vv, dict) and "target" in vv else (vk,)
-            maps[o["name"]] = elems
+            maps[o["name"]] = map_elements(o)
     for entries in hooks.values():
         entries.sort(key=lambda h: h.priority)
     parsed_sets: dict[str, IPSetContents | None] = {}
@@ -327,3 +333,58 @@ def ruleset_from_json(objs: Iterable[Mapping[str, Any]], ip_version: int, backen
 
     return Ruleset(backend=backend, ip_version=ip_version, chains=LazyChains(raw_rules, parse), hooks=hooks,
                    sets=lookup, maps=maps)
+
+
+def lazy_ruleset(list_object: Callable[[str, str], str | None], ip_version: int,
+                 base_chains: Mapping[str, Sequence[str]], backend: str = "nftables") -> Ruleset:
+    """A ruleset that lists each chain, set and map on use: ``list_object(kind, name)`` → ``nft -j list
+    <kind> <family> calico <name>`` output (None if absent); ``base_chains``: hook → base-chain names."""
+    family = "ip" if ip_version == 4 else "ip6"
+    bases: dict[str, HookEntry] = {}
+
+    def objects(kind: str, name: str) -> list[dict[str, Any]] | None:
+        text = list_object(kind, name)
+        if text is None:
+            return None
+        return [o for o in json.loads(text).get("nftables", []) if isinstance(o, dict)]
+
+    def fetch_chain(name: str) -> object | None:
+        objs = objects("chain", name)
+        if objs is None:
+            return None
+        rules = []
+        for o in objs:
+            if "chain" in o and "hook" in o["chain"]:
+                c = o["chain"]
+                bases[name] = HookEntry(name, name, int(c.get("prio", 0)), str(c.get("policy", "accept")))
+            elif "rule" in o and o["rule"].get("family") == family:
+                rules.append((o["rule"].get("expr", ()), o["rule"].get("comment")))
+        return rules
+
+    def parse(chain: str, raw: object) -> list[KRule]:
+        items = raw if isinstance(raw, list) else []
+        return [parse_rule(expr, comment, ip_version, i + 1) for i, (expr, comment) in enumerate(items)]
+
+    chains = LazyChains({}, parse, fetch_chain)
+
+    def hook_source(hook: str) -> list[HookEntry]:
+        entries = [bases[n] for n in base_chains.get(hook, ()) if n in chains and n in bases]
+        return sorted(entries, key=lambda h: h.priority)
+
+    def fetch_set(name: str) -> IPSetContents | None:
+        objs = objects("set", name.replace(":", "-"))
+        for o in objs or ():
+            if "set" in o:
+                return set_contents(o["set"])
+        return None
+
+    def fetch_map(name: str) -> dict[str, tuple[str, ...]] | None:
+        objs = objects("map", name)
+        for o in objs or ():
+            if "map" in o:
+                return map_elements(o["map"])
+        return None
+
+    set_cache = FetchingMap(fetch_set)
+    return Ruleset(backend=backend, ip_version=ip_version, chains=chains, hooks={},
+                   sets=lambda name: set_cache.get(name), maps=FetchingMap(fetch_map), hook_source=hook_source)

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from felixpy.drivers.cmdshim import CommandRunner
 from felixpy.explain import ipt_parse, nft_parse
 from felixpy.explain.host import HostView, host_view
 from felixpy.explain.ipset_parse import IPSetSave
-from felixpy.explain.ruleset import Ruleset
+from felixpy.drivers.nftables.names import BASE_CHAINS
+from felixpy.explain.ruleset import IPSetContents, Ruleset
 
 
 class Reader(Protocol):
@@ -28,8 +29,12 @@ class Reader(Protocol):
 
     mode: str
 
-    def read(self, runner: CommandRunner, ip_version: int) -> Ruleset | None:
-        """The family's ruleset, or None when this mode holds no felixpy state."""
+    def read(self, runner: CommandRunner, ip_version: int, full: bool = False) -> Ruleset | None:
+        """The family's ruleset, or None when this mode holds no felixpy state.
+
+        ``full``: one dump of everything now (many packets against one read); otherwise each
+        chain, set and map is listed when the packet first reaches it (one answer on a big node).
+        """
         ...
 
 
@@ -41,23 +46,44 @@ class IptablesReader:
     def save_command(self, ip_version: int) -> list[str]:
         return [f"ip{'6' if ip_version == 6 else ''}tables-{self.backend}-save"]
 
-    def read(self, runner: CommandRunner, ip_version: int) -> Ruleset | None:
-        res = runner.run(self.save_command(ip_version))
-        if not res.ok or not ipt_parse.has_felixpy_chains(res.stdout):
+    def read(self, runner: CommandRunner, ip_version: int, full: bool = False) -> Ruleset | None:
+        if full:
+            res = runner.run(self.save_command(ip_version))
+            if not res.ok or not ipt_parse.has_felixpy_chains(res.stdout):
+                return None
+            sets = runner.run(["ipset", "save"])
+            return from_iptables_text(res.stdout, sets.stdout if sets.ok else "", ip_version, self.mode)
+        tool = f"ip{'6' if ip_version == 6 else ''}tables-{self.backend}"
+
+        def list_chain(table: str, chain: str) -> str | None:
+            res = runner.run([tool, "--wait", "-t", table, "-S", chain])
+            return res.stdout if res.ok else None
+
+        if list_chain("filter", FELIXPY_FILTER_CHAIN) is None:
             return None
-        sets = runner.run(["ipset", "save"])
-        return from_iptables_text(res.stdout, sets.stdout if sets.ok else "", ip_version, self.mode)
+
+        def ipset(name: str) -> IPSetContents | None:
+            res = runner.run(["ipset", "save", name])
+            return IPSetSave(res.stdout)(name) if res.ok else None
+
+        return ipt_parse.lazy_ruleset(list_chain, ip_version, ipset, self.mode)
 
 
 class NftablesReader:
     mode = "nftables"
 
-    def read(self, runner: CommandRunner, ip_version: int) -> Ruleset | None:
+    def read(self, runner: CommandRunner, ip_version: int, full: bool = False) -> Ruleset | None:
         family = "ip" if ip_version == 4 else "ip6"
-        res = runner.run(["nft", "-j", "list", "table", family, nft_parse.TABLE])
-        if not res.ok:
-            return None
-        return from_nft_text(res.stdout, ip_version)
+        if full:
+            res = runner.run(["nft", "-j", "list", "table", family, nft_parse.TABLE])
+            return from_nft_text(res.stdout, ip_version) if res.ok else None
+
+        def list_object(kind: str, name: str) -> str | None:
+            res = runner.run(["nft", "-j", "list", kind, family, nft_parse.TABLE, name])
+            return res.stdout if res.ok else None
+
+        rs = nft_parse.lazy_ruleset(list_object, ip_version, _NFT_BASE_CHAINS)
+        return rs if "filter-FORWARD" in rs.chains else None
 
 
 def from_iptables_text(save: str, ipset_save: str, ip_version: int, mode: str) -> Ruleset:
@@ -69,6 +95,11 @@ def from_nft_text(text: str, ip_version: int) -> Ruleset:
     return nft_parse.ruleset_from_json(objs, ip_version)
 
 
+FELIXPY_FILTER_CHAIN = "cali-FORWARD"   # felixpy's chain hooked into filter FORWARD in every iptables mode
+_NFT_BASE_CHAINS: dict[str, list[str]] = {}
+for _name, _spec in BASE_CHAINS.items():
+    _NFT_BASE_CHAINS.setdefault(_spec.hook, []).append(_name)
+
 READERS: tuple[Reader, ...] = (NftablesReader(), IptablesReader("nft"), IptablesReader("legacy"))
 
 
@@ -79,7 +110,6 @@ class KernelState:
     ip_version: int
     ruleset: Ruleset | None
     host: HostView
-    also_found: list[str] = field(default_factory=list)   # other modes that hold felixpy state too
 
 
 def read_host(runner: CommandRunner, ip_version: int) -> HostView:
@@ -89,19 +119,18 @@ def read_host(runner: CommandRunner, ip_version: int) -> HostView:
 
 
 def read_kernel(runner: CommandRunner, ip_version: int, readers: Sequence[Reader] = READERS,
-                mode: str | None = None) -> KernelState:
+                mode: str | None = None, full: bool = False) -> KernelState:
     """Read the family's felixpy state from the first mode that holds it (or from ``mode``)."""
     host = read_host(runner, ip_version)
     found: Ruleset | None = None
     for reader in readers:
         if mode is not None and reader.mode != mode:
             continue
-        rs = reader.read(runner, ip_version)
+        rs = reader.read(runner, ip_version, full)
         if rs is None:
             continue
-        if found is None:
-            found = rs
-            break
+        found = rs
+        break
     if found is not None:
         found.local_addrs = host.local_addrs
     return KernelState(ip_version, found, host)

@@ -11,12 +11,13 @@ hundred the packet meets.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Union
+from typing import TypeVar, Union
 
 from felixpy.drivers.generictables.model import Action, Criterion
 
+V = TypeVar("V")
 HOOKS = ("prerouting", "input", "forward", "output", "postrouting")
 
 
@@ -67,27 +68,68 @@ class HookEntry:
 
 
 class LazyChains:
-    """Chain name → rules, parsed on first use from whatever the reader kept."""
+    """Chain name → rules, parsed on first use.
 
-    def __init__(self, raw: Mapping[str, object], parse: Callable[[str, object], list[KRule]]) -> None:
-        self._raw = raw
+    The raw form comes from what a full dump left in ``raw``, or — when ``fetch`` is
+    given — from the kernel chain by chain (``iptables -S <chain>``, ``nft list chain``),
+    so a large ruleset is read only where the packet goes.
+    """
+
+    def __init__(self, raw: Mapping[str, object], parse: Callable[[str, object], list[KRule]],
+                 fetch: Callable[[str], object | None] | None = None) -> None:
+        self._raw = dict(raw)
         self._parse = parse
+        self._fetch = fetch
+        self._missing: set[str] = set()
         self._parsed: dict[str, list[KRule]] = {}
 
+    def _raw_of(self, name: str) -> object | None:
+        raw = self._raw.get(name)
+        if raw is None and self._fetch is not None and name not in self._missing:
+            raw = self._fetch(name)
+            if raw is None:
+                self._missing.add(name)
+            else:
+                self._raw[name] = raw
+        return raw
+
     def __contains__(self, name: object) -> bool:
-        return name in self._raw
+        return isinstance(name, str) and self._raw_of(name) is not None
 
     def names(self) -> list[str]:
+        """The chains known so far (all of them after a full dump)."""
         return list(self._raw)
 
     def get(self, name: str) -> list[KRule] | None:
         rules = self._parsed.get(name)
         if rules is None:
-            raw = self._raw.get(name)
+            raw = self._raw_of(name)
             if raw is None:
                 return None
             rules = self._parsed[name] = self._parse(name, raw)
         return rules
+
+
+class FetchingMap(Mapping[str, V]):
+    """A read-only mapping whose values are fetched (and cached) on first lookup."""
+
+    def __init__(self, fetch: Callable[[str], V | None]) -> None:
+        self._fetch = fetch
+        self._got: dict[str, V | None] = {}
+
+    def __getitem__(self, key: str) -> V:
+        if key not in self._got:
+            self._got[key] = self._fetch(key)
+        value = self._got[key]
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([k for k, v in self._got.items() if v is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for v in self._got.values() if v is not None)
 
 
 Member = tuple[str, object]  # ("net", IPv4Network) / ("ipport", (ip, proto, port))
@@ -138,5 +180,9 @@ class Ruleset:
     local_addrs: frozenset[str] = frozenset()
     notes: list[str] = field(default_factory=list)
 
+    hook_source: Callable[[str], list[HookEntry]] | None = None
+
     def hook_chains(self, hook: str) -> Sequence[HookEntry]:
+        if hook not in self.hooks and self.hook_source is not None:
+            self.hooks[hook] = self.hook_source(hook)
         return self.hooks.get(hook, ())
