@@ -9,6 +9,7 @@ has no value for become :class:`~.ruleset.UnknownMatch`.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable
 
@@ -35,32 +36,40 @@ _STANDARD_TARGETS = {"ACCEPT", "DROP", "RETURN", "REJECT", "MARK", "NOTRACK", "L
                      "MASQUERADE", "CONNMARK", "DSCP", "CT"}
 
 
-def split_save(text: str) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """(``table/chain`` → its rule lines without ``-A <chain> ``, built-in chain → policy)."""
-    chains: dict[str, list[str]] = {}
+_TABLE_HEAD = re.compile(r"^\*(\S+)[ \t]*$", re.M)
+_DECLARATION = re.compile(r"^:(\S+) (\S+)", re.M)
+# A run of one chain's rules as *-save prints them: consecutive "-A <chain> …" lines.
+_RULE_RUN = re.compile(r"^-A (\S+) [^\n]*\n(?:-A \1 [^\n]*\n)*", re.M)
+
+
+def split_save(text: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(``table/chain`` → its block of ``-A`` lines, built-in chain → policy), without splitting lines.
+
+    The save prints each chain's rules together, so a chain is one regex run: a
+    100,000-rule dump is indexed in C and only the chains a packet meets are split.
+    """
+    if not text.endswith("\n"):
+        text += "\n"
+    chains: dict[str, str] = {}
     policies: dict[str, str] = {}
-    table = ""
-    for line in text.splitlines():
-        if not line:
-            continue
-        c = line[0]
-        if c == "-" and line.startswith("-A "):
-            name, _, spec = line[3:].partition(" ")
-            key = f"{table}/{name}"
-            lst = chains.get(key)
-            if lst is None:
-                lst = chains[key] = []
-            lst.append(spec)
-        elif c == ":":
-            name, _, rest = line[1:].partition(" ")
-            key = f"{table}/{name}"
-            chains.setdefault(key, [])
-            policy = rest.split(" ", 1)[0]
-            if policy in ("ACCEPT", "DROP"):
-                policies[key] = policy.lower()
-        elif c == "*":
-            table = line[1:].strip()
+    heads = list(_TABLE_HEAD.finditer(text))
+    for i, head in enumerate(heads):
+        table = head[1]
+        start, stop = head.end(), heads[i + 1].start() if i + 1 < len(heads) else len(text)
+        for d in _DECLARATION.finditer(text, start, stop):
+            key = f"{table}/{d[1]}"
+            chains.setdefault(key, "")
+            if d[2] in ("ACCEPT", "DROP"):
+                policies[key] = d[2].lower()
+        for run in _RULE_RUN.finditer(text, start, stop):
+            key = f"{table}/{run[1]}"
+            chains[key] = chains.get(key, "") + run[0]
     return chains, policies
+
+
+def block_specs(block: str) -> list[str]:
+    """The rule specs (``-A <chain> `` removed) of one chain's block."""
+    return [line.partition(" ")[2].partition(" ")[2] for line in block.splitlines() if line.startswith("-A ")]
 
 
 def _mark(value: str) -> tuple[int, int]:
@@ -245,7 +254,7 @@ def ruleset_from_save(text: str, ip_version: int, sets: SetLookup, backend: str)
 
     def parse(key: str, raw: object) -> list[KRule]:
         table = key.split("/", 1)[0]
-        lines = raw if isinstance(raw, list) else []
+        lines = block_specs(raw) if isinstance(raw, str) else []
         return [parse_rule(spec, ip_version, i + 1, lambda c: f"{table}/{c}" in chains)
                 for i, spec in enumerate(lines)]
 

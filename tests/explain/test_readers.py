@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from felixpy.drivers.cmdshim import CommandResult
-from felixpy.explain.ipt_parse import split_save
+from felixpy.explain.ipt_parse import block_specs, split_save
 from felixpy.explain.packet import make_packet
 from felixpy.explain.query import explain_packet
 from felixpy.explain.readers import read_kernel
@@ -71,7 +71,7 @@ class CapturedKernel:
             if key not in chains:
                 return None
             head = f"-P {chain} {policies[key].upper()}" if key in policies else f"-N {chain}"
-            return "\n".join([head] + [f"-A {chain} {spec}" for spec in chains[key]]) + "\n"
+            return "\n".join([head] + [f"-A {chain} {spec}" for spec in block_specs(chains[key])]) + "\n"
         if tool == "ipset":
             if self.mode == "nftables":
                 return ""
