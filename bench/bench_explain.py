@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -75,7 +76,7 @@ def one_mode(mode: str, n_workloads: int, n_policies: int, runs: int) -> dict[st
             c.close()
         finally:
             d.stop()
-    return {"mode": mode, "programmed_s": programmed, "answer_median": statistics.median(answers),
+    return {"mode": mode, "programmed_s": programmed, "load": os.getloadavg()[0], "answer_median": statistics.median(answers),
             "answer_min": min(answers), "answer_max": max(answers), "raw_median": statistics.median(raws),
             "rules": rules, "verdict": result["verdict"], "decided_by": result["decided_by"]}
 
@@ -88,13 +89,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     print(f"| mode | rules (v4 dump) | daemon InSync | explain answer: median (min–max) of {args.runs} | "
-          "raw dump tool alone | verdict | goal ≤ 1 s |")
-    print("|---|---|---|---|---|---|---|")
+          "raw dump tool alone | verdict | load avg | goal ≤ 1 s |")
+    print("|---|---|---|---|---|---|---|---|")
     for mode in args.modes:
         r = one_mode(mode, args.workloads, args.policies, args.runs)
         ok = "✅" if float(r["answer_median"]) <= 1.0 else "❌"  # type: ignore[arg-type]
         print(f"| {mode} | {r['rules']} | {r['programmed_s']:.0f} s | {r['answer_median']:.2f} s "
-              f"({r['answer_min']:.2f}–{r['answer_max']:.2f}) | {r['raw_median']:.2f} s | {r['verdict']} | {ok} |",
+              f"({r['answer_min']:.2f}–{r['answer_max']:.2f}) | {r['raw_median']:.2f} s | {r['verdict']} | "
+              f"{r['load']:.1f} | {ok} |",
               flush=True)
         print(f"<!-- {mode} decided_by: {json.dumps(r['decided_by'])} -->", flush=True)
 

@@ -28,6 +28,7 @@ class Reader(Protocol):
     """One dataplane mode's view of the kernel."""
 
     mode: str
+    prefers_full: bool   # one whole dump costs about what listing a single chain does
 
     def read(self, runner: CommandRunner, ip_version: int, full: bool = False) -> Ruleset | None:
         """The family's ruleset, or None when this mode holds no felixpy state.
@@ -42,6 +43,10 @@ class IptablesReader:
     def __init__(self, backend: str) -> None:
         self.backend = backend
         self.mode = f"iptables-{backend}"
+        # Legacy iptables hands userspace the whole table blob for any listing, even of one chain
+        # (measured: -S of one chain 0.78 s, the whole save 1.4 s at 139k rules); iptables-nft
+        # fetches just the chain asked for.
+        self.prefers_full = backend == "legacy"
 
     def save_command(self, ip_version: int) -> list[str]:
         return [f"ip{'6' if ip_version == 6 else ''}tables-{self.backend}-save"]
@@ -71,6 +76,7 @@ class IptablesReader:
 
 class NftablesReader:
     mode = "nftables"
+    prefers_full = False
 
     def read(self, runner: CommandRunner, ip_version: int, full: bool = False) -> Ruleset | None:
         family = "ip" if ip_version == 4 else "ip6"
@@ -119,14 +125,18 @@ def read_host(runner: CommandRunner, ip_version: int) -> HostView:
 
 
 def read_kernel(runner: CommandRunner, ip_version: int, readers: Sequence[Reader] = READERS,
-                mode: str | None = None, full: bool = False) -> KernelState:
-    """Read the family's felixpy state from the first mode that holds it (or from ``mode``)."""
+                mode: str | None = None, full: bool | None = None) -> KernelState:
+    """Read the family's felixpy state from the first mode that holds it (or from ``mode``).
+
+    ``full``: True for one dump of everything (many packets against one read), False to list
+    chains as the packet reaches them, None for what is cheaper in the mode (:attr:`Reader.prefers_full`).
+    """
     host = read_host(runner, ip_version)
     found: Ruleset | None = None
     for reader in readers:
         if mode is not None and reader.mode != mode:
             continue
-        rs = reader.read(runner, ip_version, full)
+        rs = reader.read(runner, ip_version, reader.prefers_full if full is None else full)
         if rs is None:
             continue
         found = rs

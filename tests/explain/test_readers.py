@@ -104,7 +104,7 @@ class CapturedKernel:
 @pytest.mark.parametrize("v", [4, 6])
 def test_lazy_reading_answers_as_a_full_dump(mode: str, v: int) -> None:
     lazy_k, full_k = CapturedKernel(mode), CapturedKernel(mode)
-    lazy, full = read_kernel(lazy_k, v), read_kernel(full_k, v, full=True)
+    lazy, full = read_kernel(lazy_k, v, full=False), read_kernel(full_k, v, full=True)
     assert lazy.ruleset is not None and full.ruleset is not None
     assert lazy.ruleset.backend == full.ruleset.backend == mode
     for src, dst, proto, dport, from_iface in CASES[v]:
@@ -127,3 +127,11 @@ def test_mode_is_detected_and_can_be_forced(mode: str) -> None:
     assert read_kernel(CapturedKernel(mode), 4).ruleset.backend == mode  # type: ignore[union-attr]
     other = next(m for m in MODES if m != mode)
     assert read_kernel(CapturedKernel(mode), 4, mode=other).ruleset is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_default_read_is_the_cheaper_one_for_the_mode(mode: str) -> None:
+    k = CapturedKernel(mode)
+    read_kernel(k, 4)
+    dumped = any(c[0].endswith("-save") and "legacy" in c[0] for c in k.calls)
+    assert dumped == (mode == "iptables-legacy")
