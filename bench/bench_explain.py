@@ -69,8 +69,8 @@ def one_mode(mode: str, n_workloads: int, n_policies: int, runs: int) -> dict[st
             for _ in range(runs):
                 t, last = timed(cli)
                 answers.append(t)
-                t_raw, raw_out = timed(["ip", "netns", "exec", node.netns, *RAW[mode]])
-                raws.append(t_raw)
+            t_raw, raw_out = timed(["ip", "netns", "exec", node.netns, *RAW[mode]])   # once: 40 s in nftables
+            raws.append(t_raw)
             result = json.loads(last)
             rules = raw_out.count("\n-A ") if mode != "nftables" else raw_out.count('{"rule"')
             c.close()
@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     print(f"| mode | rules (v4 dump) | daemon InSync | explain answer: median (min–max) of {args.runs} | "
-          "raw dump tool alone | verdict | load avg | goal ≤ 1 s |")
+          "whole dump with the raw tool (once) | verdict | load avg | goal ≤ 1 s |")
     print("|---|---|---|---|---|---|---|---|")
     for mode in args.modes:
         r = one_mode(mode, args.workloads, args.policies, args.runs)
