@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from felixpy.drivers.cmdshim import CommandResult
-from felixpy.explain.ipt_parse import block_specs, split_save
+from felixpy.explain.ipt_parse import SaveIndex, block_specs
 from felixpy.explain.packet import make_packet
 from felixpy.explain.query import explain_packet
 from felixpy.explain.readers import read_kernel
@@ -66,12 +66,12 @@ class CapturedKernel:
             if tool.endswith("-save"):
                 return save
             table, chain = a[a.index("-t") + 1], a[a.index("-S") + 1]
-            chains, policies = split_save(save)
-            key = f"{table}/{chain}"
-            if key not in chains:
+            index = SaveIndex(save)
+            policy = index.declaration(table, chain)
+            if policy is None:
                 return None
-            head = f"-P {chain} {policies[key].upper()}" if key in policies else f"-N {chain}"
-            return "\n".join([head] + [f"-A {chain} {spec}" for spec in block_specs(chains[key])]) + "\n"
+            head = f"-N {chain}" if policy == "-" else f"-P {chain} {policy}"
+            return "\n".join([head] + [f"-A {chain} {spec}" for spec in block_specs(index.block(table, chain))]) + "\n"
         if tool == "ipset":
             if self.mode == "nftables":
                 return ""
