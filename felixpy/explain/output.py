@@ -21,8 +21,8 @@ def to_text(ex: Explanation) -> str:
         lines.append("endpoint: " + ", ".join(ex.endpoints))
     for p in ex.policies:
         where = f"tier {p['tier']}, " if p.get("tier") else ""
-        rule = f", rule {p['rule_index']} (kernel rule {p['kernel_rule']['position']}, cali:{p['kernel_rule']['hash']})" \
-            if "kernel_rule" in p else ""
+        rule = (f", rule {p['rule_index']} of its IPv{ex.ip_version} rules (kernel rule "
+                f"{p['kernel_rule']['position']}, cali:{p['kernel_rule']['hash']})") if "kernel_rule" in p else ""
         lines.append(f"{p['kind'] + ':':9} {p['name']} ({where}{p['direction']}) → {p['outcome']}{rule}")
     for s in ex.ip_sets:
         lines.append(f"ip set:   {s['set']} matched {s['direction']} {s['member']}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar, Union
 
 from felixpy.drivers.generictables.model import Action, Criterion
+from felixpy.explain.packet import PROTOCOL_NAMES
 
 V = TypeVar("V")
 HOOKS = ("prerouting", "input", "forward", "output", "postrouting")
@@ -154,7 +155,7 @@ class IPSetContents:
     def contains_ipport(self, ip: ipaddress.IPv4Address | ipaddress.IPv6Address, proto: int,
                         port: int) -> str | None:
         if (ip.compressed, proto, port) in self.ipports:
-            return f"{ip},{proto}:{port}"
+            return f"{ip},{PROTOCOL_NAMES.get(proto, proto)}:{port}"
         return None
 
 
