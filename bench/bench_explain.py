@@ -4,8 +4,8 @@
 Per mode, a throwaway node namespace gets two real veth workloads (so the kernel has
 routes to them) among N Calico-style interface names; the real daemon is fed N
 workloads and P policies (``bench_scale.initial_batch``: P IP sets, 2 policies per
-workload's ingress) and runs until ``DataplaneInSync``.  Then, with the daemon still
-running, the whole CLI is timed — a fresh ``python -m felixpy explain --netns …``
+workload's ingress) and runs until ``DataplaneInSync``.  Then the daemon is stopped
+(explain reads the kernel, never the daemon) and the whole CLI is timed — a fresh ``python -m felixpy explain --netns …``
 process per answer, as an operator runs it (interpreter start, kernel read, parse,
 evaluate, print) — beside the raw dump tool it has to run (``ip[6]tables-*-save`` /
 ``nft -j list table``), measured in the same run.  The namespace is deleted afterwards.
@@ -60,6 +60,10 @@ def one_mode(mode: str, n_workloads: int, n_policies: int, runs: int) -> dict[st
             c.send([*batch, to_dataplane(len(batch), pb.InSync())])
             c.wait_in_sync(1800)
             programmed = time.perf_counter() - t0
+            c.close()
+            # explain reads the kernel, not the daemon: stop it so its periodic resyncs (a whole
+            # iptables-nft-save is 25 s at this size) don't compete with the answer for the 2 CPUs.
+            d.stop()
             # Workload 0 → workload 1 on TCP 8001: policy pol-1 (workload 1's first ingress policy) admits
             # members of s:clients-1 on 8001 — workload 0 is not one of them, pol-2's rule 3 (pool CIDR) allows.
             cli = [sys.executable, "-m", "felixpy", "explain", "--netns", node.netns, "--src", v4(0),
@@ -73,7 +77,6 @@ def one_mode(mode: str, n_workloads: int, n_policies: int, runs: int) -> dict[st
             raws.append(t_raw)
             result = json.loads(last)
             rules = raw_out.count("\n-A ") if mode != "nftables" else raw_out.count('{"rule"')
-            c.close()
         finally:
             d.stop()
     return {"mode": mode, "programmed_s": programmed, "load": os.getloadavg()[0], "answer_median": statistics.median(answers),
