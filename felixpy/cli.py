@@ -1,4 +1,4 @@
-"""Command line: ``felixpy run | status | feed | replay | demo | health | version``.
+"""Command line: ``felixpy run | status | feed | replay | demo | explain | health | version``.
 
 ``felixpy-dataplane-driver`` (no arguments) is the entry point Felix execs as its
 external ``DataplaneDriver``: messages on fd 3, replies on fd 4.
@@ -98,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
                       help="dataplane mode (default iptables-legacy)")
     demo.add_argument("--scenario", default="demo", help="scenario YAML path, or 'demo' for the bundled one")
 
+    explain = sub.add_parser("explain", help="explain what the kernel's rules do with one packet",
+                             description="Explain what the kernel's rules do with one packet.")
+    from felixpy.explain import command as explain_command
+
+    explain_command.add_arguments(explain)
+
     sub.add_parser("version", help="print the version", description="Print the version.")
     from felixpy import healthcheck
 
@@ -142,6 +148,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from felixpy import healthcheck
 
         return healthcheck.main(args)
+    if args.cmd == "explain":
+        from felixpy.explain import command as explain_command
+
+        return explain_command.main(args)
     if args.cmd == "demo":
         from felixpy import demo
 

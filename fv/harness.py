@@ -40,6 +40,7 @@ from felixpy.testing.daemon import DaemonProcess, start_daemon
 from felixpy.testing.topology import Node
 from fv.datastore import EXTRA_WORKLOADS, HOST, WORKLOADS, iface
 from fv.expect import ICMP, TCP, Expect
+from fv.explaincheck import cross_check
 from fv.rulesets import compare_rulesets, parse_ruleset
 
 __all__ = ["MODES", "TIMINGS", "Expect", "FamilyView", "FvNode", "Pinger", "compare_rulesets", "parse_ruleset"]
@@ -364,6 +365,7 @@ class FvNode:
                 actual = self._recheck_misses(v, expected, actual)
             if actual == expected:
                 self.timings.setdefault("converge", []).append(time.monotonic() - t0)
+                cross_check(self.netns, v, self.endpoints, actual, self.mode)  # explain agrees with the packets
                 return
             if once or time.monotonic() - t0 > timeout:
                 break

@@ -1,0 +1,19 @@
+"""``felixpy explain``: which way a packet goes through the rules felixpy put in the kernel.
+
+It reads the *live* kernel state — never the daemon's memory, so it works with
+the daemon running or stopped — and evaluates one packet against it:
+
+* :mod:`.readers` — one reader per dataplane mode behind the :class:`~.readers.Reader`
+  protocol (iptables-legacy, iptables-nft, nftables; a BPF reader plugs in the same
+  way later) and :func:`~.readers.detect`, which finds whose chains hold felixpy's state;
+* :mod:`.ipt_parse`, :mod:`.nft_parse`, :mod:`.ipset_parse`, :mod:`.host` — small pure
+  parsers of ``ip[6]tables-save``, ``nft -j list table``, ``ipset save`` and ``ip -j``
+  output into :mod:`.ruleset` (rules as the typed criteria of
+  :mod:`felixpy.drivers.generictables.model`, parsed lazily per chain);
+* :mod:`.evaluate` — netfilter's traversal (hooks in priority order, jumps, gotos,
+  returns, marks, verdict maps) for a NEW packet, recording every rule that fired;
+* :mod:`.path` — the trace mapped back to what an operator thinks in: hook, dispatch
+  and endpoint chains, tiers, policies (name from the policy chain's first-rule
+  comment, which holds the full name even when the chain name is hashed), the
+  deciding rule, IP-set memberships, the verdict; :mod:`.output` prints it.
+"""
