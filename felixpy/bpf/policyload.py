@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -60,6 +61,9 @@ class PolicyPrograms:
     ipset_ids: IPSetIDAllocator = field(default_factory=IPSetIDAllocator)
     max_jumps: int = DEFAULT_MAX_JUMPS
     max_insns: int = DEFAULT_MAX_INSNS
+    # Kernel access, injectable so drivers can be tested over in-memory fakes.
+    prog_load: Callable[..., int] = sc.prog_load
+    close_fd: Callable[[int], None] = os.close
     _cache: dict[tuple[object, ...], PolicyProgram] = field(default_factory=dict)
     _installed: dict[tuple[int, int], PolicyProgram] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=lambda: {"loads": 0, "hits": 0})
@@ -95,10 +99,10 @@ class PolicyPrograms:
         fds: list[int] = []
         try:
             for k, insns in enumerate(parts):
-                fds.append(sc.prog_load(prog_type, insns, name=name if k == 0 else f"{name}_{k}"))
+                fds.append(self.prog_load(prog_type, insns, name=name if k == 0 else f"{name}_{k}"))
         except Exception:
             for fd in fds:
-                os.close(fd)
+                self.close_fd(fd)
             raise
         t2 = time.perf_counter()
         prog = PolicyProgram(key, name, fds, [len(p) // 8 for p in parts], 1, t1 - t0, t2 - t1)
@@ -114,7 +118,7 @@ class PolicyPrograms:
         if prog.refs <= 0:
             self._cache.pop(prog.key, None)
             for fd in prog.fds:
-                os.close(fd)
+                self.close_fd(fd)
             prog.fds = []
 
     # -- slots ---------------------------------------------------------------------------------
