@@ -258,3 +258,17 @@ def test_start_of_day_sweeps_stale_ifstate_and_foreign_attachments() -> None:
     n.apply()
     assert ifstate(fb, 77) is None
     assert fb.attacher.attached == {}
+
+
+def test_host_addresses_become_local_host_routes() -> None:
+    n, fb = node(families=(4, 6))
+    n.addrs("eth0", "10.99.0.1", "fd00:99::1")
+    n.addrs("cali1", "169.254.1.1")  # workload interfaces are not host addresses
+    n.apply()
+    r4 = fb.kernel.maps.routes(False).get(mt.route_key("10.99.0.1/32"))
+    r6 = fb.kernel.maps.routes(True).get(mt.route_key("fd00:99::1/128"))
+    assert r4 is not None and r4.flags & defs.RT_HOST and r6 is not None and r6.flags & defs.RT_HOST
+    assert fb.kernel.maps.routes(False).get(mt.route_key("169.254.1.1/32")) is None
+    n.addrs("eth0", "fd00:99::1")
+    n.apply()
+    assert fb.kernel.maps.routes(False).get(mt.route_key("10.99.0.1/32")) is None

@@ -36,5 +36,8 @@ class BPFEndpointsAPI(Protocol):
     def remove_workload(self, ip_version: int, iface: str) -> None:
         """*iface* no longer has a workload of this family."""
 
+    def set_host_addresses(self, ip_version: int, addrs: frozenset[str]) -> None:
+        """This host's own addresses of one family (the programs' "to/from host" classification)."""
+
     def ready_interfaces(self, ip_version: int) -> frozenset[str]:
         """Interfaces whose programs are attached on both hooks with this family's policy."""

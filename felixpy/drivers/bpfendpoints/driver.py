@@ -22,7 +22,8 @@ retried on the next apply, the others are programmed regardless):
 2. a policy entry per hook and family (allocated once, kept while the interface is wanted);
 3. a new entry first gets the default-deny program, then the generated policy program --
    a changed policy swaps only the program in the existing slot (no re-attach);
-4. routes-map entries for the workload's addresses;
+4. routes-map entries for the workload's addresses (and, once per apply, this host's own
+   addresses as local-host routes);
 5. the attach-point globals (jump layout + policy entries);
 6. the preamble on both TC hooks -- only on interfaces that exist and are up;
 7. ``cali_iface`` with the WEP flag and each programmed family's READY flag.
@@ -104,6 +105,8 @@ class BPFEndpoints:
         self._done: dict[str, _Programmed] = {}
         self._dirty: set[str] = set()
         self._start_of_day = True
+        self._host_want: dict[int, frozenset[str]] = {}
+        self._host_done: set[str] = set()
 
     # ------------------------------------------------------------------ desired state (API)
     def set_workload(self, ip_version: int, iface: str, policy: WorkloadPolicy) -> None:
@@ -118,6 +121,9 @@ class BPFEndpoints:
             if not fams:
                 del self._want[iface]
             self._dirty.add(iface)
+
+    def set_host_addresses(self, ip_version: int, addrs: frozenset[str]) -> None:
+        self._host_want[ip_version] = frozenset(_route_cidr(a) for a in addrs)
 
     def ready_interfaces(self, ip_version: int) -> frozenset[str]:
         return frozenset(n for n, p in self._done.items() if ip_version in p.ready)
@@ -143,6 +149,7 @@ class BPFEndpoints:
         if self._start_of_day:
             self._sweep_ifstate()
             self._start_of_day = False
+        self._sync_host_routes()
         failures: dict[str, Exception] = {}
         unsupported: list[UnsupportedFeature] = []
         todo = sorted(self._dirty)
@@ -161,6 +168,19 @@ class BPFEndpoints:
             raise EndpointProgrammingFailed(failures)
         if unsupported:
             raise unsupported[0]
+
+    def _sync_host_routes(self) -> None:
+        """Host addresses as RT_HOST|RT_LOCAL routes: host -> workload traffic skips policy (as in
+        the *tables modes), workload -> host is recognised as to-host."""
+        want = set().union(*self._host_want.values()) if self._host_want else set()
+        maps = self.kernel.maps
+        for cidr in sorted(self._host_done - want):
+            maps.routes(":" in cidr).delete(mt.route_key(cidr))
+            self._host_done.discard(cidr)
+        for cidr in sorted(want - self._host_done):
+            v6 = ":" in cidr
+            maps.routes(v6).set(mt.route_key(cidr), mt.route_value(defs.RT_HOST | defs.RT_LOCAL, v6=v6))
+            self._host_done.add(cidr)
 
     def _sweep_ifstate(self) -> None:
         ifstate = self.kernel.maps.ifstate
