@@ -150,6 +150,9 @@ class BPFEndpoints:
             self._sweep_ifstate()
             self._start_of_day = False
         self._sync_host_routes()
+        fams = sorted({v for fam in self._want.values() for v in fam})
+        if fams:
+            self.kernel.programs.prefetch_tc(EpType.WEP, [v == 6 for v in fams])  # one compile run
         failures: dict[str, Exception] = {}
         unsupported: list[UnsupportedFeature] = []
         todo = sorted(self._dirty)
