@@ -175,15 +175,19 @@ class BPFEndpoints:
     def _sync_host_routes(self) -> None:
         """Host addresses as RT_HOST|RT_LOCAL routes: host -> workload traffic skips policy (as in
         the *tables modes), workload -> host is recognised as to-host."""
-        want = set().union(*self._host_want.values()) if self._host_want else set()
+        want: set[str] = set().union(*self._host_want.values()) if self._host_want else set()
+        self._sync_routes(self._host_done, want, defs.RT_HOST | defs.RT_LOCAL, 0)
+
+    def _sync_routes(self, done: set[str], want: set[str], flags: int, ifindex: int) -> None:
+        """Make the routes-map entries recorded in *done* equal *want* (minimal delta)."""
         maps = self.kernel.maps
-        for cidr in sorted(self._host_done - want):
+        for cidr in sorted(done - want):
             maps.routes(":" in cidr).delete(mt.route_key(cidr))
-            self._host_done.discard(cidr)
-        for cidr in sorted(want - self._host_done):
+            done.discard(cidr)
+        for cidr in sorted(want - done):
             v6 = ":" in cidr
-            maps.routes(v6).set(mt.route_key(cidr), mt.route_value(defs.RT_HOST | defs.RT_LOCAL, v6=v6))
-            self._host_done.add(cidr)
+            maps.routes(v6).set(mt.route_key(cidr), mt.route_value(flags, ifindex=ifindex, v6=v6))
+            done.add(cidr)
 
     def _sweep_ifstate(self) -> None:
         ifstate = self.kernel.maps.ifstate
@@ -279,16 +283,8 @@ class BPFEndpoints:
             self.kernel.slots[hook].put(entry)
 
     def _set_routes(self, done: _Programmed, addresses: Iterable[str]) -> None:
-        want = {_route_cidr(a) for a in addresses}
-        maps = self.kernel.maps
-        for cidr in sorted(done.routes - want):
-            maps.routes(":" in cidr).delete(mt.route_key(cidr))
-            done.routes.discard(cidr)
-        for cidr in sorted(want - done.routes):
-            v6 = ":" in cidr
-            maps.routes(v6).set(mt.route_key(cidr), mt.route_value(defs.RT_WORKLOAD | defs.RT_LOCAL,
-                                                                   ifindex=done.ifindex, v6=v6))
-            done.routes.add(cidr)
+        self._sync_routes(done.routes, {_route_cidr(a) for a in addresses}, defs.RT_WORKLOAD | defs.RT_LOCAL,
+                          done.ifindex)
 
     def _attach_point(self, iface: str, done: _Programmed, hook: int) -> AttachPoint:
         return AttachPoint(iface, done.ifindex, hook, EpType.WEP,
