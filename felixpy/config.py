@@ -170,7 +170,8 @@ def _ignored(default: Any, parse: Callable[[str], Any], note: str, *, warn: bool
 FAILSAFE_IN = "tcp:22,udp:68,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667"
 FAILSAFE_OUT = "udp:53,udp:67,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667"
 _WHICH_DRIVER = "felixpy is the dataplane driver; which driver Felix runs is Felix's choice"
-_NO_BPF = "BPF mode is not wired into the daemon"
+_NO_BPF = "not read by the (opt-in) BPF mode yet"
+_BPF_OPT_IN = "in the opt-in BPF mode (FELIXPY_BPF_EXPERIMENTAL=1)"
 _ALLOW = _choice("ACCEPT", "RETURN")
 _DENY = _choice("DROP", "REJECT")
 
@@ -183,7 +184,8 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     # Driver selection and modes.
     UseInternalDataplaneDriver: bool = _ignored(True, _bool, _WHICH_DRIVER, warn=False)
     DataplaneDriver: str = _ignored("calico-iptables-plugin", _str, _WHICH_DRIVER, warn=False)
-    BPFEnabled: bool = _p(False, _bool, UNSUPPORTED, "true: the daemon reports BPF mode unsupported and exits 2")
+    BPFEnabled: bool = _p(False, _bool, UNSUPPORTED, "true: refused (exit 2) unless FELIXPY_BPF_EXPERIMENTAL=1; "
+                          "BPF mode is not fail-closed for ICMP yet (docs/bpf.md)")
     NFTablesMode: str = _p("Auto", _choice("Enabled", "Disabled", "Auto"))
     IptablesBackend: str = _p("auto", _choice("auto", "legacy", "nft"))
     Ipv6Support: bool = _p(True, _bool)
@@ -318,13 +320,13 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     BPFLogLevel: str = _ignored("off", _choice("off", "info", "debug"), _NO_BPF)
     BPFConntrackLogLevel: str = _ignored("off", _choice("off", "debug"), _NO_BPF)
     BPFDataIfacePattern: str = _ignored(r"^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*)", _str, _NO_BPF)
-    BPFAttachType: str = _ignored("Netkit", _choice("Netkit", "TCX", "TC"), _NO_BPF)
-    BPFRedirectToPeer: str = _ignored("Enabled", _choice("Enabled", "Disabled", "L2Only"), _NO_BPF)
+    BPFAttachType: str = _p("Netkit", _choice("Netkit", "TCX", "TC"), HONOURED, _BPF_OPT_IN)
+    BPFRedirectToPeer: str = _p("Enabled", _choice("Enabled", "Disabled", "L2Only"), HONOURED, _BPF_OPT_IN)
     BPFPolicyDebugEnabled: bool = _ignored(True, _bool, _NO_BPF)
-    BPFMapSizeRoute: int = _ignored(262144, _int, _NO_BPF)
-    BPFMapSizeConntrack: int = _ignored(512000, _int, _NO_BPF)
-    BPFMapSizeIPSets: int = _ignored(1048576, _int, _NO_BPF)
-    BPFMapSizeIfState: int = _ignored(1000, _int, _NO_BPF)
+    BPFMapSizeRoute: int = _p(262144, _int, HONOURED, _BPF_OPT_IN)
+    BPFMapSizeConntrack: int = _p(512000, _int, HONOURED, _BPF_OPT_IN)
+    BPFMapSizeIPSets: int = _p(1048576, _int, HONOURED, _BPF_OPT_IN)
+    BPFMapSizeIfState: int = _p(1000, _int, HONOURED, _BPF_OPT_IN)
     BPFEnforceRPF: str = _ignored("Loose", _choice("Disabled", "Strict", "Loose"), _NO_BPF)
     # Informational (never trigger a restart).
     CalicoVersion: str = _ignored("", _str,

@@ -43,12 +43,20 @@ from fv.expect import ICMP, TCP, Expect
 from fv.explaincheck import cross_check
 from fv.rulesets import compare_rulesets, parse_ruleset
 
-__all__ = ["MODES", "TIMINGS", "Expect", "FamilyView", "FvNode", "Pinger", "compare_rulesets", "parse_ruleset"]
+__all__ = ["BPF_MODES", "MODES", "TIMINGS", "Expect", "FamilyView", "FvNode", "Pinger", "compare_rulesets", "parse_ruleset"]
 
 MODES: Mapping[str, Mapping[str, str]] = {
     "iptables-legacy": {"FELIX_IPTABLESBACKEND": "legacy"},
     "iptables-nft": {"FELIX_IPTABLESBACKEND": "nft"},
     "nftables": {"FELIX_NFTABLESMODE": "Enabled"},
+}
+
+# BPF mode (fv/test_bpf_mode.py): policy in the BPF programs, the attach-gap rules in iptables-legacy.
+# The daemon mounts its own bpffs inside `ip netns exec`'s private /sys, so its pins are unique to it.
+BPF_MODES: Mapping[str, Mapping[str, str]] = {
+    # BPF mode is opt-in until its known ICMP fail-open is fixed (docs/bpf.md).
+    "bpf-legacy": {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy", "FELIX_BPFATTACHTYPE": "TCX",
+                   "FELIXPY_BPF_EXPERIMENTAL": "1"},
 }
 
 # Felix's default is DROP; ACCEPT makes workload → host traffic show what egress policy decided.
@@ -62,6 +70,7 @@ PROBE_TIMEOUT = 0.5
 SLOW_PROBE_TIMEOUT = 2.0
 CONVERGE_TIMEOUT = 5.0
 SYNC_TIMEOUT = 30.0
+BPF_SYNC_TIMEOUT = 240.0
 STOP_TIMEOUT = 10.0
 BARRIER_IFACE = "calibarrier"
 TIMINGS: dict[str, dict[str, list[float]]] = {}  # mode → what → seconds, for the run's summary
@@ -145,7 +154,7 @@ class FvNode:
 
     # ------------------------------------------------------------------- daemon
     def start_daemon(self) -> None:
-        self.daemon = start_daemon(self.netns, env={**MODES[self.mode], "PYTHONFAULTHANDLER": "1"})
+        self.daemon = start_daemon(self.netns, env={**{**MODES, **BPF_MODES}[self.mode], "PYTHONFAULTHANDLER": "1"})
         self.client = None
         self.should_run = True
 
@@ -230,7 +239,8 @@ class FvNode:
             with contextlib.suppress(OSError):
                 self._send(msgs)
             try:
-                self.client.wait_in_sync(SYNC_TIMEOUT)
+                # BPF mode compiles its variants (bcc, in the worker) at its first start of day.
+                self.client.wait_in_sync(BPF_SYNC_TIMEOUT if self.mode in BPF_MODES else SYNC_TIMEOUT)
                 break
             except TimeoutError as exc:
                 # The daemon takes one feed at a time and may not have let go of the last one

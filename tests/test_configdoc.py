@@ -15,7 +15,7 @@ from felixpy.config import Config
 
 PKG = Path(config.__file__).resolve().parent
 # Parameters the BPF package reads although BPF mode is not wired into the daemon (so they are ignored).
-READ_ONLY_BY_UNWIRED_BPF = {"BPFLogLevel", "BPFAttachType"}
+READ_ONLY_BY_UNWIRED_BPF = {"BPFLogLevel"}
 
 
 def test_docs_config_md_is_up_to_date() -> None:

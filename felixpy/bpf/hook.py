@@ -72,6 +72,18 @@ class ProgramsMap:
         self._layouts[variant] = lay
         return lay
 
+    def prefetch_tc(self, ep: EpType, families: list[bool], debug: bool = False) -> None:
+        """Compile (in one worker run, when the loader batches) every TC variant and preamble an
+        attach point of ``ep`` needs for ``families`` (key: v6), before the first layout call."""
+        prefetch = getattr(self.loader, "prefetch", None)
+        if prefetch is None:
+            return
+        want = [Variant(Program.TC, hook, ep, v6, dbg) for hook in (defs.HOOK_TC_INGRESS, defs.HOOK_TC_EGRESS)
+                for v6 in families for dbg in ((False, True) if debug else (False,))]
+        want += [Variant(Program.TC_PREAMBLE, hook, EpType.WEP)
+                 for hook in (defs.HOOK_TC_INGRESS, defs.HOOK_TC_EGRESS) if hook not in self._preambles]
+        prefetch([v for v in want if v not in self._layouts])
+
     def tc_layout(self, hook: int, ep: EpType, v6: bool, debug: bool) -> Layout:
         """Fast-path layout, merged with the debug one when ``debug``."""
         lay = self.layout(Variant(Program.TC, hook, ep, v6, False))

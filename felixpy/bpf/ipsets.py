@@ -117,6 +117,10 @@ class BPFIPSets:
     def remove(self, name: str) -> None:
         self._desired.pop(name, None)
 
+    def queue_resync(self) -> None:
+        """Read the map back on the next apply (entries changed behind our back are fixed)."""
+        self._programmed = None
+
     def apply(self) -> tuple[int, int]:
         """Reconcile the map with the desired members; returns (added, deleted)."""
         if self._programmed is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -60,6 +61,9 @@ class PolicyPrograms:
     ipset_ids: IPSetIDAllocator = field(default_factory=IPSetIDAllocator)
     max_jumps: int = DEFAULT_MAX_JUMPS
     max_insns: int = DEFAULT_MAX_INSNS
+    # Kernel access, injectable so drivers can be tested over in-memory fakes.
+    prog_load: Callable[..., int] = sc.prog_load
+    close_fd: Callable[[int], None] = os.close
     _cache: dict[tuple[object, ...], PolicyProgram] = field(default_factory=dict)
     _installed: dict[tuple[int, int], PolicyProgram] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=lambda: {"loads": 0, "hits": 0})
@@ -95,10 +99,10 @@ class PolicyPrograms:
         fds: list[int] = []
         try:
             for k, insns in enumerate(parts):
-                fds.append(sc.prog_load(prog_type, insns, name=name if k == 0 else f"{name}_{k}"))
+                fds.append(self.prog_load(prog_type, insns, name=name if k == 0 else f"{name}_{k}"))
         except Exception:
             for fd in fds:
-                os.close(fd)
+                self.close_fd(fd)
             raise
         t2 = time.perf_counter()
         prog = PolicyProgram(key, name, fds, [len(p) // 8 for p in parts], 1, t1 - t0, t2 - t1)
@@ -114,7 +118,7 @@ class PolicyPrograms:
         if prog.refs <= 0:
             self._cache.pop(prog.key, None)
             for fd in prog.fds:
-                os.close(fd)
+                self.close_fd(fd)
             prog.fds = []
 
     # -- slots ---------------------------------------------------------------------------------
@@ -167,3 +171,41 @@ class PolicyPrograms:
         """Load the match-all log filter for ``hook``; returns its fd (caller owns it)."""
         insns = log_filter_match_all(self.maps.progs(hook).fd)
         return sc.prog_load(sc.PROG_TYPE_SCHED_CLS, insns, name="calico_log_filt")
+
+
+@dataclass
+class JumpMapAllocator:
+    """Entry-slot allocator for a policy jump map (Felix's ``jumpMapAlloc``): TC entries
+    0..9999, XDP 0..99; sub-program k of an entry lives at ``entry + k*stride``."""
+
+    size: int = defs.TC_POLICY_STRIDE
+    _free: list[int] = field(default_factory=list)
+    _next: int = 0
+    _owner: dict[int, str] = field(default_factory=dict)
+
+    def get(self, owner: str) -> int:
+        if self._free:
+            idx = self._free.pop()
+        elif self._next < self.size:
+            idx = self._next
+            self._next += 1
+        else:
+            raise RuntimeError("policy jump map exhausted")
+        self._owner[idx] = owner
+        return idx
+
+    def assign(self, idx: int, owner: str) -> None:
+        """Reclaim a known index (e.g. read back from cali_iface after a restart)."""
+        if idx in self._owner:
+            raise ValueError(f"index {idx} already owned by {self._owner[idx]}")
+        self._owner[idx] = owner
+        if idx in self._free:
+            self._free.remove(idx)
+        while self._next <= idx:
+            if self._next != idx:
+                self._free.append(self._next)
+            self._next += 1
+
+    def put(self, idx: int) -> None:
+        if self._owner.pop(idx, None) is not None:
+            self._free.append(idx)

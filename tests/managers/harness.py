@@ -210,6 +210,7 @@ class Node:
     config: Config = field(default_factory=Config)
     route_sync: bool = True
     netlink_fake: FakeNetlink | None = None  # share a fake kernel with an earlier Node (a restart)
+    bpf: Any = None  # BPF mode: a felixpy.drivers.bpfendpoints.fake.FakeBPF (its kernel bundle is used)
 
     def __post_init__(self) -> None:
         self.clock = FakeClock()
@@ -226,7 +227,8 @@ class Node:
         cfg = replace(self.config, Ipv6Support=6 in self.families, RouteSyncDisabled=not self.route_sync)
         self._fake_tables: dict[int, dict[str, FakeTable]] = {}
         deps = KernelDeps(tables=self._tables, netlink_factory=self.nl.factory, sysctls=self.sysctls,
-                          clock=self.rt_clock.monotonic, conntrack_runner=self.conntrack)
+                          clock=self.rt_clock.monotonic, conntrack_runner=self.conntrack,
+                          bpf_kernel=(lambda _c: self.bpf.kernel) if self.bpf is not None else None)
         self.built = build(cfg, clock=self.clock, status_sink=self._on_status, feed_sink=self.feed_messages.extend,
                            deps=deps)
         self.dp = self.built.dataplane

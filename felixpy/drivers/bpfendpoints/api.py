@@ -1,0 +1,43 @@
+"""What the BPF endpoint manager asks of the BPF endpoint driver: values and a Protocol.
+
+A workload interface is programmed per IP family: the manager computes, from the feed, the two
+policy sets one family of one interface enforces (:class:`WorkloadPolicy`) and hands them to a
+:class:`BPFEndpointsAPI`; the driver turns them into counters, policy jump slots, programs,
+globals, attachments and ``cali_iface`` READY flags.  The manager reads back which interfaces
+are READY for its family (programs in place on both hooks) to admit them to the *tables allow
+list.  Nothing here touches the kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from felixpy.bpf.policy_ir import PolicySet
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadPolicy:
+    """One family's policy for one workload interface.
+
+    ``to_workload`` is the policy *ingress* direction (run by the program on the kernel's TC
+    egress of the host-side interface); ``from_workload`` the policy egress direction (TC
+    ingress).  Addresses feed the routes map (RPF of the workload's source)."""
+
+    to_workload: PolicySet
+    from_workload: PolicySet
+    addresses: tuple[str, ...] = ()
+
+
+class BPFEndpointsAPI(Protocol):
+    def set_workload(self, ip_version: int, iface: str, policy: WorkloadPolicy) -> None:
+        """Record the desired policy of *iface* for one family (programmed in ``apply()``)."""
+
+    def remove_workload(self, ip_version: int, iface: str) -> None:
+        """*iface* no longer has a workload of this family."""
+
+    def set_host_addresses(self, ip_version: int, addrs: frozenset[str]) -> None:
+        """This host's own addresses of one family (the programs' "to/from host" classification)."""
+
+    def ready_interfaces(self, ip_version: int) -> frozenset[str]:
+        """Interfaces whose programs are attached on both hooks with this family's policy."""

@@ -1,0 +1,95 @@
+"""The attach layer: putting the preamble on an interface's two TC hooks, and taking it off.
+
+What it owns: per workload interface, the direct-action clsact filter ``cali_tc_preambl`` (TC
+mode) or the TCX link pinned at ``<tcx pin dir>/<iface without dots>_<ingress|egress>`` (TCX
+mode), on both kernel hooks.
+
+How a fresh process recognises them: by the filter name on the clsact hooks and by the TCX
+link pin path (Felix's naming, :mod:`felixpy.bpf.attach`); an attach over an existing one is an
+atomic replace (TC ``replace``, ``BPF_LINK_UPDATE`` of the pinned link), so a restarted process
+never leaves an interface unprogrammed while it re-attaches.
+
+Apply contract: :meth:`KernelAttacher.attach` is idempotent and atomic per hook;
+:meth:`KernelAttacher.detach` removes what is there and treats absence as done.  The mechanism
+(TCX by default, clsact where the kernel lacks TCX or ``BPFAttachType=TC``) is chosen in one
+place, :func:`felixpy.bpf.attach.resolve_attach_mode`; a netkit device raises
+:class:`~felixpy.errors.UnsupportedFeature` ("BPF netkit attach"), which the loop reports once
+by name.  Every call acts in the calling thread's network namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Protocol
+
+import structlog
+
+from felixpy.bpf import attach as bpfattach
+from felixpy.bpf import defs
+from felixpy.bpf.errors import UnsupportedAttachType
+from felixpy.errors import UnsupportedFeature
+
+log = structlog.get_logger(__name__)
+
+HOOKS = (defs.HOOK_TC_INGRESS, defs.HOOK_TC_EGRESS)
+NETKIT_FEATURE = "BPF netkit attach"
+
+
+class Attacher(Protocol):
+    def attach(self, iface: str, ifindex: int, hook: int, prog_fd: int) -> None: ...
+
+    def detach(self, iface: str, ifindex: int) -> None: ...
+
+    def is_attached(self, iface: str, ifindex: int, hook: int) -> bool: ...
+
+    def mode(self, iface: str) -> str: ...
+
+
+class KernelAttacher:
+    """clsact/TCX through :mod:`felixpy.bpf.attach` (pyroute2 for TC, libbpf for TCX links)."""
+
+    def __init__(self, attach_type: str, tcx_pin_dir: str) -> None:
+        self.attach_type = attach_type
+        self.tcx_pin_dir = tcx_pin_dir
+        self._modes: dict[str, bpfattach.AttachMode] = {}
+
+    def _mode(self, iface: str) -> bpfattach.AttachMode:
+        got = self._modes.get(iface)
+        if got is None:
+            try:
+                got = bpfattach.resolve_attach_mode(self.attach_type, bpfattach.iface_kind(iface))
+            except UnsupportedAttachType as e:
+                raise UnsupportedFeature(NETKIT_FEATURE, str(e)) from e
+            self._modes[iface] = got
+        return got
+
+    def mode(self, iface: str) -> str:
+        return self._mode(iface).value
+
+    def _pin(self, iface: str, hook: int) -> str:
+        return bpfattach.tcx_pin_path(self.tcx_pin_dir, iface, hook)
+
+    def attach(self, iface: str, ifindex: int, hook: int, prog_fd: int) -> None:
+        mode = self._mode(iface)
+        if mode is bpfattach.AttachMode.TC:
+            bpfattach.attach_tc(ifindex, hook, prog_fd)
+            # A TCX link left by a previous mode would run first: remove it after the swap.
+            bpfattach.detach_tcx(pin_path=self._pin(iface, hook))
+            return
+        link = bpfattach.attach(mode, ifindex, hook, prog_fd, link_pin=self._pin(iface, hook))
+        if link is not None:
+            os.close(link)  # the pin holds the link
+
+    def detach(self, iface: str, ifindex: int) -> None:
+        for hook in HOOKS:
+            bpfattach.detach_tcx(pin_path=self._pin(iface, hook))
+        with contextlib.suppress(OSError):
+            if any(f == bpfattach.PREAMBLE_NAME for hook in HOOKS for f in bpfattach.tc_filters(ifindex, hook)):
+                bpfattach.detach_tc(ifindex)
+        self._modes.pop(iface, None)
+
+    def is_attached(self, iface: str, ifindex: int, hook: int) -> bool:
+        if self._mode(iface) is bpfattach.AttachMode.TC:
+            return bpfattach.PREAMBLE_NAME in bpfattach.tc_filters(ifindex, hook)
+        return os.path.exists(self._pin(iface, hook)) and bool(bpfattach.tcx_programs(ifindex, hook))

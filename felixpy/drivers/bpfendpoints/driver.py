@@ -1,0 +1,329 @@
+"""The BPF endpoint driver: workload interfaces programmed in Felix's attach order.
+
+What it owns, per workload interface it is told about: the counters entries for both TC hooks;
+one policy jump-map entry per (TC hook, IP family) and the policy programs in those slots; the
+attach-point globals (``cali_ap_glob``); the workload's addresses in the routes maps (local
+workload on this ifindex, which the from-workload source check needs); the preamble on both TC
+hooks (through :class:`~felixpy.drivers.bpfendpoints.attacher.Attacher`); and the interface's
+``cali_iface`` entry (WEP flag, READY flag per family, policy entry indices).
+
+How a fresh process recognises them: the ``cali_iface`` entry is keyed by ifindex and carries
+the interface name and the policy entry indices; attachments by filter name / TCX pin path
+(see the attacher); policy programs by name (``p<4|6><i|e>_<hash>``).  On the first apply this
+driver deletes ``cali_iface`` entries for interfaces it is not programming (a stale READY flag
+would let ``fib_approve`` forward to an interface nobody secures) and detaches the preamble
+from interfaces that still exist but carry no wanted workload.  (Keeping established flows and
+re-using slots across a restart is the restart slice; see docs/bpf.md.)
+
+Apply contract (per interface, in Felix's order; an interface that fails stays dirty and is
+retried on the next apply, the others are programmed regardless):
+
+1. counters entries for both hooks (the programs drop packets without them);
+2. a policy entry per hook and family (allocated once, kept while the interface is wanted);
+3. a new entry first gets the default-deny program, then the generated policy program --
+   a changed policy swaps only the program in the existing slot (no re-attach);
+4. routes-map entries for the workload's addresses (and, once per apply, this host's own
+   addresses as local-host routes);
+5. the attach-point globals (jump layout + policy entries);
+6. the preamble on both TC hooks -- only on interfaces that exist and are up;
+7. ``cali_iface`` with the WEP flag and each programmed family's READY flag.
+
+Only after that does :meth:`ready_interfaces` list the interface, so the manager admits it to
+the *tables allow list after this driver's apply.  Removal runs the other way round: READY is
+cleared and the slots are set to default-deny first; the preamble is detached on the next
+apply (after the *tables have dropped the interface from the allow list), then slots, globals
+and routes are released.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import structlog
+
+from felixpy.bpf import defs
+from felixpy.bpf import maptypes as mt
+from felixpy.bpf import syscall as sc
+from felixpy.bpf.attachpoint import AttachPoint, configure, unconfigure
+from felixpy.bpf.build import EpType
+from felixpy.bpf.errors import BPFSyscallError
+from felixpy.bpf.policy_ir import DENY_ALL, PolicySet
+from felixpy.drivers.bpfendpoints.api import WorkloadPolicy
+from felixpy.drivers.bpfendpoints.attacher import HOOKS
+from felixpy.drivers.bpfendpoints.kernel import BPFKernel
+from felixpy.errors import UnsupportedFeature
+from felixpy.ifacemonitor.events import IfaceState
+
+log = structlog.get_logger(__name__)
+
+FAMILIES = (4, 6)
+_READY = {4: defs.IFACE_STATE_V4_READY, 6: defs.IFACE_STATE_V6_READY}
+
+
+class EndpointProgrammingFailed(Exception):
+    """Some interfaces could not be programmed this apply (each is retried)."""
+
+    def __init__(self, failures: dict[str, Exception]) -> None:
+        self.failures = failures
+        detail = ", ".join(f"{iface}: {type(e).__name__}: {e}" for iface, e in sorted(failures.items()))
+        super().__init__(f"{len(failures)} BPF endpoint(s) not programmed ({detail})")
+
+
+@dataclass
+class _Programmed:
+    """What this driver has put in the kernel for one interface."""
+
+    ifindex: int
+    slots: dict[tuple[int, int], int] = field(default_factory=dict)  # (hook, family) -> policy entry
+    policy: dict[tuple[int, int], PolicySet] = field(default_factory=dict)
+    routes: set[str] = field(default_factory=set)
+    attached: bool = False
+    ready: frozenset[int] = frozenset()
+    pending_detach: bool = False
+
+
+def _hook_policy(want: WorkloadPolicy, hook: int) -> PolicySet:
+    # TC ingress of the host-side interface sees packets *from* the workload.
+    return want.from_workload if hook == defs.HOOK_TC_INGRESS else want.to_workload
+
+
+def _route_cidr(addr: str) -> str:
+    return addr if "/" in addr else addr + ("/128" if ":" in addr else "/32")
+
+
+class BPFEndpoints:
+    """Desired state per workload interface and family; one ordered reconcile per apply."""
+
+    def __init__(self, kernel: BPFKernel, *, redirect_peer: bool = True) -> None:
+        self.kernel = kernel
+        self._flags = defs.GLOBALS_REDIRECT_PEER if redirect_peer else 0
+        self._want: dict[str, dict[int, WorkloadPolicy]] = {}
+        self._ifaces: dict[str, tuple[int, bool]] = {}  # name -> (ifindex, oper up)
+        self._done: dict[str, _Programmed] = {}
+        self._dirty: set[str] = set()
+        self._start_of_day = True
+        self._host_want: dict[int, frozenset[str]] = {}
+        self._host_done: set[str] = set()
+
+    # ------------------------------------------------------------------ desired state (API)
+    def set_workload(self, ip_version: int, iface: str, policy: WorkloadPolicy) -> None:
+        fams = self._want.setdefault(iface, {})
+        if fams.get(ip_version) != policy:
+            fams[ip_version] = policy
+            self._dirty.add(iface)
+
+    def remove_workload(self, ip_version: int, iface: str) -> None:
+        fams = self._want.get(iface)
+        if fams is not None and fams.pop(ip_version, None) is not None:
+            if not fams:
+                del self._want[iface]
+            self._dirty.add(iface)
+
+    def set_host_addresses(self, ip_version: int, addrs: frozenset[str]) -> None:
+        self._host_want[ip_version] = frozenset(_route_cidr(a) for a in addrs)
+
+    def ready_interfaces(self, ip_version: int) -> frozenset[str]:
+        return frozenset(n for n, p in self._done.items() if ip_version in p.ready)
+
+    def on_iface_state(self, name: str, state: IfaceState, index: int) -> None:
+        if state is IfaceState.UNKNOWN:
+            self._ifaces.pop(name, None)
+        else:
+            self._ifaces[name] = (index, state is IfaceState.UP)
+        if name in self._want or name in self._done:
+            self._dirty.add(name)
+
+    def queue_resync(self) -> None:
+        self._dirty.update(self._want)
+        self._dirty.update(self._done)
+
+    def next_deadline(self) -> float | None:
+        """Detaches wait for the apply after the *tables dropped the interface: come back soon."""
+        return 0.0 if any(p.pending_detach for p in self._done.values()) else None
+
+    # ------------------------------------------------------------------------------ apply
+    def apply(self) -> None:
+        if self._start_of_day:
+            self._sweep_ifstate()
+            self._start_of_day = False
+        self._sync_host_routes()
+        fams = sorted({v for fam in self._want.values() for v in fam})
+        if fams:
+            self.kernel.programs.prefetch_tc(EpType.WEP, [v == 6 for v in fams])  # one compile run
+        failures: dict[str, Exception] = {}
+        unsupported: list[UnsupportedFeature] = []
+        todo = sorted(self._dirty)
+        self._dirty.clear()
+        for iface in todo:
+            try:
+                self._reconcile(iface)
+            except UnsupportedFeature as e:
+                unsupported.append(e)  # not retried: the kernel cannot do it
+            except Exception as e:  # one interface's failure must not stop the others
+                log.warning("BPF endpoint not programmed; will retry", iface=iface, error=str(e),
+                            error_type=type(e).__name__)
+                failures[iface] = e
+                self._dirty.add(iface)
+        if failures:
+            raise EndpointProgrammingFailed(failures)
+        if unsupported:
+            raise unsupported[0]
+
+    def _sync_host_routes(self) -> None:
+        """Host addresses as RT_HOST|RT_LOCAL routes: host -> workload traffic skips policy (as in
+        the *tables modes), workload -> host is recognised as to-host."""
+        want: set[str] = set().union(*self._host_want.values()) if self._host_want else set()
+        self._sync_routes(self._host_done, want, defs.RT_HOST | defs.RT_LOCAL, 0)
+
+    def _sync_routes(self, done: set[str], want: set[str], flags: int, ifindex: int) -> None:
+        """Make the routes-map entries recorded in *done* equal *want* (minimal delta)."""
+        maps = self.kernel.maps
+        for cidr in sorted(done - want):
+            maps.routes(":" in cidr).delete(mt.route_key(cidr))
+            done.discard(cidr)
+        for cidr in sorted(want - done):
+            v6 = ":" in cidr
+            maps.routes(v6).set(mt.route_key(cidr), mt.route_value(flags, ifindex=ifindex, v6=v6))
+            done.add(cidr)
+
+    def _sweep_ifstate(self) -> None:
+        ifstate = self.kernel.maps.ifstate
+        for key in list(ifstate.keys()):
+            ifindex = int(key.value) if hasattr(key, "value") else int(key)
+            if not any(i == ifindex and n in self._want for n, (i, _up) in self._ifaces.items()):
+                ifstate.delete(ctypes.c_uint32(ifindex))
+        for name, (ifindex, _up) in self._ifaces.items():
+            if name not in self._want and any(self._attached_any(name, ifindex)):
+                log.info("Detaching BPF programs from an interface that is no longer a workload", iface=name)
+                self.kernel.attacher.detach(name, ifindex)
+
+    def _attached_any(self, name: str, ifindex: int) -> Iterable[bool]:
+        for hook in HOOKS:
+            try:
+                yield self.kernel.attacher.is_attached(name, ifindex, hook)
+            except (OSError, UnsupportedFeature):
+                yield False
+
+    def _reconcile(self, iface: str) -> None:
+        want = self._want.get(iface)
+        link = self._ifaces.get(iface)
+        done = self._done.get(iface)
+        if done is not None and (link is None or link[0] != done.ifindex):
+            self._forget(iface, done, detach=False)  # the interface went away (or was re-created)
+            done = None
+        if not want or link is None or not link[1]:
+            if done is not None:
+                self._retire(iface, done)
+            return
+        ifindex = link[0]
+        if done is None:
+            done = self._done[iface] = _Programmed(ifindex)
+        done.pending_detach = False
+        k = self.kernel
+        for hook in HOOKS:                                                          # 1
+            self._ensure_counters(ifindex, hook)
+        for hook in HOOKS:                                                          # 2, 3
+            for v in FAMILIES:
+                if v in want:
+                    self._program_slot(iface, done, hook, v, _hook_policy(want[v], hook))
+                else:
+                    self._release_slot(done, hook, v)
+        self._set_routes(done, [a for pol in want.values() for a in pol.addresses])  # 4
+        for hook in HOOKS:                                                          # 5
+            configure(self._attach_point(iface, done, hook), k.programs, k.maps)
+        if not done.attached or not all(self._attached_any(iface, ifindex)):         # 6
+            for hook in HOOKS:
+                k.attacher.attach(iface, ifindex, hook, k.programs.preamble_fd(hook))
+            done.attached = True
+        ready = frozenset(want)
+        self._write_ifstate(iface, done, ready)                                     # 7
+        done.ready = ready
+        log.debug("BPF endpoint programmed", iface=iface, ifindex=ifindex, families=sorted(ready),
+                  slots=done.slots)
+
+    # ------------------------------------------------------------------------------ steps
+    def _ensure_counters(self, ifindex: int, hook: int) -> None:
+        try:
+            self.kernel.maps.counters.set(mt.CountersKey(ifindex, hook), mt.CountersValue(), sc.NOEXIST)
+        except BPFSyscallError as e:
+            if e.errno != errno.EEXIST:
+                raise
+
+    def _program_slot(self, iface: str, done: _Programmed, hook: int, v: int, ps: PolicySet) -> None:
+        pol = self.kernel.policies
+        entry = done.slots.get((hook, v))
+        if entry is None:
+            entry = self.kernel.slots[hook].get(f"{iface}/v{v}")
+            done.slots[(hook, v)] = entry
+            done.policy.pop((hook, v), None)
+        if (hook, v) not in done.policy and ps != DENY_ALL:
+            self._install(hook, entry, v, DENY_ALL)  # a fresh slot holds default-deny first
+        if done.policy.get((hook, v)) != ps:
+            self._install(hook, entry, v, ps)
+            done.policy[(hook, v)] = ps
+        assert pol.installed(hook, entry) is not None
+
+    def _install(self, hook: int, entry: int, v: int, ps: PolicySet) -> None:
+        pol = self.kernel.policies
+        prog = pol.acquire(ps, hook=hook, v6=(v == 6))
+        try:
+            pol.install(hook, entry, prog)
+        except Exception:
+            pol.release(prog)
+            raise
+
+    def _release_slot(self, done: _Programmed, hook: int, v: int) -> None:
+        entry = done.slots.pop((hook, v), None)
+        done.policy.pop((hook, v), None)
+        if entry is not None:
+            self.kernel.policies.uninstall(hook, entry)
+            self.kernel.slots[hook].put(entry)
+
+    def _set_routes(self, done: _Programmed, addresses: Iterable[str]) -> None:
+        self._sync_routes(done.routes, {_route_cidr(a) for a in addresses}, defs.RT_WORKLOAD | defs.RT_LOCAL,
+                          done.ifindex)
+
+    def _attach_point(self, iface: str, done: _Programmed, hook: int) -> AttachPoint:
+        return AttachPoint(iface, done.ifindex, hook, EpType.WEP,
+                           ipv4=(hook, 4) in done.slots, ipv6=(hook, 6) in done.slots,
+                           policy_idx_v4=done.slots.get((hook, 4), -1),
+                           policy_idx_v6=done.slots.get((hook, 6), -1), flags=self._flags)
+
+    def _write_ifstate(self, iface: str, done: _Programmed, ready: frozenset[int]) -> None:
+        flags = defs.IFACE_STATE_WEP
+        for v in ready:
+            flags |= _READY[v]
+        idx = {f"{'ingress' if hook == defs.HOOK_TC_EGRESS else 'egress'}_policy_v{v}": e
+               for (hook, v), e in done.slots.items()}
+        self.kernel.maps.ifstate.set(ctypes.c_uint32(done.ifindex), mt.ifstate_value(flags, iface, **idx))
+
+    def _retire(self, iface: str, done: _Programmed) -> None:
+        """Phase 1 of removal: not READY, slots deny; phase 2 (next apply): detach and release."""
+        if done.ready or not done.pending_detach:
+            self._write_ifstate(iface, done, frozenset())
+            for (hook, v), entry in done.slots.items():
+                if done.policy.get((hook, v)) != DENY_ALL:
+                    self._install(hook, entry, v, DENY_ALL)
+                    done.policy[(hook, v)] = DENY_ALL
+            done.ready = frozenset()
+            done.pending_detach = True
+            self._dirty.add(iface)  # come back for phase 2
+            return
+        self._forget(iface, done, detach=True)
+
+    def _forget(self, iface: str, done: _Programmed, *, detach: bool) -> None:
+        k = self.kernel
+        if detach and done.attached:
+            k.attacher.detach(iface, done.ifindex)
+        for hook, v in list(done.slots):
+            self._release_slot(done, hook, v)
+        self._set_routes(done, ())
+        for hook in HOOKS:
+            unconfigure(AttachPoint(iface, done.ifindex, hook), k.maps)
+            k.maps.counters.delete(mt.CountersKey(done.ifindex, hook))
+        k.maps.ifstate.delete(ctypes.c_uint32(done.ifindex))
+        del self._done[iface]
+        log.info("BPF endpoint removed", iface=iface, ifindex=done.ifindex)

@@ -1,0 +1,133 @@
+"""Stateful in-memory stand-ins for the BPF kernel bundle: every map a
+:class:`~felixpy.bpf.fake.FakeMap` (hash / LPM / prog-array semantics, E2BIG when full, failure
+injection), program "fds" that are just numbers with program ids, and an attach layer that keeps
+which program is on which (interface, hook) and can be told to fail.  The driver code that runs
+over these is the production code; only the kernel is replaced.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from felixpy.bpf.build import PREAMBLE_FUNC, Program, Variant
+from felixpy.bpf.errors import BPFSyscallError
+from felixpy.bpf.hook import ProgramsMap
+from felixpy.bpf.ipsets import IPSetIDAllocator
+from felixpy.bpf.fake import FakeMap
+from felixpy.bpf.maps import ALL_SPECS, Map, MapSet, MapSpec
+from felixpy.bpf.policyload import JumpMapAllocator, PolicyPrograms
+from felixpy.drivers.bpfendpoints.attacher import HOOKS
+from felixpy.drivers.bpfendpoints.kernel import BPFKernel
+
+
+class FakeKernelMap(FakeMap):
+    """A FakeMap with the attributes MapSet users read from a real :class:`Map`."""
+
+    def __init__(self, spec: MapSpec) -> None:
+        super().__init__(spec)
+        self.fd = -1
+        self.fail_updates: int | None = None  # errno for every set() until cleared
+
+    def set(self, key: Any, value: Any, flags: int = 0) -> None:
+        if self.fail_updates is not None:
+            raise BPFSyscallError("BPF_MAP_UPDATE_ELEM", self.fail_updates)
+        super().set(key, value, flags)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class FakePrograms:
+    """Program fds and ids: every load gets a fresh fd and a fresh kernel program id."""
+
+    _fds: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
+    ids: dict[int, int] = field(default_factory=dict)  # fd -> program id
+    names: dict[int, str] = field(default_factory=dict)
+    closed: set[int] = field(default_factory=set)
+    loads: int = 0
+
+    def load(self, prog_type: int, insns: bytes, *, name: str = "", **_: object) -> int:
+        fd = next(self._fds)
+        self.ids[fd] = fd + 50000
+        self.names[fd] = name
+        self.loads += 1
+        return fd
+
+    def close(self, fd: int) -> None:
+        self.closed.add(fd)
+
+    def live(self) -> set[int]:
+        return set(self.ids) - self.closed
+
+
+@dataclass
+class _FakeLoaded:
+    fds: dict[str, int]
+
+    def fd(self, func: str) -> int:
+        return self.fds[func]
+
+
+@dataclass
+class FakeAttacher:
+    """Which preamble fd is on each (ifindex, hook); ``fail_ifaces`` makes attach raise."""
+
+    attached: dict[tuple[int, int], int] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)
+    fail_ifaces: set[str] = field(default_factory=set)
+    attach_calls: int = 0
+
+    def attach(self, iface: str, ifindex: int, hook: int, prog_fd: int) -> None:
+        self.attach_calls += 1
+        if iface in self.fail_ifaces:
+            raise OSError(errno.EBUSY, f"injected attach failure on {iface}")
+        self.attached[(ifindex, hook)] = prog_fd
+        self.names[ifindex] = iface
+
+    def detach(self, iface: str, ifindex: int) -> None:
+        for hook in HOOKS:
+            self.attached.pop((ifindex, hook), None)
+
+    def is_attached(self, iface: str, ifindex: int, hook: int) -> bool:
+        return (ifindex, hook) in self.attached
+
+    def mode(self, iface: str) -> str:
+        return "tcx"
+
+    def ifaces(self) -> set[str]:
+        return {self.names[i] for i, _h in self.attached}
+
+
+@dataclass
+class FakeBPF:
+    kernel: BPFKernel
+    progs: FakePrograms
+    attacher: FakeAttacher
+
+    def map(self, name: str) -> FakeKernelMap:
+        return cast(FakeKernelMap, self.kernel.maps[name])
+
+
+def fake_kernel(sizes: dict[str, int] | None = None) -> FakeBPF:
+    sizes = sizes or {}
+    fake_maps = {s.name: FakeKernelMap(s.sized(sizes.get(s.name, min(s.max_entries, 4096)))
+                                       if s.name not in ("cali_jump_ing2", "cali_jump_egr2") else s)
+                 for s in ALL_SPECS}
+    maps = MapSet("fake", maps=cast(dict[str, Map], fake_maps))
+    progs = FakePrograms()
+
+    def loader(variant: Variant, _pin_root: str) -> _FakeLoaded:
+        funcs = ([PREAMBLE_FUNC[variant.program]] if variant.program in PREAMBLE_FUNC
+                 else list(variant.subprogs.values()))
+        return _FakeLoaded({f: progs.load(0, b"", name=f) for f in funcs})
+
+    ids = IPSetIDAllocator()
+    attacher = FakeAttacher()
+    kernel = BPFKernel(maps=maps, programs=ProgramsMap(maps, "fake", loader=loader),
+                       policies=PolicyPrograms(maps, ids, prog_load=progs.load, close_fd=progs.close),
+                       attacher=attacher, ipset_ids=ids, slots={hook: JumpMapAllocator() for hook in HOOKS})
+    return FakeBPF(kernel, progs, attacher)

@@ -1,0 +1,58 @@
+"""The BPF objects every BPF driver shares on a node: pinned maps, generic programs, policy
+programs and the attach layer (one bundle, both IP families).
+
+What it owns: nothing by itself; :func:`open_kernel` opens (or creates and pins) every map in
+:data:`felixpy.bpf.maps.ALL_SPECS` under the pin root, and hands the compile work to the
+short-lived worker (:mod:`felixpy.bpf.worker`) so this process never imports bcc or LLVM.
+
+How a fresh process recognises them: maps by pin path, kernel name and layout
+(:mod:`felixpy.bpf.maps`); the drivers that use this bundle say how they recognise the rest.
+
+Apply contract: opening is idempotent; the drivers reconcile entries in their own ``apply()``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from felixpy.bpf.hook import ProgramsMap
+from felixpy.bpf.ipsets import IPSetIDAllocator
+from felixpy.bpf.maps import MapSet, ensure_pin_root
+from felixpy.bpf.policyload import JumpMapAllocator, PolicyPrograms
+from felixpy.drivers.bpfendpoints.attacher import HOOKS, Attacher, KernelAttacher
+
+
+@dataclass
+class BPFKernel:
+    maps: MapSet
+    programs: ProgramsMap
+    policies: PolicyPrograms
+    attacher: Attacher
+    ipset_ids: IPSetIDAllocator
+    slots: dict[int, JumpMapAllocator]  # per TC hook: policy entry allocator
+
+
+def default_tcx_pin_dir(pin_root: str) -> str:
+    """Felix pins TCX links in ``/sys/fs/bpf/tcx`` beside ``/sys/fs/bpf/tc/globals``; any other
+    pin root keeps them in its own ``tcx`` subdirectory."""
+    root = pin_root.rstrip("/")
+    suffix = os.path.join("tc", "globals")
+    if root.endswith(os.sep + suffix):
+        return os.path.join(root[: -len(suffix)], "tcx")
+    return os.path.join(root, "tcx")
+
+
+def open_kernel(pin_root: str, attach_type: str, *, tcx_pin_dir: str | None = None,
+                sizes: dict[str, int] | None = None) -> BPFKernel:
+    """The real bundle: maps pinned under *pin_root* (bpffs is mounted at /sys/fs/bpf when
+    nothing is), variants compiled in the worker."""
+    from felixpy.bpf.worker import WorkerLoader
+
+    ensure_pin_root(pin_root)
+    maps = MapSet(pin_root, sizes=sizes or {}).ensure()
+    ids = IPSetIDAllocator()
+    tcx_dir = tcx_pin_dir or default_tcx_pin_dir(pin_root)
+    return BPFKernel(maps=maps, programs=ProgramsMap(maps, pin_root, loader=WorkerLoader(pin_root)),
+                     policies=PolicyPrograms(maps, ids), attacher=KernelAttacher(attach_type, tcx_dir),
+                     ipset_ids=ids, slots={hook: JumpMapAllocator() for hook in HOOKS})

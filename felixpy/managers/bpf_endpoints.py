@@ -1,0 +1,147 @@
+"""BPF endpoint manager (per IP family): workload endpoints → per-interface policy programs and
+the *tables allow list (Felix's ``bpfEndpointManager``, the desired-state half).
+
+* ``on_update`` only records: workload endpoints (by interface), active policies and profiles
+  (as the calc graph sent them).
+* ``complete_deferred_work`` computes, for each workload interface whose endpoint or policies
+  changed, the two :class:`~felixpy.bpf.policy_ir.PolicySet` values its programs enforce (policy
+  ingress = to the workload, egress = from it; Felix's tier/profile extraction in
+  :mod:`felixpy.bpf.from_proto`) and the family's addresses, and hands them to the BPF endpoint
+  driver (:class:`~felixpy.drivers.bpfendpoints.api.BPFEndpointsAPI`).  The driver compares
+  values, so an unchanged endpoint costs nothing and a changed policy swaps only the programs
+  whose policy set changed.  Two endpoints on one interface: the lower id wins (as the *tables
+  endpoint manager does).
+* This family's host addresses (from the interface monitor, workload interfaces excluded) go
+  to the driver for the routes map, so the programs classify to/from-host traffic.
+* ``on_devices_applied`` (after the driver's apply) reads which interfaces are READY for this
+  family and rewrites ``cali-to-wl-dispatch`` to accept exactly those, so the *tables admit an
+  interface only once its programs are in place, and drop it again before they are detached.
+
+Routes, interface sysctls and status stay with the *tables endpoint manager, which wiring runs
+in BPF mode with its chains discarded (Felix's endpoint manager in BPF mode does the same).
+This manager never touches the kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from felixpy.bpf import from_proto
+from felixpy.drivers.bpfendpoints.api import BPFEndpointsAPI, WorkloadPolicy
+from felixpy.drivers.generictables.table import Table
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate
+from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.rules import bpfmode
+from felixpy.rules.context import RenderContext
+
+log = structlog.get_logger(__name__)
+
+WlKey = tuple[str, str, str]
+
+
+def _key(wid: pb.WorkloadEndpointID) -> WlKey:
+    return (wid.orchestrator_id, wid.workload_id, wid.endpoint_id)
+
+
+class BPFEndpointManager:
+    def __init__(self, ip_version: int, ctx: RenderContext, driver: BPFEndpointsAPI, *, filter: Table) -> None:
+        self.ip_version = ip_version
+        self._ctx = ctx
+        self._driver = driver
+        self._filter = filter
+        self._endpoints: dict[WlKey, pb.WorkloadEndpoint] = {}
+        self._policies: dict[from_proto.PolicyKey, Any] = {}
+        self._profiles: dict[str, Any] = {}
+        self._dirty_keys: set[WlKey] = set()
+        self._policy_dirty = False
+        self._programmed: dict[str, WorkloadPolicy] = {}  # iface -> what we gave the driver
+        self._allowed: frozenset[str] | None = None
+        self._host_addrs: dict[str, frozenset[str]] = {}  # non-workload interface -> this family's addresses
+        self._host_dirty = True
+
+    # ----------------------------------------------------------------------- updates
+    def on_update(self, msg: Any) -> None:
+        if isinstance(msg, IfaceAddrsUpdate):
+            self._on_addrs(msg)
+        elif isinstance(msg, pb.WorkloadEndpointUpdate):
+            self._endpoints[_key(msg.id)] = msg.endpoint
+            self._dirty_keys.add(_key(msg.id))
+        elif isinstance(msg, pb.WorkloadEndpointRemove):
+            self._endpoints.pop(_key(msg.id), None)
+            self._dirty_keys.add(_key(msg.id))
+        elif isinstance(msg, pb.ActivePolicyUpdate):
+            self._policies[from_proto.policy_key(msg.id)] = msg.policy
+            self._policy_dirty = True
+        elif isinstance(msg, pb.ActivePolicyRemove):
+            self._policies.pop(from_proto.policy_key(msg.id), None)
+            self._policy_dirty = True
+        elif isinstance(msg, pb.ActiveProfileUpdate):
+            self._profiles[msg.id.name] = msg.profile
+            self._policy_dirty = True
+        elif isinstance(msg, pb.ActiveProfileRemove):
+            self._profiles.pop(msg.id.name, None)
+            self._policy_dirty = True
+
+    def _on_addrs(self, msg: IfaceAddrsUpdate) -> None:
+        if msg.name.startswith(tuple(self._ctx.workload_prefixes)):
+            return
+        mine = frozenset(a for a in (msg.addrs or ()) if (":" in a) == (self.ip_version == 6))
+        if self._host_addrs.get(msg.name, frozenset()) != mine:
+            if mine:
+                self._host_addrs[msg.name] = mine
+            else:
+                self._host_addrs.pop(msg.name, None)
+            self._host_dirty = True
+
+    # ---------------------------------------------------------------------- programming
+    def complete_deferred_work(self) -> None:
+        if self._host_dirty:
+            addrs = frozenset().union(*self._host_addrs.values()) if self._host_addrs else frozenset()
+            self._driver.set_host_addresses(self.ip_version, addrs)
+            self._host_dirty = False
+        if not (self._dirty_keys or self._policy_dirty):
+            return
+        winners: dict[str, tuple[WlKey, pb.WorkloadEndpoint]] = {}
+        for key in sorted(self._endpoints):
+            ep = self._endpoints[key]
+            if ep.name and ep.name not in winners:
+                winners[ep.name] = (key, ep)
+        for iface in sorted(set(self._programmed) - set(winners)):
+            self._driver.remove_workload(self.ip_version, iface)
+            del self._programmed[iface]
+        for iface, (key, ep) in winners.items():
+            if not self._policy_dirty and key not in self._dirty_keys and iface in self._programmed:
+                continue
+            try:
+                want = self._workload_policy(ep)
+            except Exception:
+                log.exception("Workload endpoint policy could not be built; interface stays closed",
+                              iface=iface, ip_version=self.ip_version)
+                continue
+            if self._programmed.get(iface) != want:
+                self._driver.set_workload(self.ip_version, iface, want)
+                self._programmed[iface] = want
+        self._dirty_keys.clear()
+        self._policy_dirty = False
+
+    def _workload_policy(self, ep: pb.WorkloadEndpoint) -> WorkloadPolicy:
+        action = self._ctx.config.DefaultEndpointToHostAction
+        nets = ep.ipv4_nets if self.ip_version == 4 else ep.ipv6_nets
+        return WorkloadPolicy(
+            to_workload=from_proto.workload_policy_set(ep, self._policies, self._profiles, from_proto.INGRESS,
+                                                       ep_to_host_action=action),
+            from_workload=from_proto.workload_policy_set(ep, self._policies, self._profiles, from_proto.EGRESS,
+                                                         ep_to_host_action=action),
+            addresses=tuple(str(n) for n in nets))
+
+    def on_devices_applied(self) -> None:
+        ready = self._driver.ready_interfaces(self.ip_version) & frozenset(self._programmed)
+        if ready != self._allowed:
+            self._filter.update_chain(bpfmode.workload_allow_chain(self._ctx, ready))
+            self._allowed = ready
+
+    @property
+    def allowed_interfaces(self) -> frozenset[str]:
+        return self._allowed or frozenset()

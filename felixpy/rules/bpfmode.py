@@ -1,0 +1,111 @@
+"""The *tables rules Felix keeps in BPF mode (``setUpIptablesBPF`` in ``int_dataplane.go``).
+
+All policy runs in the BPF programs; *tables only guard the gaps (reference felix-bpf §5):
+
+* filter ``cali-FORWARD``: accept what the programs pre-approved (BYPASS mark); drop packets
+  from workload interfaces that no program has seen (no SEEN mark: the interface's programs are
+  not attached); mark Linux-established flows for the programs (``CT_ESTABLISHED``); traffic to
+  a workload interface goes to ``cali-to-wl-dispatch``, which accepts only interfaces whose
+  programs are in place and drops every other workload interface (the attach-gap guard); accept
+  the rest from workloads (the programs approved it).
+* filter ``cali-INPUT``: mid-flow fall-through packets are accepted only if Linux conntrack
+  knows the flow (TCP gets a reset, others are dropped); workload traffic the programs have seen
+  gets ``DefaultEndpointToHostAction``; workload traffic without SEEN is dropped (fail closed).
+* filter ``cali-OUTPUT``: mark Linux-established flows.
+
+Mark values are the programs' (``felixpy.bpf.defs`` mirrors ``bpf.h``); they sit inside
+``0x1FF00000``, which ``IptablesMarkMask`` must cover.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from felixpy.drivers.generictables.model import (
+    REJECT_WITH_TCP_RESET,
+    Accept,
+    Chain,
+    Drop,
+    Jump,
+    Match,
+    Reject,
+    Rule,
+    SetMaskedMark,
+)
+from felixpy.rules.context import RenderContext
+from felixpy.rules.names import (
+    CHAIN_FILTER_FORWARD,
+    CHAIN_FILTER_INPUT,
+    CHAIN_FILTER_OUTPUT,
+    CHAIN_TO_WORKLOAD_DISPATCH,
+)
+from felixpy.rules.static import WILDCARD, KernelHook
+
+# enum calico_skb_mark (bpf-gpl/bpf.h), as masks and values.
+MARK_SEEN = 0x01000000
+MARK_BYPASS = 0x03000000
+MARK_FALLTHROUGH = 0x05000000
+MARK_CT_ESTABLISHED = 0x08000000
+MARK_CALICO_BPF_MASK = 0x1FF00000
+
+
+def _wl_in(ctx: RenderContext) -> list[Match]:
+    return [Match().in_interface(p + WILDCARD) for p in ctx.workload_prefixes]
+
+
+def _wl_out(ctx: RenderContext) -> list[Match]:
+    return [Match().out_interface(p + WILDCARD) for p in ctx.workload_prefixes]
+
+
+def _mark_linux_established() -> Rule:
+    return Rule(Match().conntrack_state("RELATED,ESTABLISHED"),
+                SetMaskedMark(MARK_CT_ESTABLISHED, MARK_CT_ESTABLISHED),
+                ("Mark Linux-established flows for the BPF programs",))
+
+
+def forward_chain(ctx: RenderContext) -> Chain:
+    rules = [Rule(Match().mark_matches_with_mask(MARK_BYPASS, MARK_BYPASS), Accept(),
+                  ("Pre-approved by BPF programs",))]
+    rules += [Rule(m.mark_clear(MARK_SEEN), Drop(), ("From workload without BPF seen mark",)) for m in _wl_in(ctx)]
+    rules.append(_mark_linux_established())
+    rules += [Rule(m, Jump(CHAIN_TO_WORKLOAD_DISPATCH), ("To workload: programs must be in place",))
+              for m in _wl_out(ctx)]
+    rules += [Rule(m, Accept(), ("From workload: approved by BPF",)) for m in _wl_in(ctx)]
+    return Chain(CHAIN_FILTER_FORWARD, tuple(rules))
+
+
+def input_chain(ctx: RenderContext) -> Chain:
+    fall = Match().mark_matches_with_mask(MARK_FALLTHROUGH, MARK_FALLTHROUGH)
+    rules = [
+        Rule(fall.conntrack_state("RELATED,ESTABLISHED"), Accept(), ("Fall-through: Linux knows the flow",)),
+        Rule(fall.protocol("tcp"), Reject(REJECT_WITH_TCP_RESET), ("Fall-through: unknown TCP flow",)),
+        Rule(fall, Drop(), ("Fall-through: unknown flow",)),
+    ]
+    rules += [Rule(m.mark_matches_with_mask(MARK_SEEN, MARK_SEEN), ctx.input_accept,
+                   ("Configured DefaultEndpointToHostAction",)) for m in _wl_in(ctx)]
+    rules += [Rule(m, Drop(), ("From workload without BPF seen mark",)) for m in _wl_in(ctx)]
+    return Chain(CHAIN_FILTER_INPUT, tuple(rules))
+
+
+def output_chain(ctx: RenderContext) -> Chain:
+    return Chain(CHAIN_FILTER_OUTPUT, (_mark_linux_established(),))
+
+
+def workload_allow_chain(ctx: RenderContext, ready: Iterable[str]) -> Chain:
+    """``cali-to-wl-dispatch`` in BPF mode: accept interfaces whose programs are in place (sorted,
+    so an unchanged set renders identically), drop every other workload interface."""
+    rules = [Rule(Match().out_interface(name), Accept()) for name in sorted(set(ready))]
+    rules.append(Rule(Match(), Drop(), ("Workload interface without BPF programs",)))
+    return Chain(CHAIN_TO_WORKLOAD_DISPATCH, tuple(rules))
+
+
+def static_chains(ctx: RenderContext, table: str) -> list[Chain]:
+    if table == "filter":
+        return [forward_chain(ctx), input_chain(ctx), output_chain(ctx), workload_allow_chain(ctx, ())]
+    return []
+
+
+def kernel_hooks(ctx: RenderContext) -> list[KernelHook]:
+    return [KernelHook("filter", chain, (Rule(Match(), Jump(target)),))
+            for chain, target in (("FORWARD", CHAIN_FILTER_FORWARD), ("INPUT", CHAIN_FILTER_INPUT),
+                                  ("OUTPUT", CHAIN_FILTER_OUTPUT))]

@@ -1,0 +1,285 @@
+"""BPF mode over fakes: the daemon's own wiring (``build()`` with ``BPFEnabled``), the real BPF
+endpoint manager and driver, in-memory maps and a fake attach layer.  Assertions are on the
+resulting state: what is attached where, what each policy slot holds, ``cali_iface`` flags,
+the routes and IP-set maps, and the *tables allow list."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+from dataclasses import replace
+
+import pytest
+
+from felixpy.bpf import defs
+from felixpy.bpf import maptypes as mt
+from felixpy.bpf.ipsets import member_key
+from felixpy.config import Config
+from felixpy.drivers.bpfendpoints.fake import FakeBPF, fake_kernel
+from felixpy.drivers.generictables.model import Accept, Drop, OutInterface
+from felixpy.rules.names import CHAIN_TO_WORKLOAD_DISPATCH
+from .harness import Node, ipset, policy, profile, rule, tier, wep, wep_remove
+
+ING, EGR = defs.HOOK_TC_INGRESS, defs.HOOK_TC_EGRESS
+BPF_CONFIG = replace(Config(), BPFEnabled=True)
+
+
+def node(families: tuple[int, ...] = (4,), bpf: FakeBPF | None = None) -> tuple[Node, FakeBPF]:
+    fb = bpf or fake_kernel()
+    return Node(families=families, config=BPF_CONFIG, bpf=fb), fb
+
+
+def allowed(n: Node, v: int = 4) -> list[str]:
+    """Interfaces cali-to-wl-dispatch accepts, asserting it ends in the drop."""
+    rules = n.f(v).tables["filter"].rules(CHAIN_TO_WORKLOAD_DISPATCH)
+    assert rules[-1].action == Drop() and not rules[-1].match
+    out = []
+    for r in rules[:-1]:
+        assert r.action == Accept()
+        (crit,) = r.match.criteria
+        assert isinstance(crit, OutInterface)
+        out.append(crit.iface)
+    return out
+
+
+def ifstate(fb: FakeBPF, ifindex: int) -> mt.IfStateValue | None:
+    v = fb.kernel.maps.ifstate.get(ctypes.c_uint32(ifindex))
+    return v  # type: ignore[no-any-return]
+
+
+def slot_fd(fb: FakeBPF, hook: int, entry: int) -> int | None:
+    v = fb.kernel.maps.jumps(hook).get(ctypes.c_uint32(entry))
+    return None if v is None else int(v.value if hasattr(v, "value") else v)
+
+
+def entries(fb: FakeBPF, ifindex: int, v: int = 4) -> tuple[int, int]:
+    st = ifstate(fb, ifindex)
+    assert st is not None
+    return (getattr(st, f"egress_policy_v{v}"), getattr(st, f"ingress_policy_v{v}"))  # (TC ingress, TC egress)
+
+
+def programmed(n: Node, fb: FakeBPF, iface: str, v: int = 4) -> bool:
+    idx = n.ifindex(iface)
+    st = ifstate(fb, idx)
+    ready = defs.IFACE_STATE_V4_READY if v == 4 else defs.IFACE_STATE_V6_READY
+    return (st is not None and bool(st.flags & ready) and bool(st.flags & defs.IFACE_STATE_WEP)
+            and fb.attacher.is_attached(iface, idx, ING) and fb.attacher.is_attached(iface, idx, EGR)
+            and iface in allowed(n, v))
+
+
+def test_workload_is_programmed_in_order_and_admitted() -> None:
+    n, fb = node()
+    n.link_up("cali1")
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]))
+    n.apply()
+    idx = n.ifindex("cali1")
+    assert programmed(n, fb, "cali1")
+    assert fb.attacher.attached[(idx, ING)] == fb.kernel.programs.preamble_fd(ING)
+    ing_entry, egr_entry = entries(fb, idx)
+    for hook, entry in ((ING, ing_entry), (EGR, egr_entry)):
+        assert slot_fd(fb, hook, entry) is not None
+        assert fb.kernel.maps.counters.get(mt.CountersKey(idx, hook)) is not None
+        assert fb.kernel.maps.ap_globals.get(mt.ApKey(idx, hook)) is not None
+    glob = fb.kernel.maps.ap_globals.get(mt.ApKey(idx, EGR))
+    assert glob.v4.jumps[defs.ProgIndex.POLICY] == egr_entry
+    route = fb.kernel.maps.routes(False).get(mt.route_key("10.65.0.2/32"))
+    assert route is not None and route.flags & defs.RT_WORKLOAD and route.if_index == idx
+    # Unknown workload interfaces get no programs and stay outside the allow list.
+    n.link_up("cali99")
+    n.apply()
+    assert not fb.attacher.is_attached("cali99", n.ifindex("cali99"), ING)
+    assert allowed(n) == ["cali1"]
+
+
+def test_programs_attach_only_to_existing_up_interfaces() -> None:
+    n, fb = node()
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]))
+    n.apply()
+    assert fb.attacher.attached == {} and allowed(n) == []
+    n.link_up("cali1")
+    n.link_down("cali1")
+    n.apply()
+    assert fb.attacher.attached == {} and allowed(n) == []
+    n.link_up("cali1")
+    n.apply()
+    assert programmed(n, fb, "cali1")
+
+
+def _fail_slot(fb: FakeBPF) -> None:
+    fb.map("cali_jump_egr2").fail_next_update = errno.ENOMEM  # the first endpoint programmed (cali1)
+
+
+def _heal_slot(fb: FakeBPF) -> None:
+    pass  # fail_next_update is one-shot
+
+
+def _fail_attach(fb: FakeBPF) -> None:
+    fb.attacher.fail_ifaces.add("cali1")
+
+
+def _heal_attach(fb: FakeBPF) -> None:
+    fb.attacher.fail_ifaces.clear()
+
+
+def _fill_ifstate(fb: FakeBPF) -> None:
+    m = fb.map("cali_iface4")
+    m.spec = m.spec.sized(1)  # room for cali2 (programmed first in this case) only
+
+
+def _grow_ifstate(fb: FakeBPF) -> None:
+    m = fb.map("cali_iface4")
+    m.spec = m.spec.sized(1000)
+
+
+@pytest.mark.parametrize(("fail", "heal", "victim"), [
+    (_fail_slot, _heal_slot, "cali1"),
+    (_fail_attach, _heal_attach, "cali1"),
+    (_fill_ifstate, _grow_ifstate, None),
+], ids=["slot-update-fails", "attach-fails", "ifstate-map-full"])
+def test_one_endpoint_failing_leaves_the_others_programmed_and_is_retried(fail, heal, victim) -> None:  # type: ignore[no-untyped-def]
+    n, fb = node()
+    for name in ("cali1", "cali2"):
+        n.link_up(name)
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]),
+           wep("b", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"]))
+    fail(fb)
+    report = n.apply(expect_ok=False)
+    assert not report.ok
+    good = [i for i in ("cali1", "cali2") if programmed(n, fb, i)]
+    bad = [i for i in ("cali1", "cali2") if i not in good]
+    assert len(good) == 1 and len(bad) == 1
+    if victim:
+        assert bad == [victim]
+    assert bad[0] not in allowed(n)  # fail closed: the *tables keep dropping it
+    st = ifstate(fb, n.ifindex(bad[0]))
+    assert st is None or not st.flags & defs.IFACE_STATE_V4_READY
+    heal(fb)
+    assert n.apply().ok
+    assert all(programmed(n, fb, i) for i in ("cali1", "cali2"))
+    assert sorted(allowed(n)) == ["cali1", "cali2"]
+
+
+def test_policy_change_swaps_programs_in_existing_slots_without_reattach() -> None:
+    n, fb = node()
+    n.link_up("cali1")
+    n.link_up("cali2")
+    deny_tcp = policy("p", inbound=[rule("deny", protocol="tcp"), rule("allow")], outbound=[rule("allow")])
+    n.send(deny_tcp, wep("a", "cali1", ipv4=["10.65.0.2/32"], tiers=[tier(ingress=["p"], egress=["p"])]),
+           wep("b", "cali2", ipv4=["10.65.0.3/32"], tiers=[tier(ingress=["p"], egress=["p"])]))
+    n.apply()
+    i1, i2 = n.ifindex("cali1"), n.ifindex("cali2")
+    e1, e2 = entries(fb, i1), entries(fb, i2)
+    # Identical policy sets share one loaded program.
+    assert slot_fd(fb, EGR, e1[1]) == slot_fd(fb, EGR, e2[1])
+    assert slot_fd(fb, ING, e1[0]) == slot_fd(fb, ING, e2[0])
+    before_fd = slot_fd(fb, EGR, e1[1])
+    before_ing = slot_fd(fb, ING, e1[0])
+    attaches, loads = fb.attacher.attach_calls, fb.progs.loads
+    n.send(policy("p", inbound=[rule("deny", protocol="udp"), rule("allow")], outbound=[rule("allow")]))
+    n.apply()
+    assert fb.attacher.attach_calls == attaches  # no re-attach
+    assert entries(fb, i1) == e1 and entries(fb, i2) == e2  # same slots
+    new_fd = slot_fd(fb, EGR, e1[1])
+    assert new_fd != before_fd and new_fd == slot_fd(fb, EGR, e2[1])
+    assert fb.progs.ids[new_fd] != fb.progs.ids[before_fd]  # a different kernel program
+    assert slot_fd(fb, ING, e1[0]) == before_ing  # the unchanged direction is untouched
+    assert fb.progs.loads == loads + 1  # one new program for both endpoints
+    assert before_fd in fb.progs.closed  # the old program was released
+
+
+def test_removal_closes_the_allow_list_before_detaching() -> None:
+    n, fb = node()
+    n.link_up("cali1")
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]))
+    n.apply()
+    idx = n.ifindex("cali1")
+    slots = entries(fb, idx)
+    n.send(wep_remove("a"))
+    n.apply()
+    assert allowed(n) == []
+    st = ifstate(fb, idx)
+    assert st is not None and not st.flags & defs.IFACE_STATE_V4_READY
+    assert fb.attacher.is_attached("cali1", idx, ING)  # still attached, now default-deny
+    assert n.dp.next_wakeup() is not None
+    n.apply()
+    assert fb.attacher.attached == {}
+    assert ifstate(fb, idx) is None
+    assert slot_fd(fb, ING, slots[0]) is None and slot_fd(fb, EGR, slots[1]) is None
+    assert fb.kernel.maps.routes(False).get(mt.route_key("10.65.0.2/32")) is None
+    assert fb.progs.live() == {fb.kernel.programs.preamble_fd(ING), fb.kernel.programs.preamble_fd(EGR)} | {
+        fd for fd in fb.progs.live() if fb.progs.names[fd].startswith("calico_")}
+
+
+def test_ipv6_family_programmed_too() -> None:
+    n, fb = node(families=(4, 6))
+    n.link_up("cali1")
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], ipv6=["fd00:65::2/128"], profiles=["allow"]))
+    n.apply()
+    idx = n.ifindex("cali1")
+    assert programmed(n, fb, "cali1", 4) and programmed(n, fb, "cali1", 6)
+    e4, e6 = entries(fb, idx, 4), entries(fb, idx, 6)
+    assert e4 != e6 and all(slot_fd(fb, ING, e[0]) is not None for e in (e4, e6))
+    glob = fb.kernel.maps.ap_globals.get(mt.ApKey(idx, ING))
+    assert glob.v6.jumps[defs.ProgIndex.POLICY] == e6[0]
+    assert fb.kernel.maps.routes(True).get(mt.route_key("fd00:65::2/128")) is not None
+
+
+def test_ip_set_members_written_to_the_lpm_map_and_cleared_after_removal() -> None:
+    n, fb = node()
+    n.link_up("cali1")
+    n.send(ipset("s:abc", ["10.1.0.0/16"]),
+           policy("p", inbound=[rule("allow", src_ip_set_ids=["s:abc"])]),
+           wep("a", "cali1", ipv4=["10.65.0.2/32"], tiers=[tier(ingress=["p"])]))
+    n.apply()
+    sid = fb.kernel.ipset_ids.get("s:abc")
+    assert sid is not None
+    key = member_key(sid, "10.1.0.0/16", False)
+    m = fb.kernel.maps.ipsets(False)
+    assert m.get(key) is not None and programmed(n, fb, "cali1")
+    n.send(pb_ipset_remove("s:abc"), policy("p", inbound=[rule("allow")]))
+    n.apply()
+    assert list(m.keys()) == []
+
+
+def pb_ipset_remove(set_id: str) -> object:
+    from felixpy.proto import felixbackend_pb2 as pb
+
+    return pb.IPSetRemove(id=set_id)
+
+
+def test_start_of_day_sweeps_stale_ifstate_and_foreign_attachments() -> None:
+    fb = fake_kernel()
+    fb.kernel.maps.ifstate.set(ctypes.c_uint32(77), mt.ifstate_value(defs.IFACE_STATE_WEP | defs.IFACE_STATE_V4_READY,
+                                                                      "caliold"))
+    n, _ = node(bpf=fb)
+    idx = n.link_up("calistale")
+    fb.attacher.attached[(idx, ING)] = 5
+    fb.attacher.names[idx] = "calistale"
+    n.apply()
+    assert ifstate(fb, 77) is None
+    assert fb.attacher.attached == {}
+
+
+def test_host_addresses_become_local_host_routes() -> None:
+    n, fb = node(families=(4, 6))
+    n.addrs("eth0", "10.99.0.1", "fd00:99::1")
+    n.addrs("cali1", "169.254.1.1")  # workload interfaces are not host addresses
+    n.apply()
+    r4 = fb.kernel.maps.routes(False).get(mt.route_key("10.99.0.1/32"))
+    r6 = fb.kernel.maps.routes(True).get(mt.route_key("fd00:99::1/128"))
+    assert r4 is not None and r4.flags & defs.RT_HOST and r6 is not None and r6.flags & defs.RT_HOST
+    assert fb.kernel.maps.routes(False).get(mt.route_key("169.254.1.1/32")) is None
+    n.addrs("eth0", "fd00:99::1")
+    n.apply()
+    assert fb.kernel.maps.routes(False).get(mt.route_key("10.99.0.1/32")) is None
+
+
+def test_the_daemon_refuses_bpf_mode_without_the_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BPF mode is not fail-closed for ICMP yet: an operator cannot turn it on by accident."""
+    from felixpy.dataplane.wiring import BPF_OPT_IN, build_dataplane
+    from felixpy.errors import UnsupportedFeature
+    from felixpy.testing.clock import FakeClock
+
+    monkeypatch.delenv(BPF_OPT_IN, raising=False)
+    with pytest.raises(UnsupportedFeature, match="ICMP"):
+        build_dataplane(BPF_CONFIG, clock=FakeClock())
