@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     feed.add_argument("--no-steps", action="store_true", help="send only the initial batch")
     feed.add_argument("--in-sync-timeout", type=float, default=60.0)
     feed.add_argument("--hold", type=float, default=0.0, help="keep the feed open this long at the end")
+    feed.add_argument("--replace", action="store_true",
+                      help="take over from an active feed (a calc graph that restarted while its old connection "
+                           "never closed); without it a daemon with an active feed refuses this one")
 
     rep = sub.add_parser("replay", help="stream a recorded framed file to a daemon")
     rep.add_argument("file")
@@ -147,14 +150,18 @@ def _feed(args: argparse.Namespace) -> int:
         print(f"recorded {n} messages to {args.record}")
     if not args.to:
         return 0
-    client = connect(args.to)
+    client = connect(args.to, replace=args.replace)
     client.send(sc.initial)
     print(f"sent {len(sc.initial)} messages (initial batch, ending with InSync)")
     try:
         client.wait_in_sync(args.in_sync_timeout)
         print("daemon reports DataplaneInSync")
     except TimeoutError as exc:
-        print(f"felixpy feed: {exc}", file=sys.stderr)
+        if client.closed and not client.received and not args.replace:
+            print("felixpy feed: the daemon refused this feed: another feed is active (nothing was changed; "
+                  "--replace takes over from a calc graph whose old connection never closed)", file=sys.stderr)
+        else:
+            print(f"felixpy feed: {exc}", file=sys.stderr)
         client.close()
         return 1
     if not args.no_steps:
