@@ -14,7 +14,7 @@ Throughout every trial a workload ``a`` probes workload ``b``, whose policy deni
 moment — during the change, after the kill, during the restart.  A control flow ``a → c`` (allowed)
 runs beside it.
 
-Seeds: trial *i* of a run uses ``random.Random(seed + i)``; the seed is printed with every failure.
+Seeds: trial *i* of a run uses ``random.Random(f"kill9-{seed + i}")``; the seed is printed with every failure.
 """
 
 from __future__ import annotations
@@ -82,7 +82,10 @@ def normalised_dump(node: FvNode) -> dict[str, list[str]]:
     ns = node.netns
     out: dict[str, list[str]] = {}
     if node.mode == "nftables":
+        # nft lists objects in creation order, which a restart changes: compare sets, maps and chains as
+        # sets, and rules in their order within their chain.
         objs = json.loads(nsmod.run_in(ns, "nft", "-j", "list", "ruleset").stdout)["nftables"]
+        rules: dict[str, list[str]] = {}
         for obj in objs:
             for kind, body in obj.items():
                 if kind == "metainfo":
@@ -92,8 +95,13 @@ def normalised_dump(node: FvNode) -> dict[str, list[str]]:
                     body["elem"] = sorted(json.dumps(e, sort_keys=True) for e in body["elem"])
                 text = json.dumps(body, sort_keys=True)
                 text = re.sub(r'\{"counter": \{"bytes": \d+, "packets": \d+\}\}', '{"counter": {}}', text)
-                out.setdefault(f"nft {body.get('family')} {body.get('table', body.get('name'))}", []).append(
-                    f"{kind} {text}")
+                table = f"nft {body.get('family')} {body.get('table', body.get('name'))}"
+                if kind == "rule":
+                    rules.setdefault(f"{table} chain {body.get('chain')}", []).append(text)
+                else:
+                    out.setdefault(table, []).append(f"{kind} {text}")
+        out = {k: sorted(v) for k, v in out.items()}
+        out.update(rules)
     else:
         backend = node.mode.split("-")[1]
         for v, cmd in ((4, f"iptables-{backend}-save"), (6, f"ip6tables-{backend}-save")):
@@ -171,7 +179,7 @@ class Probes:
 def kill9_trial(node: FvNode, a: dict[str, Any], b: dict[str, Any], reference: dict[str, list[str]],
                 change_s: float, seed: int, log: Callable[[str], None] = print) -> TrialResult:
     """One trial from datastore *a* (already programmed) to *b*; *reference* is a clean start's dump of *b*."""
-    rng = random.Random(seed)
+    rng = random.Random(f"kill9-{seed}")  # string seeds are hashed: consecutive seeds give unrelated delays
     kill_after = rng.uniform(0.0, change_s * 1.2)
     node._send(node._delta(node._with_macs(b)))  # the large change, on the live feed
     time.sleep(kill_after)
