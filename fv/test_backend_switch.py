@@ -9,15 +9,14 @@ holds nothing of ours and the matrix is what the policy says.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
 
-from felixpy.testing import conncheck as cc
 from felixpy.testing import netns as nsmod
 from fv.datastore import HOST, datastore, nets, policy, workload
 from fv.expect import ICMP, TCP, Expect
+from fv.chaos.kill9 import TCPProber
 from fv.harness import FvNode, Pinger
 
 pytestmark = pytest.mark.fv
@@ -32,22 +31,6 @@ def node() -> Iterator[FvNode]:
         yield n
     finally:
         n.close()
-
-
-class TCPProber(threading.Thread):
-    """Connects a → dst:port in a loop; counts the connects that succeeded."""
-
-    def __init__(self, src_netns: str, dst_ip: str) -> None:
-        super().__init__(daemon=True)
-        self.src, self.dst = src_netns, dst_ip
-        self.tries = self.got_through = 0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            self.tries += 1
-            if cc.probe(self.src, self.dst, "tcp", TCP.port, timeout=0.3):
-                self.got_through += 1
 
 
 def leftovers(node: FvNode, mode: str) -> list[str]:
@@ -94,9 +77,7 @@ def test_denied_traffic_never_gets_through_a_backend_switch(node: FvNode) -> Non
             assert not left, f"{prev} → {mode} left {len(left)} objects behind:\n" + "\n".join(left[:20])
     finally:
         for t in tcp:
-            t.stop.set()
-        for t in tcp:
-            t.join(5)
+            t.stop()
         results = [p.stop() for p in denied]
         controls = [p.stop() for p in control]
     for v, (sent, received, summary) in zip((4, 6), results):

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import os
-import re
 import stat
 import subprocess
 import sys
@@ -22,10 +21,10 @@ from collections.abc import Iterator
 import pytest
 
 from felixpy.feed.client import FeedClient, connect
-from felixpy.feed.scenario import scenario_from_dict
 from felixpy.proto import felixbackend_pb2 as pb
+from daemon_feeds import datastore as _datastore
+from daemon_feeds import feed_until_in_sync, kernel
 from felixpy.testing.daemon import DaemonProcess, start_daemon
-from felixpy.testing.netns import run_in
 
 pytestmark = pytest.mark.kernel
 
@@ -37,19 +36,10 @@ ENV = {"FELIX_IPTABLESBACKEND": "nft"}
 
 def datastore(members: list[str], *, policy: bool = True, in_sync: bool = True,
               barrier: str = "") -> list[pb.ToDataplane]:
-    data = {
-        "config": {"ReportingIntervalSecs": "0"},
-        "ipsets": [{"id": "s:clients", "members": members}],
-        "profiles": [{"name": "kns", "inbound": [{"action": "allow"}], "outbound": [{"action": "allow"}]}],
-        "policies": [{"name": "guard", "inbound": [{"action": "allow", "src_ip_set_ids": ["s:clients"]}]}]
-        if policy else [],
-        "workloads": [{"name": "calia", "ipv4_nets": ["10.65.0.2/32"], "profile_ids": ["kns"],
-                       **({"tiers": [{"name": "default", "ingress": ["guard"]}]} if policy else {})}],
-    }
-    msgs = list(scenario_from_dict(data).initial)
+    msgs = _datastore(members, policy=policy, in_sync=in_sync)
     if barrier:
-        msgs.insert(-1, barrier_msg(barrier))
-    return msgs if in_sync else [m for m in msgs if not m.HasField("in_sync")]
+        msgs.insert(len(msgs) - 1 if in_sync else len(msgs), barrier_msg(barrier))
+    return msgs
 
 
 def _wep(name: str) -> pb.WorkloadEndpointID:
@@ -65,17 +55,6 @@ def barrier_msg(name: str) -> pb.ToDataplane:
 def wait_barrier(c: FeedClient, name: str) -> None:
     c.wait_for(lambda m: m.HasField("workload_endpoint_status_update")
                and m.workload_endpoint_status_update.id.workload_id == name, 20)
-
-
-_COUNTERS = re.compile(r"\[\d+:\d+\]")
-
-
-def kernel(ns: str) -> str:
-    """Every rule and set in the namespace, without counters or timestamps."""
-    rules = "".join(_COUNTERS.sub("", ln) + "\n" for cmd in ("iptables-nft-save", "ip6tables-nft-save")
-                    for ln in run_in(ns, cmd).stdout.splitlines() if not ln.startswith("#"))
-    sets = "\n".join(sorted(run_in(ns, "ipset", "save").stdout.splitlines()))
-    return rules + sets
 
 
 @pytest.fixture(params=["unix", "grpc"])
@@ -105,11 +84,7 @@ def test_framed_socket_refuses_another_uid_whatever_the_mode(netns: str) -> None
                               code, d.socket_path], capture_output=True, text=True, timeout=20)
         assert out.stdout.strip() == "EOF", out
         assert "Refusing a feed connection from another user" in d.logs()
-        # Root still gets in.
-        c = connect(d.target)
-        c.send(datastore(["10.65.0.9/32"]))
-        c.wait_in_sync(20)
-        c.close()
+        feed_until_in_sync(d, datastore(["10.65.0.9/32"]))  # root still gets in
     finally:
         d.stop()
 

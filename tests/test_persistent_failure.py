@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 import time
 import urllib.error
@@ -27,10 +26,9 @@ import urllib.request
 import pytest
 
 from felixpy.feed.client import connect
-from felixpy.feed.scenario import scenario_from_dict
 from felixpy.testing import netns as nsmod
+from daemon_feeds import datastore, feed_until_in_sync, kernel, rules
 from felixpy.testing.daemon import start_daemon
-from felixpy.testing.netns import run_in
 
 pytestmark = pytest.mark.kernel
 
@@ -39,28 +37,6 @@ if os.geteuid() != 0:  # pragma: no cover
 
 HEALTH = {"FELIX_HEALTHENABLED": "true", "FELIX_HEALTHHOST": "127.0.0.1", "FELIX_HEALTHPORT": "9099"}
 ENV = {"FELIX_IPTABLESBACKEND": "nft", **HEALTH}
-_COUNTERS = re.compile(r"\[\d+:\d+\]")
-
-
-def datastore(members: list[str], port: int = 80) -> list:  # type: ignore[type-arg]
-    return list(scenario_from_dict({
-        "config": {"ReportingIntervalSecs": "0"},
-        "ipsets": [{"id": "s:clients", "members": members}],
-        "profiles": [{"name": "kns", "inbound": [{"action": "allow"}], "outbound": [{"action": "allow"}]}],
-        "policies": [{"name": "guard", "inbound": [{"action": "allow", "protocol": "tcp", "dst_ports": [port],
-                                                 "src_ip_set_ids": ["s:clients"]}]}],
-        "workloads": [{"name": "calia", "ipv4_nets": ["10.65.0.2/32"], "profile_ids": ["kns"],
-                       "tiers": [{"name": "default", "ingress": ["guard"]}]}],
-    }).initial)
-
-
-def rules(ns: str) -> str:
-    return "".join(_COUNTERS.sub("", ln) + "\n" for cmd in ("iptables-nft-save", "ip6tables-nft-save")
-                   for ln in run_in(ns, cmd).stdout.splitlines() if not ln.startswith("#"))
-
-
-def kernel(ns: str) -> str:
-    return rules(ns) + "\n".join(sorted(run_in(ns, "ipset", "save").stdout.splitlines()))
 
 
 def health(ns: str, what: str) -> int | None:
@@ -88,10 +64,7 @@ def programmed_node(ns: str) -> str:
     """A first, healthy run programs the node; returns the kernel it left."""
     d = start_daemon(ns, iface_monitor=False, env=ENV)
     try:
-        c = connect(d.target)
-        c.send(datastore(["10.65.0.9/32"]))
-        c.wait_in_sync(20)
-        c.close()
+        feed_until_in_sync(d, datastore(["10.65.0.9/32"], port=80))
     finally:
         d.stop()
     state = kernel(ns)
