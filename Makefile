@@ -7,7 +7,7 @@ PYTHON ?= .venv/bin/python
 PYTEST ?= .venv/bin/pytest
 PYTEST_ARGS ?=
 
-.PHONY: setup proto test unit typecheck demo bench clean image image-test config-doc
+.PHONY: setup proto test unit typecheck demo bench chaos clean image image-test config-doc
 
 setup:
 	@bash scripts/setup.sh
@@ -42,6 +42,14 @@ image: setup
 # Smoke test of the built image: its rootfs runs the daemon in a throwaway network namespace.
 image-test: setup
 	@PYTEST=$(PYTEST) bash scripts/image-test.sh $(PYTEST_ARGS)
+
+# The full kill -9 trials (fv/chaos; CI runs 2 per mode at 100 endpoints): results go in docs/reliability.md.
+CHAOS_TRIALS ?= 50
+CHAOS_ENDPOINTS ?= 300
+CHAOS_SEED ?= 1414
+chaos: setup
+	CHAOS_TRIALS=$(CHAOS_TRIALS) CHAOS_ENDPOINTS=$(CHAOS_ENDPOINTS) CHAOS_SEED=$(CHAOS_SEED) \
+		$(PYTEST) -q -s -p no:cacheprovider fv/chaos $(PYTEST_ARGS)
 
 clean:
 	rm -rf .venv .pytest_cache .hypothesis felixpy/proto/*_pb2*.py felixpy/proto/*_pb2*.pyi

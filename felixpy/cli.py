@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="how long to wait for DataplaneInSync after the initial batch (default 60)")
     feed.add_argument("--hold", type=float, default=0.0, metavar="SECONDS",
                       help="keep the feed open this long at the end")
+    feed.add_argument("--replace", action="store_true",
+                      help="take over from an active feed (a calc graph that restarted while its old connection "
+                           "never closed); without it a daemon with an active feed refuses this one")
 
     rep = sub.add_parser("replay", help="stream a recorded framed file to a daemon",
                          description="Stream a recording (felixpy feed --record) to a daemon.")
@@ -254,14 +257,18 @@ def _feed(args: argparse.Namespace) -> int:
         print(f"recorded {n} messages to {args.record}")
     if not args.to:
         return 0
-    client = _connect(args.to)
+    client = _connect(args.to, replace=args.replace)
     client.send(sc.initial)
     print(f"sent {len(sc.initial)} messages (initial batch, ending with InSync)")
     try:
         client.wait_in_sync(args.in_sync_timeout)
         print("daemon reports DataplaneInSync")
     except TimeoutError as exc:
-        print(f"felixpy feed: {exc}", file=sys.stderr)
+        if client.closed and not client.received and not args.replace:
+            print("felixpy feed: the daemon refused this feed: another feed is active (nothing was changed; "
+                  "--replace takes over from a calc graph whose old connection never closed)", file=sys.stderr)
+        else:
+            print(f"felixpy feed: {exc}", file=sys.stderr)
         client.close()
         return 1
     if not args.no_steps:
@@ -312,11 +319,11 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _connect(target: str) -> FeedClient:
+def _connect(target: str, *, replace: bool = False) -> FeedClient:
     from felixpy.feed.client import connect
 
     try:
-        return connect(target)
+        return connect(target, replace=replace)
     except ValueError as exc:  # a malformed --to
         raise InputError(str(exc)) from None
     except OSError as exc:

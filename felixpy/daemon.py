@@ -13,7 +13,9 @@ dataplane is built for that config and the buffer replayed into it; its first
 apply after ``InSync`` reads the kernel back and mark-and-sweeps, exactly as a
 restarted Felix would.  When a feed closes, its dataplane is dropped but the
 kernel keeps what was programmed (fail closed: unknown workloads still get
-nothing through).
+nothing through).  One feed at a time: the transports refuse a second
+concurrent one unless it asks to take over (``felixpy feed --replace``), and
+only then does a new feed end the active session.
 
 Exit codes: 0 clean stop; 1 fatal dataplane error (retries exhausted — fail
 closed, as Felix panics); 2 bad usage; :data:`~felixpy.config.EXIT_CONFIG_CHANGED`
@@ -228,7 +230,7 @@ class Daemon:
             if dp is not None:
                 dp.set_iface_in_sync()
         elif isinstance(ev, FeedOpened):
-            self._open_session(ev.feed)
+            self._open_session(ev.feed, ev.takeover)
         elif isinstance(ev, FeedClosed):
             self._close_session(ev.feed, ev.error)
         elif isinstance(ev, IfaceFatal):
@@ -250,9 +252,16 @@ class Daemon:
         return self._session.dataplane if self._session is not None else None
 
     # --------------------------------------------------------------------- sessions
-    def _open_session(self, feed: Feed) -> None:
+    def _open_session(self, feed: Feed, takeover: bool = False) -> None:
         if self._session is not None:
-            log.warning("New feed replaces the active one", old=self._session.feed.name, new=feed.name)
+            # The transports refuse a second concurrent feed unless it asked to take over (--replace).
+            if not takeover:
+                log.error("Refusing a second concurrent feed that did not ask to take over",
+                          active=self._session.feed.name, refused=feed.name)
+                feed.close()
+                return
+            log.warning("Feed takeover: the new feed replaces the active one (its dataplane is dropped, the "
+                        "kernel is kept until the new feed's InSync)", old=self._session.feed.name, new=feed.name)
             self._close_session(self._session.feed, "replaced")
         log.info("Feed connected: new start of day", feed=feed.name)
         self._session = Session(feed=feed, started=self._clock.monotonic())

@@ -91,9 +91,9 @@ class Node:
         while not self.daemon.events.empty() and self.daemon.exit_code is None:
             self.daemon._iterate()
 
-    def open(self) -> FakeFeed:
+    def open(self, *, takeover: bool = False) -> FakeFeed:
         feed = FakeFeed(f"fake-{next(self._names)}")
-        self.daemon.events.put(FeedOpened(feed))
+        self.daemon.events.put(FeedOpened(feed, takeover=takeover))
         self.pump()
         return feed
 
@@ -352,10 +352,13 @@ def test_the_unix_transport_refuses_a_second_concurrent_feed(tmp_path: Path) -> 
             c.close()
 
 
-def test_a_second_concurrent_feed_replaces_the_first(node: Node) -> None:
-    """What the runner does if a second feed reaches it (the transports refuse one, see above)."""
+def test_a_second_feed_is_refused_unless_it_asks_to_take_over(node: Node) -> None:
+    """One feed at a time: a mistaken second feed cannot wipe the node; an explicit takeover replaces."""
     first = programmed_feed(node)
-    second = node.open()
+    mistaken = node.open()
+    assert mistaken.closed and not first.closed
+    assert len(node.builds) == 1 and "cali-tw-calia" in node.chains()
+    second = node.open(takeover=True)
     assert first.closed and not second.closed
     node.send(first, wep("late", "10.65.0.9/32"))  # a replaced feed's leftovers are dropped
     node.send(second, config(), CLIENTS, PROFILE, wep("a", "10.65.0.1/32"), pb.InSync())

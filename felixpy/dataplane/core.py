@@ -20,7 +20,10 @@ this object comes from the runner's one thread.
  7. VXLAN FDB, before the routes that use it;
  8. routes and rules start in the background;
  9. *tables (in parallel) — held back if step 6 failed, because a rule must
-    never reference a set that is not there;
+    never reference a set that is not there; then, only if every table was
+    written, the cleanup-only drivers of the backends not in use (the other
+    iptables backend, the nftables ``calico`` table, stale ipsets), so the
+    active backend is complete and failing closed before the old one goes;
 10. deferred IP-set deletions — only after the tables no longer reference them;
 11. join the route/rule work;
 12. publish endpoint status and other feed messages.
@@ -144,6 +147,7 @@ class InternalDataplane:
         self.tables: list[Table] = []
         self.fdbs: list[Syncer] = []
         self.devices: list[Syncer] = []
+        self.cleanups: list[Syncer] = []
         now = clock.monotonic()
         self._created = now
         self.throttle = LeakyBucket(now)
@@ -177,6 +181,10 @@ class InternalDataplane:
     def register_device_syncer(self, syncer: Syncer) -> None:
         """Tunnel devices and interface sysctls: applied right after the programming pass."""
         self.devices.append(syncer)
+
+    def register_cleanup(self, syncer: Syncer) -> None:
+        """A cleanup-only driver of a backend not in use: run in registration order after the tables."""
+        self.cleanups.append(syncer)
 
     def route_syncers(self) -> list[Syncer]:
         """Route tables of every manager, once each (managers may share the main table)."""
@@ -274,6 +282,7 @@ class InternalDataplane:
         background = self._start_routes()                         # 8
         try:
             tables_ok = self._apply_tables(report, ipsets_ok)     # 9
+            self._apply_cleanups(report, tables_ok)               # 9 (after the tables)
             self._apply_ipset_deletions(report, tables_ok)        # 10
         finally:
             self._collect(report, background)                     # 11
@@ -332,6 +341,16 @@ class InternalDataplane:
         ok, delays = self._collect(report, futs)
         report.delays.extend(d for d in delays if d is not None)
         return ok
+
+    def _apply_cleanups(self, report: ApplyReport, tables_ok: bool) -> None:
+        """Remove the old backend only once the active one is fully in place (fail closed throughout)."""
+        if not tables_ok:
+            if self.cleanups:
+                report.held_back.append("cleanup")
+            return
+        for syncer in self.cleanups:
+            self._step(report, f"cleanup:{getattr(syncer, 'name', type(syncer).__name__)}{_family(syncer)}",
+                       syncer.apply)
 
     def _apply_ipset_deletions(self, report: ApplyReport, tables_ok: bool) -> None:
         if not tables_ok:

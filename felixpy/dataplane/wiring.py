@@ -52,7 +52,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 from google.protobuf.message import Message
@@ -128,6 +128,8 @@ class FamilyTables:
 
 TablesFactory = Callable[[Config, int], FamilyTables]
 BPF_OPT_IN = "FELIXPY_BPF_EXPERIMENTAL"  # BPF mode is refused without it (see build_dataplane)
+# The cleanup-only drivers for the backends a family is not using, given the active one.
+CleanupFactory = Callable[[Config, int, str], list["CleanupDriver"]]
 RouteTableFactory = Callable[[Config, int], RouteTableAPI]
 
 
@@ -143,10 +145,14 @@ class KernelDeps:
     :class:`~felixpy.drivers.routetable.DummyTable` with ``RouteSyncDisabled``);
     ``sysctls`` writes ``/proc/sys``; ``mtu_file`` is where the pod MTU is written
     (the daemon's default: ``/var/lib/calico/mtu`` or ``FELIXPY_MTU_FILE``; unset,
-    nothing is written); ``clock`` times device re-checks and route grace periods.
+    nothing is written); ``clock`` times device re-checks and route grace periods;
+    ``cleanups`` builds the cleanup-only drivers of the backends not in use.
     """
 
     tables: TablesFactory | None = None
+    # Default: by mode (:func:`_default_cleanups`) when ``tables`` is the default too, else none —
+    # fake tables never get real cleanup drivers.
+    cleanups: CleanupFactory | None = None
     netlink_factory: NetlinkFactory | None = None
     mtu_file: str | None = None  # Felix's MTU file for the CNI plugin; None: not managed (tests)
     main_route_table: RouteTableFactory | None = None
@@ -223,10 +229,15 @@ def build(config: Config, *, clock: Clock, status_sink: Callable[[list[EndpointS
     status = EndpointStatusCombiner()
     families = [4, 6] if config.Ipv6Support else [4]
     tables_factory = deps.tables or _default_tables(deps)
+    cleanups = deps.cleanups or (_default_cleanups(deps) if deps.tables is None else None)
     if config.BPFEnabled:
         parts = _build_bpf(dp, config, families, tables_factory, deps, status)
     else:
         parts = {v: _build_family(dp, config, v, tables_factory(config, v), deps, status) for v in families}
+    if cleanups is not None:
+        for v in families:  # after every family's tables: registration order is apply order
+            for driver in cleanups(config, v, parts[v].tables.backend):
+                dp.register_cleanup(driver)
     if deps.mtu_file is not None:
         # The one node-level object: Felix's MTU file has no IP family.
         dp.register_device_syncer(HostMTU(new_handle=deps.netlink(), pattern=config.MTUIfacePattern,
@@ -266,6 +277,39 @@ def _default_tables(deps: KernelDeps) -> TablesFactory:
         if "backend" not in backends:
             backends["backend"] = deps.iptables_backend or _detect_backend(config, deps)
         return _iptables_tables(config, v, backends["backend"], deps)
+
+    return make
+
+
+class CleanupDriver(Protocol):
+    name: str
+    ip_version: int
+
+    def queue_resync(self) -> None: ...
+
+    def apply(self) -> None: ...
+
+
+def _default_cleanups(deps: KernelDeps) -> CleanupFactory:
+    """Felix's cleanup tables: what the other backends may hold from an earlier run with another mode.
+
+    iptables modes clean the other iptables backend and the nftables ``calico`` table; nftables mode
+    cleans both iptables backends and then the kernel ipsets their rules referenced."""
+    def make(config: Config, v: int, backend: str) -> list[CleanupDriver]:
+        from felixpy.drivers.iptables.cleanup import BACKENDS, IptablesBackendCleanup
+
+        out: list[CleanupDriver] = [IptablesBackendCleanup(v, b, runner=deps.iptables_runner)
+                                    for b in BACKENDS if b != backend]
+        if backend == "nftables":
+            from felixpy.drivers.ipsets.cleanup import IPSetsCleanup
+
+            out.append(IPSetsCleanup(v, deps.ipset_runner))
+        else:
+            from felixpy.drivers.nftables import LibNftables
+            from felixpy.drivers.nftables.cleanup import NftablesTableCleanup
+
+            out.append(NftablesTableCleanup(v, deps.nft_shim_factory or LibNftables))
+        return out
 
     return make
 

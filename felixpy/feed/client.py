@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from felixpy.feed.framing import FrameDecoder, encode_frame
+from felixpy.feed.framing import REPLACE_METADATA, REPLACE_REQUEST, FrameDecoder, encode_frame
 from felixpy.messages import from_payload_of
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.proto import felixpy_pb2 as fpb
@@ -73,7 +73,9 @@ class FeedClient:
 
 
 class FramedClient(FeedClient):
-    def __init__(self, path: str, connect_timeout: float = 10.0) -> None:
+    """The unix-socket protocol; ``replace`` sends the takeover request first (see ``REPLACE_REQUEST``)."""
+
+    def __init__(self, path: str, connect_timeout: float = 10.0, *, replace: bool = False) -> None:
         super().__init__()
         deadline = time.monotonic() + connect_timeout
         while True:
@@ -87,6 +89,8 @@ class FramedClient(FeedClient):
                     raise
                 time.sleep(0.05)
         self._lock = threading.Lock()
+        if replace:
+            self.send_raw(encode_frame(REPLACE_REQUEST))
         threading.Thread(target=self._reader, daemon=True, name="feed-client").start()
 
     def _reader(self) -> None:
@@ -119,7 +123,9 @@ class FramedClient(FeedClient):
 
 
 class GrpcClient(FeedClient):
-    def __init__(self, target: str) -> None:
+    """The gRPC stream; ``replace`` asks for a takeover in the call metadata."""
+
+    def __init__(self, target: str, *, replace: bool = False) -> None:
         import grpc
 
         from felixpy.proto import felixpy_pb2_grpc as fpb_grpc
@@ -129,7 +135,7 @@ class GrpcClient(FeedClient):
         self._q: list[fpb.ToDataplaneBatch | None] = []
         self._qcv = threading.Condition()
         stub = fpb_grpc.DataplaneStub(self._channel)
-        self._call = stub.Stream(self._requests())
+        self._call = stub.Stream(self._requests(), metadata=[REPLACE_METADATA] if replace else None)
         threading.Thread(target=self._reader, daemon=True, name="grpc-client").start()
 
     def _requests(self) -> Iterator[fpb.ToDataplaneBatch]:
@@ -173,10 +179,13 @@ class GrpcClient(FeedClient):
         self._channel.close()
 
 
-def connect(target: str) -> FeedClient:
-    """``unix:/path`` (framed) or ``grpc:unix:/path``."""
+def connect(target: str, *, replace: bool = False) -> FeedClient:
+    """``unix:/path`` (framed) or ``grpc:unix:/path``.
+
+    One feed at a time: while another feed is active the daemon refuses this one, unless *replace* asks it
+    to take over (a calc graph that restarted while its old connection never closed)."""
     if target.startswith("grpc:"):
-        return GrpcClient(target[len("grpc:"):])
+        return GrpcClient(target[len("grpc:"):], replace=replace)
     if target.startswith("unix:"):
-        return FramedClient(target[len("unix:"):])
+        return FramedClient(target[len("unix:"):], replace=replace)
     raise ValueError(f"unknown feed target {target!r} (want unix:PATH or grpc:unix:PATH)")

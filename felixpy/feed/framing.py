@@ -41,6 +41,14 @@ HEADER = struct.Struct("<Q")
 
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 
+REPLACE_REQUEST = b"felixpy:replace"
+"""The takeover request of the unix-socket protocol (``felixpy feed --replace``): sent as the payload of
+the first frame, it asks the daemon to close the active feed and make this connection the feed.  It can
+never be a ``ToDataplane``: its first byte, ``f`` (0x66), is a protobuf tag of wire type 6, which does
+not exist.  Felix's fd 3/4 pipes never carry it."""
+REPLACE_METADATA = ("felixpy-replace", "1")
+"""The same request on the gRPC stream: one call-metadata entry."""
+
 
 class FramingError(FelixpyError):
     """A framed stream is malformed: oversized frame or EOF mid-frame."""

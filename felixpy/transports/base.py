@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,7 +32,11 @@ class Feed(Protocol):
 
 @dataclass(frozen=True)
 class FeedOpened:
+    """A new feed.  Transports post one only while no feed is active, or with ``takeover`` set when the
+    client asked explicitly to replace the active one (``felixpy feed --replace``)."""
+
     feed: Feed
+    takeover: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,17 @@ def decode_to_dataplane(raw: bytes, index: int) -> pb.ToDataplane:
     except UnknownPayload as exc:
         raise BadMessage(msg.sequence_number, f"unknown or missing payload: {exc}") from exc
     return msg
+
+
+@contextlib.contextmanager
+def owner_only_files() -> Iterator[None]:
+    """Files (sockets) created in the body are born ``0600``: no window in which another user could connect
+    before a ``chmod``.  The umask is process-wide: used only while the transports start."""
+    old = os.umask(0o177)
+    try:
+        yield
+    finally:
+        os.umask(old)
 
 
 def new_feed_name(kind: str) -> str:

@@ -3,12 +3,15 @@
 One bidirectional stream per feed: ``ToDataplaneBatch`` in, ``FromDataplaneBatch``
 out.  Batches, because per-message gRPC in Python tops out near 12k msgs/s (each
 stream message costs ~80-100 µs); packed 100 to a batch it runs ~600k/s.
-One feed at a time, as the socket transport; a second concurrent stream is
-refused with RESOURCE_EXHAUSTED.
+One feed at a time, as the socket transport: a second concurrent stream is
+refused with RESOURCE_EXHAUSTED unless its call metadata asks for a takeover
+(:data:`REPLACE_METADATA`, ``felixpy feed --replace``), which ends the active
+stream and makes the new one the feed.  The socket is created ``0600``.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Iterator
@@ -18,11 +21,12 @@ from typing import Any
 import grpc
 import structlog
 
+from felixpy.feed.framing import REPLACE_METADATA
 from felixpy.messages import UnknownPayload, payload_of
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.proto import felixpy_pb2 as fpb
 from felixpy.proto import felixpy_pb2_grpc as fpb_grpc
-from felixpy.transports.base import FeedClosed, FeedMessages, FeedOpened, SendQueue, new_feed_name
+from felixpy.transports.base import FeedClosed, FeedMessages, FeedOpened, SendQueue, new_feed_name, owner_only_files
 
 log = structlog.get_logger(__name__)
 
@@ -47,13 +51,19 @@ class _Servicer(fpb_grpc.DataplaneServicer):
         self._active: GrpcFeed | None = None
 
     def Stream(self, request_iterator: Iterator[fpb.ToDataplaneBatch], context: Any) -> Iterator[fpb.FromDataplaneBatch]:  # noqa: N802
+        takeover = REPLACE_METADATA in tuple(context.invocation_metadata() or ())
         with self._lock:
-            if self._active is not None:
-                log.warning("Rejecting a second concurrent gRPC feed; one feed at a time")
+            old = self._active
+            if old is not None and not takeover:
+                log.warning("Rejecting a second concurrent gRPC feed; one feed at a time (felixpy feed --replace "
+                            "takes over from a calc graph whose old stream never closed)")
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "another feed is active")
             feed = GrpcFeed()
             self._active = feed
-        self._events.put(FeedOpened(feed))
+        if old is not None:
+            log.warning("Feed takeover requested: closing the active feed", old=old.name, new=feed.name)
+            old.close()
+        self._events.put(FeedOpened(feed, takeover=old is not None))
         reader = threading.Thread(target=self._read, args=(feed, request_iterator), daemon=True,
                                   name=f"feed-{feed.name}")
         reader.start()
@@ -100,10 +110,15 @@ class GrpcServer:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="grpc"),
                                    options=[("grpc.max_receive_message_length", 64 << 20)])
         fpb_grpc.add_DataplaneServicer_to_server(_Servicer(events), self._server)
-        self._server.add_insecure_port(address)
+        self._path = address[len("unix:"):] if address.startswith("unix:") else None
+        with owner_only_files():
+            self._server.add_insecure_port(address)
 
     def start(self) -> None:
-        self._server.start()
+        with owner_only_files():  # the socket is born 0600: only root (or our uid) can connect
+            self._server.start()
+        if self._path is not None:
+            os.chmod(self._path, 0o600)
 
     def stop(self) -> None:
         self._server.stop(grace=1).wait()

@@ -2,6 +2,14 @@
 
 Framing (both directions): an 8-byte little-endian length, then the protobuf
 bytes (``ToDataplane`` in, ``FromDataplane`` out).
+
+One feed at a time on the socket.  A connection made while a feed is active
+must ask for a takeover within :data:`TAKEOVER_WAIT` seconds — its first frame
+is :data:`~felixpy.feed.framing.REPLACE_REQUEST` (``felixpy feed --replace``,
+for a calc graph that restarted while its old connection never closed) — or it
+is refused and closed, so one mistaken ``felixpy feed`` cannot replace a live
+node's datastore.  The socket is ``0600`` from birth, and a peer whose uid is
+neither root nor ours (``SO_PEERCRED``) is refused.
 """
 
 from __future__ import annotations
@@ -11,12 +19,13 @@ import functools
 import os
 import queue
 import socket
+import struct
 import threading
 from collections.abc import Callable
 
 import structlog
 
-from felixpy.feed.framing import DEFAULT_MAX_FRAME, FrameDecoder, FramingError, encode_frame
+from felixpy.feed.framing import DEFAULT_MAX_FRAME, HEADER, REPLACE_REQUEST, FrameDecoder, FramingError, encode_frame
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.transports.base import (
     BadMessage,
@@ -25,11 +34,14 @@ from felixpy.transports.base import (
     FeedOpened,
     decode_to_dataplane,
     new_feed_name,
+    owner_only_files,
 )
 
 log = structlog.get_logger(__name__)
 
 READ_CHUNK = 1 << 18
+TAKEOVER_WAIT = 2.0  # seconds a connection made while a feed is active has to ask for the takeover
+_TAKEOVER_FRAME = encode_frame(REPLACE_REQUEST)
 
 
 class StreamFeed:
@@ -42,8 +54,11 @@ class StreamFeed:
 
     def __init__(self, kind: str, recv: Callable[[int], bytes], sendall: Callable[[bytes], object],
                  events: queue.SimpleQueue[object], closer: Callable[[], None],
-                 max_frame: int = DEFAULT_MAX_FRAME) -> None:
+                 max_frame: int = DEFAULT_MAX_FRAME, takeover: bool = False,
+                 first_may_be_replace: bool = False) -> None:
         self.name = new_feed_name(kind)
+        self._takeover = takeover
+        self._skip_replace = first_may_be_replace
         self._recv, self._sendall, self._closer = recv, sendall, closer
         self._events = events
         self._max_frame = max_frame
@@ -53,7 +68,7 @@ class StreamFeed:
         self._reader = threading.Thread(target=self._read_loop, name=f"feed-{self.name}", daemon=True)
 
     def start(self) -> None:
-        self._events.put(FeedOpened(self))
+        self._events.put(FeedOpened(self, takeover=self._takeover))
         self._reader.start()
 
     def _read_loop(self) -> None:
@@ -86,6 +101,10 @@ class StreamFeed:
                                    f"after {self._count} messages")
             return False
         frames = decoder.feed(chunk)
+        if self._skip_replace and frames:
+            self._skip_replace = False
+            if frames[0] == REPLACE_REQUEST:  # asked for with no feed active: nothing to take over
+                frames = frames[1:]
         batch = []
         try:
             for raw in frames:
@@ -139,18 +158,20 @@ def open_pipe_feed(events: queue.SimpleQueue[object], read_fd: int = 3, write_fd
 
 
 class UnixSocketServer:
-    """Accepts one feed at a time on a unix socket; a new feed is a new start of day."""
+    """Accepts one feed at a time on a unix socket; a new feed is a new start of day (see the module doc)."""
 
     def __init__(self, path: str, events: queue.SimpleQueue[object]) -> None:
         self.path = path
         self._events = events
         self._active: StreamFeed | None = None
+        self._active_conn: socket.socket | None = None
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(path)
+        with owner_only_files():
+            self._sock.bind(path)
         os.chmod(path, 0o600)
         self._sock.listen(4)
         self._thread = threading.Thread(target=self._accept_loop, name="unix-accept", daemon=True)
@@ -164,15 +185,42 @@ class UnixSocketServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 break
+            if not _peer_allowed(conn):
+                conn.close()
+                continue
+            feed: StreamFeed | None = None
             with self._lock:
-                if self._active is not None:
-                    log.warning("Rejecting a second concurrent feed; one feed at a time", path=self.path)
-                    conn.close()
-                    continue
-                feed = StreamFeed("unix", conn.recv, conn.sendall, self._events,
-                                  closer=functools.partial(self._closed, conn))
-                self._active = feed
-            feed.start()
+                if self._active is None:
+                    feed = self._new_feed(conn, conn.recv, takeover=False)
+            if feed is not None:
+                feed.start()
+            else:
+                threading.Thread(target=self._handshake, args=(conn,), name="unix-takeover", daemon=True).start()
+
+    def _new_feed(self, conn: socket.socket, recv: Callable[[int], bytes], *, takeover: bool) -> StreamFeed:
+        """Make *conn* the active feed (caller holds the lock)."""
+        feed = StreamFeed("unix", recv, conn.sendall, self._events, closer=functools.partial(self._closed, conn),
+                          takeover=takeover, first_may_be_replace=not takeover)
+        self._active, self._active_conn = feed, conn
+        return feed
+
+    def _handshake(self, conn: socket.socket) -> None:
+        """A connection made while a feed is active: a takeover if its first frame asks for one, else refused."""
+        leftover = _read_takeover(conn)
+        if leftover is None:
+            log.warning("Rejecting a second concurrent feed; one feed at a time (felixpy feed --replace takes "
+                        "over from a calc graph whose old connection never closed)", path=self.path)
+            with contextlib.suppress(OSError):
+                conn.close()
+            return
+        with self._lock:
+            old = self._active
+            feed = self._new_feed(conn, _prefixed(leftover, conn.recv), takeover=True)
+        log.warning("Feed takeover requested: closing the active feed", old=old.name if old else None,
+                    new=feed.name)
+        if old is not None:
+            old.close()
+        feed.start()
 
     def _closed(self, conn: socket.socket) -> None:
         with contextlib.suppress(OSError):
@@ -180,7 +228,8 @@ class UnixSocketServer:
         with contextlib.suppress(OSError):
             conn.close()
         with self._lock:
-            self._active = None
+            if self._active_conn is conn:  # a replaced feed must not clear its successor
+                self._active, self._active_conn = None, None
 
     def stop(self) -> None:
         self._stopped.set()
@@ -193,3 +242,47 @@ class UnixSocketServer:
             active.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+def _peer_allowed(conn: socket.socket) -> bool:
+    """Only root or our own uid may feed us (the socket mode says so too; this holds whatever the mode)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    if uid in (0, os.geteuid()):
+        return True
+    log.warning("Refusing a feed connection from another user", uid=uid, pid=pid)
+    return False
+
+
+def _read_takeover(conn: socket.socket) -> bytes | None:
+    """The bytes after a takeover request, or None if the first frame is not one (or does not come in time)."""
+    buf = b""
+    conn.settimeout(TAKEOVER_WAIT)
+    try:
+        while len(buf) < len(_TAKEOVER_FRAME):
+            chunk = conn.recv(READ_CHUNK)
+            if not chunk:
+                return None
+            buf += chunk
+            if len(buf) >= HEADER.size and HEADER.unpack_from(buf)[0] != len(REPLACE_REQUEST):
+                return None
+    except OSError:
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            conn.settimeout(None)
+    if not buf.startswith(_TAKEOVER_FRAME):
+        return None
+    return buf[len(_TAKEOVER_FRAME):]
+
+
+def _prefixed(first: bytes, recv: Callable[[int], bytes]) -> Callable[[int], bytes]:
+    """*recv*, after handing out *first* (bytes already read during the handshake)."""
+    pending = [first] if first else []
+
+    def read(n: int) -> bytes:
+        if pending:
+            return pending.pop()
+        return recv(n)
+
+    return read
