@@ -375,7 +375,8 @@ class FvNode:
                 actual = self._recheck_misses(v, expected, actual)
             if actual == expected:
                 self.timings.setdefault("converge", []).append(time.monotonic() - t0)
-                cross_check(self.netns, v, self.endpoints, actual, self.mode)  # explain agrees with the packets
+                if self.mode not in BPF_MODES:  # explain reads *tables state; its BPF reader is still to come
+                    cross_check(self.netns, v, self.endpoints, actual, self.mode)  # explain agrees with the packets
                 return
             if once or time.monotonic() - t0 > timeout:
                 break

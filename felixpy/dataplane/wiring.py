@@ -305,10 +305,10 @@ def _default_cleanups(deps: KernelDeps) -> CleanupFactory:
 
             out.append(IPSetsCleanup(v, deps.ipset_runner))
         else:
-            from felixpy.drivers.nftables import LibNftables
+            from felixpy.drivers.nftables.shim import NftChildProcess
             from felixpy.drivers.nftables.cleanup import NftablesTableCleanup
 
-            out.append(NftablesTableCleanup(v, deps.nft_shim_factory or LibNftables))
+            out.append(NftablesTableCleanup(v, deps.nft_shim_factory or NftChildProcess))
         return out
 
     return make
@@ -338,9 +338,13 @@ def _iptables_tables(config: Config, v: int, backend: str, deps: KernelDeps) -> 
 def _nftables_tables(config: Config, v: int, deps: KernelDeps) -> FamilyTables:
     # One `calico` table per family: the root is the transaction, the IP-set dataplane and the
     # verdict-map owner; the rules layer sees per-layer views of it.
-    from felixpy.drivers.nftables import LibNftables, new_nftables_tables
+    from felixpy.drivers.nftables import new_nftables_tables
+    from felixpy.drivers.nftables.shim import NftChildProcess
 
-    shim = (deps.nft_shim_factory or LibNftables)()
+    # nft as a child per call, as Felix (knftables) does: libnftables in-process kept a 300k-rule
+    # transaction's C heap resident (2.5 GiB at stress, #17) and aborted the daemon when both families'
+    # contexts ran on two apply threads at once (found by the kill -9 trials, #14).
+    shim = (deps.nft_shim_factory or NftChildProcess)()
     root, layers = new_nftables_tables(v, shim, refresh_interval=config.NftablesRefreshInterval)
     views: dict[str, Table] = dict(layers)
     # The dispatch maps live in the filter layer (their names get its prefix).
