@@ -331,9 +331,8 @@ class InternalDataplane:
                 for s in [*self.route_syncers(), *self.rule_syncers()]]
 
     def _apply_tables(self, report: ApplyReport, ipsets_ok: bool) -> bool:
-        if not ipsets_ok:
+        if not self._prerequisite(report, ipsets_ok, "tables", self.tables):
             if self.tables:
-                report.held_back.append("tables")
                 log.warning("Holding back table updates: IP-set updates failed (a rule must not reference a "
                             "missing set)")
             return False
@@ -344,22 +343,26 @@ class InternalDataplane:
 
     def _apply_cleanups(self, report: ApplyReport, tables_ok: bool) -> None:
         """Remove the old backend only once the active one is fully in place (fail closed throughout)."""
-        if not tables_ok:
-            if self.cleanups:
-                report.held_back.append("cleanup")
+        if not self._prerequisite(report, tables_ok, "cleanup", self.cleanups):
             return
         for syncer in self.cleanups:
             self._step(report, f"cleanup:{getattr(syncer, 'name', type(syncer).__name__)}{_family(syncer)}",
                        syncer.apply)
 
     def _apply_ipset_deletions(self, report: ApplyReport, tables_ok: bool) -> None:
-        if not tables_ok:
-            if self.ipsets:
-                report.held_back.append("ipsets-delete")
+        if not self._prerequisite(report, tables_ok, "ipsets-delete", self.ipsets):
             return
         for d in self.ipsets:
             if self._step(report, f"ipsets-delete{_family(d)}", d.apply_deletions) is True:
                 report.delays.append(IPSET_DELETION_RESCHEDULE)  # more deletions remain
+
+    @staticmethod
+    def _prerequisite(report: ApplyReport, ok: bool, step: str, work: Sequence[object]) -> bool:
+        """Whether *step* may run: not when the step it depends on failed (recorded as held back,
+        so the dataplane stays dirty and the step is retried with it)."""
+        if not ok and work:
+            report.held_back.append(step)
+        return ok
 
     def _publish(self, report: ApplyReport) -> None:
         updates: list[EndpointStatus] = []

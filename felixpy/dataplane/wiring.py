@@ -408,32 +408,37 @@ def _announce_devices(devices: TunnelDevices, route_table: RouteTableAPI) -> Non
     devices.add_creation_listener(on_created)
 
 
-def _build_family(dp: InternalDataplane, config: Config, v: int, ft: FamilyTables, deps: KernelDeps,
-                  status: EndpointStatusCombiner) -> FamilyParts:
-    renderer = RuleRenderer(config, v, options=renderer_options(config))
-    tables = ft.tables
-    program_static_chains(renderer, tables)
-    main_rt = _main_route_table(config, v, deps)  # one per family, shared with the routing managers
+def _family_drivers(dp: InternalDataplane, config: Config, v: int,
+                    deps: KernelDeps) -> tuple[RouteTableAPI, TunnelDevices, InterfaceSysctls]:
+    """What every mode has per family: the main route table (shared with the routing managers), the
+    tunnel devices (announced to it) and the interface sysctls; the two syncers are registered."""
+    main_rt = _main_route_table(config, v, deps)
     devices = _tunnel_devices(config, v, deps)
     _announce_devices(devices, main_rt)
     sysctls = InterfaceSysctls(v, deps.sysctls)
     if config.IPForwarding == "Enabled":
         sysctls.set_global("net/ipv4/ip_forward" if v == 4 else "net/ipv6/conf/all/forwarding", "1")
-    dp.register_ipsets(ft.ipsets)
     dp.register_device_syncer(devices)
     dp.register_device_syncer(sysctls)
+    return main_rt, devices, sysctls
+
+
+def _family_parts(config: Config, v: int, renderer: RuleRenderer, ft: FamilyTables, tables: Mapping[str, Table],
+                  drivers: tuple[RouteTableAPI, TunnelDevices, InterfaceSysctls], status: EndpointStatusCombiner, *,
+                  maps: MapsDataplane | None, floating_ips: bool) -> FamilyParts:
+    """The family's managers, writing to *tables* (the family's own, or discarded ones in BPF mode)."""
+    main_rt, devices, sysctls = drivers
     priority = config.IPv4NormalRoutePriority if v == 4 else config.IPv6NormalRoutePriority
-    floating_ips = config.FloatingIPs == "Enabled"
     # Workload and host endpoints share policy-group chains: one refcount decides when one exists.
     groups = PolicyGroupChains(renderer, [tables["raw"], tables["mangle"], tables["filter"]])
-    parts = FamilyParts(
+    return FamilyParts(
         v=v, renderer=renderer, tables=ft, main_route_table=main_rt, devices=devices, sysctls=sysctls,
         ipsets_manager=IPSetsManager(f"ipv{v}", ft.ipsets, config.MaxIpsetSize),
         hostips=HostIPManager(v, ft.ipsets, config.InterfacePrefix, config.MaxIpsetSize),
         policy=PolicyManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"], filter=tables["filter"]),
         endpoints=EndpointManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"], filter=tables["filter"],
                                   route_table=main_rt, sysctls=sysctls, status=status, route_priority=priority,
-                                  maps=ft.maps, groups=groups, floating_ips=floating_ips),
+                                  maps=maps, groups=groups, floating_ips=floating_ips),
         hostendpoints=HostEndpointManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"],
                                           filter=tables["filter"], status=status, groups=groups,
                                           workload_prefixes=config.InterfacePrefix),
@@ -442,6 +447,16 @@ def _build_family(dp: InternalDataplane, config: Config, v: int, ft: FamilyTable
         serviceloop=ServiceLoopManager(v, renderer, tables["filter"]),
         dscp=DSCPManager(v, ft.ipsets, tables["mangle"], renderer, config.MaxIpsetSize),
     )
+
+
+def _build_family(dp: InternalDataplane, config: Config, v: int, ft: FamilyTables, deps: KernelDeps,
+                  status: EndpointStatusCombiner) -> FamilyParts:
+    renderer = RuleRenderer(config, v, options=renderer_options(config))
+    program_static_chains(renderer, ft.tables)
+    dp.register_ipsets(ft.ipsets)
+    drivers = _family_drivers(dp, config, v, deps)
+    parts = _family_parts(config, v, renderer, ft, ft.tables, drivers, status, maps=ft.maps,
+                          floating_ips=config.FloatingIPs == "Enabled")
     for mgr in (parts.ipsets_manager, parts.hostips, parts.policy, parts.endpoints, parts.hostendpoints,
                 parts.floatingips, parts.masq, parts.serviceloop, parts.dscp):
         dp.register_manager(mgr)
@@ -597,42 +612,16 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
         bpf_ipsets = BPFIPSetsDataplane(v, kernel)
         ft = FamilyTables(tables, bpf_ipsets, ft.maps, ft.to_apply, ft.backend)
         discard = {name: DiscardTable(name, v) for name in TABLE_NAMES}
-        main_rt = _main_route_table(config, v, deps)
-        devices = _tunnel_devices(config, v, deps)
-        _announce_devices(devices, main_rt)
-        sysctls = InterfaceSysctls(v, deps.sysctls)
-        if config.IPForwarding == "Enabled":
-            sysctls.set_global("net/ipv4/ip_forward" if v == 4 else "net/ipv6/conf/all/forwarding", "1")
-        dp.register_device_syncer(devices)
-        dp.register_device_syncer(sysctls)
+        drivers = _family_drivers(dp, config, v, deps)
         dp.register_device_syncer(bpf_ipsets)  # members before the programs that use them
         dp.register_ipsets(bpf_ipsets)  # removed sets cleared after the tables and programs
-        priority = config.IPv4NormalRoutePriority if v == 4 else config.IPv6NormalRoutePriority
-        groups = PolicyGroupChains(renderer, [discard["raw"], discard["mangle"], discard["filter"]])
-        fam = FamilyParts(
-            v=v, renderer=renderer, tables=ft, main_route_table=main_rt, devices=devices, sysctls=sysctls,
-            ipsets_manager=IPSetsManager(f"ipv{v}", bpf_ipsets, config.MaxIpsetSize),
-            hostips=HostIPManager(v, bpf_ipsets, config.InterfacePrefix, config.MaxIpsetSize),
-            policy=PolicyManager(v, renderer, raw=discard["raw"], mangle=discard["mangle"],
-                                 filter=discard["filter"]),
-            endpoints=EndpointManager(v, renderer, raw=discard["raw"], mangle=discard["mangle"],
-                                      filter=discard["filter"], route_table=main_rt, sysctls=sysctls,
-                                      status=status, route_priority=priority, groups=groups),
-            # Host endpoints, floating IPs and service-loop prevention are not in BPF mode yet: built
-            # over discarded tables (so the record is complete) but not registered with the loop.
-            hostendpoints=HostEndpointManager(v, renderer, raw=discard["raw"], mangle=discard["mangle"],
-                                              filter=discard["filter"], status=status, groups=groups,
-                                              workload_prefixes=config.InterfacePrefix),
-            floatingips=FloatingIPManager(v, renderer, discard["nat"], False),
-            serviceloop=ServiceLoopManager(v, renderer, discard["filter"]),
-            masq=MasqManager(v, bpf_ipsets, discard["nat"], renderer, config.MaxIpsetSize),
-            dscp=DSCPManager(v, bpf_ipsets, discard["mangle"], renderer, config.MaxIpsetSize),
-            bpf=BPFFamilyParts(BPFEndpointManager(v, renderer.ctx, driver, filter=tables["filter"]),
-                               bpf_ipsets, driver),
-        )
-        for mgr in (fam.ipsets_manager, fam.hostips, fam.endpoints, fam.bpf.manager if fam.bpf else None):
-            if mgr is not None:
-                dp.register_manager(mgr)
+        # Policy, host endpoints, floating IPs and service-loop prevention are not *tables work in BPF
+        # mode: their managers write to discarded tables, and only some are registered with the loop.
+        fam = _family_parts(config, v, renderer, ft, discard, drivers, status, maps=None, floating_ips=False)
+        fam.bpf = BPFFamilyParts(BPFEndpointManager(v, renderer.ctx, driver, filter=tables["filter"]),
+                                 bpf_ipsets, driver)
+        for mgr in (fam.ipsets_manager, fam.hostips, fam.endpoints, fam.bpf.manager):
+            dp.register_manager(mgr)
         _build_routing(dp, config, fam, deps)
         for table in ft.to_apply:
             dp.register_table(table)

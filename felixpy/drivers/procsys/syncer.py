@@ -48,6 +48,7 @@ class InterfaceSysctls:
         self._writer = writer
         self._requests: dict[str, _Request] = {}
         self._state: dict[str, IfaceConfig] = {}
+        self._todo: set[str] = set()  # interfaces not DONE: what the next apply writes
         self._globals: dict[str, str] = {}
         self._globals_pending: set[str] = set()
 
@@ -56,10 +57,12 @@ class InterfaceSysctls:
         """(Re)write the workload settings of *iface* at the next apply (it is up now)."""
         self._requests[iface] = _Request(allow_spoofing)
         self._state[iface] = IfaceConfig.PENDING
+        self._todo.add(iface)
 
     def forget(self, iface: str) -> None:
         self._requests.pop(iface, None)
         self._state.pop(iface, None)
+        self._todo.discard(iface)
 
     def set_global(self, path: str, value: str) -> None:
         if self._globals.get(path) != value:
@@ -69,14 +72,12 @@ class InterfaceSysctls:
     def queue_resync(self) -> None:
         for iface in self._requests:
             self._state[iface] = IfaceConfig.PENDING
+        self._todo.update(self._requests)
         self._globals_pending.update(self._globals)
 
     # ------------------------------------------------------------------ outputs
     def state(self, iface: str) -> IfaceConfig | None:
         return self._state.get(iface)
-
-    def in_sync(self) -> bool:
-        return not self._globals_pending and all(s is IfaceConfig.DONE for s in self._state.values())
 
     # ------------------------------------------------------------------- apply
     def apply(self) -> None:
@@ -89,7 +90,7 @@ class InterfaceSysctls:
                     failures.append(f"{path}: no such setting")
             except OSError as exc:
                 failures.append(f"{path}: {exc}")
-        pending = sorted(i for i, s in self._state.items() if s is not IfaceConfig.DONE)
+        pending = sorted(self._todo)
         rp_filter = self._default_rp_filter() if pending and self.ip_version == 4 else "1"
         for iface in pending:
             req = self._requests[iface]
@@ -103,6 +104,7 @@ class InterfaceSysctls:
                 continue
             if ok:
                 self._state[iface] = IfaceConfig.DONE
+                self._todo.discard(iface)
             else:
                 self._state[iface] = IfaceConfig.PENDING
                 log.debug("Interface vanished before it could be configured", iface=iface)
