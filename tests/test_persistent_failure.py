@@ -20,15 +20,12 @@ import json
 import os
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from felixpy.feed.client import connect
-from felixpy.testing import netns as nsmod
 from daemon_feeds import datastore, feed_until_in_sync, kernel, rules
-from felixpy.testing.daemon import start_daemon
+from felixpy.testing.daemon import http_status, start_daemon
 
 pytestmark = pytest.mark.kernel
 
@@ -40,14 +37,7 @@ ENV = {"FELIX_IPTABLESBACKEND": "nft", **HEALTH}
 
 
 def health(ns: str, what: str) -> int | None:
-    with nsmod.entered(ns):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:9099/{what}", timeout=2) as r:
-                return int(r.status)
-        except urllib.error.HTTPError as e:
-            return int(e.code)
-        except OSError:
-            return None  # not serving (yet, or any more)
+    return http_status(ns, 9099, what)
 
 
 def stand_in(script: str, *names: str) -> str:

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,3 +98,18 @@ def start_daemon(netns: str, *, transport: str = "unix", env: Mapping[str, str] 
             raise RuntimeError(f"daemon did not listen within {wait_socket}s:\n{d.logs()}")
         time.sleep(0.02)
     return d
+
+
+def http_status(netns: str, port: int, path: str) -> int | None:
+    """The HTTP status of ``http://127.0.0.1:<port>/<path>`` inside *netns* (a daemon's health or
+    metrics server), or None when nothing serves there (yet, or any more)."""
+    from felixpy.testing import netns as nsmod
+
+    with nsmod.entered(netns):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/{path}", timeout=2) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+        except OSError:
+            return None

@@ -12,8 +12,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -22,8 +20,7 @@ from felixpy import healthcheck
 from felixpy.feed.client import connect
 from felixpy.messages import to_dataplane
 from felixpy.proto import felixbackend_pb2 as pb
-from felixpy.testing import netns as nsmod
-from felixpy.testing.daemon import REPO, DaemonProcess, start_daemon
+from felixpy.testing.daemon import REPO, DaemonProcess, http_status, start_daemon
 
 ENV = {"FELIX_HEALTHENABLED": "true", "FELIX_HEALTHHOST": "127.0.0.1"}
 STALE_AFTER = 20.0  # the dataplane loop's health timeout (max(20 s, DataplaneWatchdogTimeout))
@@ -56,17 +53,6 @@ def until(pred: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def http_code(ns: str, port: int, path: str) -> int | None:
-    with nsmod.entered(ns):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/{path}", timeout=2) as r:
-                return int(r.status)
-        except urllib.error.HTTPError as e:
-            return int(e.code)
-        except OSError:
-            return None
-
-
 @pytest.fixture
 def daemon(netns: str) -> Iterator[DaemonProcess]:
     d = start_daemon(netns, env=ENV, iface_monitor=False)
@@ -97,12 +83,12 @@ def test_probes_before_during_and_after_a_feed(netns: str, daemon: DaemonProcess
 
 @pytest.mark.kernel
 def test_feed_config_moves_the_servers_without_a_restart(netns: str, daemon: DaemonProcess) -> None:
-    until(lambda: http_code(netns, 9099, "liveness") == 200, 20, "no health server on the default port")
+    until(lambda: http_status(netns, 9099, "liveness") == 200, 20, "no health server on the default port")
     c = connect(daemon.target)
     c.send([to_dataplane(0, pb.ConfigUpdate(config={"HealthPort": "9555"})), to_dataplane(1, pb.InSync())])
     c.wait_in_sync(30)
-    until(lambda: http_code(netns, 9555, "readiness") == 200, 20, "servers did not follow the feed's config")
-    assert http_code(netns, 9099, "liveness") is None  # the old port is closed
+    until(lambda: http_status(netns, 9555, "readiness") == 200, 20, "servers did not follow the feed's config")
+    assert http_status(netns, 9099, "liveness") is None  # the old port is closed
     assert daemon.alive()
     c.close()
 
@@ -111,12 +97,12 @@ def test_feed_config_moves_the_servers_without_a_restart(netns: str, daemon: Dae
 def test_environment_wins_over_the_feeds_ports(netns: str) -> None:
     d = start_daemon(netns, env={**ENV, "FELIX_HEALTHPORT": "9199"}, iface_monitor=False)
     try:
-        until(lambda: http_code(netns, 9199, "liveness") == 200, 20, "no health server on 9199")
+        until(lambda: http_status(netns, 9199, "liveness") == 200, 20, "no health server on 9199")
         c = connect(d.target)
         c.send([to_dataplane(0, pb.ConfigUpdate(config={"HealthPort": "9099"})), to_dataplane(1, pb.InSync())])
         c.wait_in_sync(30)
-        until(lambda: http_code(netns, 9199, "readiness") == 200, 20, "not ready on 9199")
-        assert http_code(netns, 9099, "liveness") is None  # Felix's port stays free
+        until(lambda: http_status(netns, 9199, "readiness") == 200, 20, "not ready on 9199")
+        assert http_status(netns, 9099, "liveness") is None  # Felix's port stays free
         assert probe(netns, "--ready", {"FELIX_HEALTHPORT": "9199"}).returncode == 0
         c.close()
     finally:
