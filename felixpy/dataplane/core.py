@@ -66,6 +66,7 @@ from felixpy.managers.base import (
     ManagerWithRouteRules,
     ManagerWithRouteTables,
     ManagerWithStatus,
+    NamedSyncer,
     Syncer,
     UpdateBatchResolver,
     WatchesIfaces,
@@ -147,7 +148,7 @@ class InternalDataplane:
         self.tables: list[Table] = []
         self.fdbs: list[Syncer] = []
         self.devices: list[Syncer] = []
-        self.cleanups: list[Syncer] = []
+        self.cleanups: list[NamedSyncer] = []
         now = clock.monotonic()
         self._created = now
         self.throttle = LeakyBucket(now)
@@ -182,7 +183,7 @@ class InternalDataplane:
         """Tunnel devices and interface sysctls: applied right after the programming pass."""
         self.devices.append(syncer)
 
-    def register_cleanup(self, syncer: Syncer) -> None:
+    def register_cleanup(self, syncer: NamedSyncer) -> None:
         """A cleanup-only driver of a backend not in use: run in registration order after the tables."""
         self.cleanups.append(syncer)
 
@@ -346,8 +347,7 @@ class InternalDataplane:
         if not self._prerequisite(report, tables_ok, "cleanup", self.cleanups):
             return
         for syncer in self.cleanups:
-            self._step(report, f"cleanup:{getattr(syncer, 'name', type(syncer).__name__)}{_family(syncer)}",
-                       syncer.apply)
+            self._step(report, f"cleanup:{syncer.name}{_family(syncer)}", syncer.apply)
 
     def _apply_ipset_deletions(self, report: ApplyReport, tables_ok: bool) -> None:
         if not self._prerequisite(report, tables_ok, "ipsets-delete", self.ipsets):

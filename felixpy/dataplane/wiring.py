@@ -73,7 +73,7 @@ from felixpy.drivers.vxlanfdb import VXLANFDB
 from felixpy.errors import ConfigError, UnsupportedFeature
 from felixpy.ifacemonitor.events import IfaceState
 from felixpy.kernelnames import IPIP_DEVICE, MAIN_ROUTE_TABLE, vxlan_device_name
-from felixpy.managers.base import EndpointStatus, Manager
+from felixpy.managers.base import EndpointStatus, Manager, NamedSyncer
 from felixpy.managers.dscp import DSCPManager
 from felixpy.managers.endpoints import EndpointManager
 from felixpy.managers.floatingips import FloatingIPManager
@@ -129,7 +129,7 @@ class FamilyTables:
 TablesFactory = Callable[[Config, int], FamilyTables]
 BPF_OPT_IN = "FELIXPY_BPF_EXPERIMENTAL"  # BPF mode is refused without it (see build_dataplane)
 # The cleanup-only drivers for the backends a family is not using, given the active one.
-CleanupFactory = Callable[[Config, int, str], list["CleanupDriver"]]
+CleanupFactory = Callable[[Config, int, str], list[NamedSyncer]]
 RouteTableFactory = Callable[[Config, int], RouteTableAPI]
 
 
@@ -281,24 +281,15 @@ def _default_tables(deps: KernelDeps) -> TablesFactory:
     return make
 
 
-class CleanupDriver(Protocol):
-    name: str
-    ip_version: int
-
-    def queue_resync(self) -> None: ...
-
-    def apply(self) -> None: ...
-
-
 def _default_cleanups(deps: KernelDeps) -> CleanupFactory:
     """Felix's cleanup tables: what the other backends may hold from an earlier run with another mode.
 
     iptables modes clean the other iptables backend and the nftables ``calico`` table; nftables mode
     cleans both iptables backends and then the kernel ipsets their rules referenced."""
-    def make(config: Config, v: int, backend: str) -> list[CleanupDriver]:
+    def make(config: Config, v: int, backend: str) -> list[NamedSyncer]:
         from felixpy.drivers.iptables.cleanup import BACKENDS, IptablesBackendCleanup
 
-        out: list[CleanupDriver] = [IptablesBackendCleanup(v, b, runner=deps.iptables_runner)
+        out: list[NamedSyncer] = [IptablesBackendCleanup(v, b, runner=deps.iptables_runner)
                                     for b in BACKENDS if b != backend]
         if backend == "nftables":
             from felixpy.drivers.ipsets.cleanup import IPSetsCleanup

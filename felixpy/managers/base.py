@@ -60,6 +60,13 @@ class Syncer(Protocol):
     def apply(self) -> None: ...
 
 
+class NamedSyncer(Syncer, Protocol):
+    """A syncer named for its step in the apply report (the cleanup-only drivers)."""
+
+    name: str
+    ip_version: int
+
+
 @runtime_checkable
 class ManagerWithRouteTables(Protocol):
     def route_table_syncers(self) -> Sequence[Syncer]: ...
