@@ -102,6 +102,7 @@ def ipt_program(t: IptablesTable, v: int) -> None:
                                       Rule(Match().protocol("tcp").dest_ports(443), Accept()),
                                       Rule(action=Drop()))))
     t.insert_or_append_rules("FORWARD", [Rule(action=Jump("cali-FORWARD"))])
+    t.append_rules("FORWARD", [Rule(Match().protocol("udp"), Accept()), Rule(Match().protocol("tcp"), Accept())])
 
 
 def ext(fake: FakeIptables, v: int, backend: str, *lines: str) -> None:
@@ -117,6 +118,7 @@ IPT_DRIFT: dict[str, tuple[list[str], dict[str, int]]] = {
     "foreign rule above our jump": (["-I FORWARD 1 -s {net} -j ACCEPT"], {"rule": 1}),
     "our chain flushed": (["-F cali-pol"], {"rule": 3}),
     "stray chain of ours": ([":cali-stray - [0:0]"], {"chain": 1}),
+    "foreign rule below our appends": (["-A FORWARD -s {net} -j ACCEPT"], {"rule": 2}),
 }
 
 
@@ -144,9 +146,11 @@ def test_iptables_counts_drift_once_when_repaired(counts: Counts, logs: list[dic
     assert line["table"] == "filter" and line["ip_version"] == v
     assert {drift._PLURAL[k]: n for k, n in want.items()} == {k: line[k] for k in drift._PLURAL.values() if k in line}
     repaired = fake.save("filter", v, backend)
-    if kind == "foreign rule above our jump":
+    if kind.startswith("foreign rule"):
         assert f"-A FORWARD -s {net} -j ACCEPT" in repaired and repaired.index("cali-FORWARD") < repaired.index(
             f"-s {net} -j ACCEPT")
+        if kind == "foreign rule below our appends":   # ours are last again
+            assert repaired.index(f"-s {net} -j ACCEPT") < repaired.index("-p tcp")
         repaired = repaired.replace(f"-A FORWARD -s {net} -j ACCEPT\n", "")
     if kind == "stray chain of ours":
         assert "cali-stray" not in repaired
@@ -366,3 +370,10 @@ def test_route_drift_counted_when_repaired_and_foreign_routes_untouched(counts: 
     assert counts.moved() == {"route": 1} and len(drift_lines(logs)) == 1
     assert set(fake.routes_in(254, fam)) == {f"{p}3/{pl}", foreign.dst}
     assert cali1.index in {r.oif for r in fake.routes.values()}
+
+
+def test_misplaced_counts_our_rules_with_the_wrong_foreign_rules_above() -> None:
+    # (expected: as the table computes it, for the number of foreign rules found)
+    assert drift.misplaced(["a", "", "", "b", "c"], ["", "a", "", "b", "c"]) == 1   # a foreign rule above our insert
+    assert drift.misplaced(["a", "", "", "b", "c"], ["a", "", "b", "c", ""]) == 2   # one below our appends
+    assert drift.misplaced(["a", "", "b"], ["a", "", "b"]) == 0

@@ -86,6 +86,24 @@ def rule_drift(believed: Sequence[str], found: Sequence[str]) -> int:
     return max(sum((b - f).values()), sum((f - b).values())) or 1
 
 
+def misplaced(expected: Sequence[str], found: Sequence[str]) -> int:
+    """Our rules (non-empty hashes) in a shared chain that do not have the foreign rules (``""``) before them
+    that they should — e.g. 1 for a foreign rule inserted above our one jump; rules merely shifted with the
+    rest are not counted."""
+    def foreign_before(seq: Sequence[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        n = 0
+        for h in seq:
+            if h:
+                out.setdefault(h, n)
+            else:
+                n += 1
+        return out
+
+    found_before = foreign_before(found)
+    return sum(1 for h, n in foreign_before(expected).items() if found_before.get(h) != n)
+
+
 def count(kind: str) -> float:
     """``felixpy_drift_repairs{kind=…}`` so far in this process (tests)."""
     return float(DRIFT_REPAIRS.labels(kind)._value.get())

@@ -52,7 +52,7 @@ import structlog
 
 from felixpy.config import Config
 from felixpy.drivers.cmdshim import BinaryLocator, CommandRunner
-from felixpy.drivers.drift import DriftTally, rule_drift
+from felixpy.drivers.drift import DriftTally, misplaced, rule_drift
 from felixpy.drivers.generictables.model import Chain, Goto, Jump, Rule
 from felixpy.drivers.iptables import render
 from felixpy.drivers.iptables.detect import Features, FeatureDetector, detect_backend, find_best_binary
@@ -449,9 +449,8 @@ class IptablesTable:
                                       expected=exp_all, actual=dp)
                     dirty_ia.add(chain)
                     if dp != expected:  # ours changed, or only moved (e.g. a foreign rule above our jump)
-                        ours = [h for h in exp_all if h]
                         drift.found("rule", rule_drift([h for h in expected if h], [h for h in dp or [] if h])
-                                    or len(ours))
+                                    or misplaced(exp_all, dp or []) or 1)
             elif dp != expected:
                 self._log.warning("out-of-sync Calico chain, marking for resync", chain=chain)
                 dirty_c.add(chain)
