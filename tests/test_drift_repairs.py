@@ -377,3 +377,86 @@ def test_misplaced_counts_our_rules_with_the_wrong_foreign_rules_above() -> None
     assert drift.misplaced(["a", "", "", "b", "c"], ["", "a", "", "b", "c"]) == 1   # a foreign rule above our insert
     assert drift.misplaced(["a", "", "", "b", "c"], ["a", "", "b", "c", ""]) == 2   # one below our appends
     assert drift.misplaced(["a", "", "b"], ["a", "", "b"]) == 0
+
+
+# ---------------------------------------------------------------------------------------------- FDB, devices, ip rules
+def test_fdb_and_neighbour_drift_on_the_same_device(counts: Counts, logs: list[dict[str, Any]]) -> None:
+    from felixpy.drivers.netlink.types import FDBEntry, Neigh
+    from felixpy.drivers.vxlanfdb import VTEP, VXLANFDB
+
+    fake = FakeNetlink()
+    idx = fake.add_link("vxlan.calico", kind="vxlan").index
+    fake.neighs[(AF_INET, idx, "10.9.9.9")] = Neigh(AF_INET, idx, "10.9.9.9", "66:00:00:00:00:99")  # stale
+    fdb = VXLANFDB(ip_version=4, iface_name="vxlan.calico", new_handle=fake.factory)
+    fdb.set_vteps([VTEP("192.168.0.2", "10.5.0.1", "66:00:00:00:00:02"),
+                   VTEP("192.168.0.3", "10.5.0.2", "66:00:00:00:00:03")])
+    fdb.apply()                                       # start of day sweeps the stale entry: not drift
+    fdb.queue_resync()
+    fdb.apply()
+    assert counts.moved() == {}
+    fdb.set_vteps([VTEP("192.168.0.3", "10.5.0.2", "66:00:00:00:00:03")])   # an ordinary change
+    fdb.apply()
+    assert counts.moved() == {}
+    del fake.fdb[(idx, "66:00:00:00:00:03", "192.168.0.3")]                  # foreign hand
+    fake.neighs[(AF_INET, idx, "10.5.0.2")] = Neigh(AF_INET, idx, "10.5.0.2", "66:00:00:00:00:77")
+    fake.fdb[(idx, "66:00:00:00:00:55", "192.168.0.55")] = FDBEntry(idx, "66:00:00:00:00:55", "192.168.0.55")
+    fdb.queue_resync()
+    fdb.apply()
+    # The neighbour now has another MAC: its old key is gone (missing) and the new one is extra.
+    assert counts.moved() == {"fdb": 2, "neighbour": 2}
+    (line,) = drift_lines(logs)
+    assert line["iface"] == "vxlan.calico" and line["fdb_entries"] == 2
+    assert {(e.mac, e.dst) for e in fake.fdb.values()} == {("66:00:00:00:00:03", "192.168.0.3")}
+    assert {(n.dst, n.lladdr) for n in fake.neighs.values()} == {("10.5.0.2", "66:00:00:00:00:03")}
+
+
+def test_tunnel_device_recreated_behind_our_back_is_device_drift(counts: Counts) -> None:
+    from routing.test_managers_fake import LOCAL_VTEP, VTEP2, VXLAN, routing_node
+
+    from felixpy.drivers.netlink.types import VXLANInfo
+    from felixpy.ifacemonitor.events import IfaceState, IfaceStateUpdate
+    from felixpy.proto import felixbackend_pb2 as pb
+
+    node = routing_node(VXLAN)
+    fake = node.netlink
+    node.send(LOCAL_VTEP, VTEP2, pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN,
+                                                dst="10.5.1.0/26", dst_node_name="node2"))
+    node.apply()
+    assert counts.moved().get("device", 0) == 0
+    old = fake._by_name("vxlan.calico")
+    fake.links[old.index] = old.__class__(**{**{f: getattr(old, f) for f in old.__slots__},
+                                            "vxlan": VXLANInfo(vni=1, port=4789, local="192.168.0.1",
+                                                               parent_index=2)})
+    node.rt_clock.now += 11
+    node.apply()
+    assert fake._by_name("vxlan.calico").vxlan.vni == 4096
+    assert counts.moved().get("device") == 1
+    fake.remove_link("vxlan.calico")
+    node.dp.on_iface_update(IfaceStateUpdate("vxlan.calico", IfaceState.DOWN, 0))
+    node.apply()
+    assert counts.moved().get("device") == 2
+
+
+def test_ip_rule_drift(counts: Counts) -> None:
+    from felixpy.drivers.netlink.types import Rule as IPRule
+    from felixpy.drivers.routerule import RouteRules, make_rule
+
+    fake = FakeNetlink()
+    fake.rules.append(make_rule(4, 98, 1, mark=0x100000, invert=True))   # an earlier run's: cleanup
+    foreign = IPRule(AF_INET, 100, 50, src="10.0.0.0/8")
+    fake.rules.append(foreign)
+    rr = RouteRules(ip_version=4, table_indices=[1, 2], new_handle=fake.factory)
+    want = make_rule(4, 99, 1, mark=0x100000, invert=True)
+    rr.set_rule(want)
+    rr.apply()
+    rr.set_rule(make_rule(4, 99, 2, mark=0x200000, invert=True))          # an ordinary change
+    rr.apply()
+    rr.queue_resync()
+    rr.apply()
+    assert counts.moved() == {}
+    fake.rules.remove(want)                                               # foreign hand
+    fake.rules.append(make_rule(4, 97, 2, mark=0x400000))
+    rr.queue_resync()
+    rr.apply()
+    assert counts.moved() == {"ip_rule": 2}
+    assert want in fake.rules and foreign in fake.rules

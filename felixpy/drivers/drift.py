@@ -14,7 +14,11 @@ table and counts per kind (``drift repaired table=filter ip_version=4 chains=1 r
 that found nothing logs nothing.  A failed write keeps the tally for the retry: the same difference is
 not counted twice, because the driver's view skips objects already marked for rewrite.
 
-Kinds: ``chain``, ``rule``, ``set``, ``set_member``, ``route``, ``ip_rule``, ``fdb``, ``device``.
+Kinds: ``chain``, ``rule`` (iptables and nftables tables), ``set``, ``set_member`` (IP sets, nft sets),
+``route`` (route tables), ``ip_rule`` (policy-routing rules), ``fdb`` and ``neighbour`` (the VXLAN FDB and
+ARP/NDP entries on an unchanged device), ``device`` (a tunnel device recreated although its spec had not
+changed: deleted, or its parameters changed, behind our back; fixes made in place — MTU, address, up — are
+not counted).
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ import prometheus_client as prom
 
 from felixpy.metrics import get_or_create
 
-KINDS = ("chain", "rule", "set", "set_member", "route", "ip_rule", "fdb", "device")
+KINDS = ("chain", "rule", "set", "set_member", "route", "ip_rule", "fdb", "neighbour", "device")
 _PLURAL = {"chain": "chains", "rule": "rules", "set": "sets", "set_member": "set_members", "route": "routes",
-           "ip_rule": "ip_rules", "fdb": "fdb_entries", "device": "devices"}
+           "ip_rule": "ip_rules", "fdb": "fdb_entries", "neighbour": "neighbours", "device": "devices"}
 
 DRIFT_REPAIRS = get_or_create(prom.Counter, "felixpy_drift_repairs",
                               "Objects found changed in the kernel behind felixpy's back and repaired, by kind.",
