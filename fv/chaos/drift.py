@@ -7,6 +7,9 @@ Per family, in the node's namespace, with the mode's own tools (``ip[6]tables-<b
 * **rule** — one rule of another of our policy chains replaced by a different one;
 * **set member** — one member removed from one of our IP sets;
 * **route** — our VXLAN route to the remote block deleted;
+* **fdb**, **neighbour** — the remote VTEP's FDB entry and ARP/NDP entry deleted from our VXLAN device;
+* **device** — (a second round) our ``vxlan.calico`` deleted: it, its FDB/ARP entries and the route via it
+  come back;
 * **insert above our jump** — iptables modes: a foreign rule inserted at the top of ``FORWARD``, above our
   jump (ours must go back on top, the foreign rule must stay); nftables mode: a foreign rule inserted at
   the top of our ``calico`` table's ``filter-FORWARD`` (the table is ours: it must go).
@@ -125,10 +128,10 @@ class Hand:
     def remove_set_member(self, v: int) -> tuple[str, str]:
         if self.nft:
             objs = self._nft_objs(v)
-            s = next(o["set"] for o in objs if "set" in o and o["set"]["name"].startswith(f"cali{v}")
-                     and o["set"].get("elem") and o["set"]["name"] != f"cali{v}0this-host")
+            s = next(o["set"] for o in objs if "set" in o and o["set"]["name"].startswith(f"cali{v}0s")
+                     and o["set"].get("elem"))
             elem = s["elem"][0]
-            member = elem if isinstance(elem, str) else json.dumps(elem)
+            member = elem if isinstance(elem, str) else f"{elem['prefix']['addr']}/{elem['prefix']['len']}"
             self._run("nft", "delete", "element", self._fam(v), "calico", s["name"], "{", member, "}")
             name = s["name"]
         else:
@@ -147,6 +150,18 @@ class Hand:
     def delete_route(self, v: int, dst: str) -> None:
         self._run("ip", f"-{v}", "route", "del", dst)
         self.done.append(f"v{v}: deleted route {dst}")
+
+    def delete_fdb_and_neighbour(self, v: int, vtep: dict[str, str]) -> None:
+        dev = "vxlan.calico" if v == 4 else "vxlan-v6.calico"
+        mac, dst = (vtep["mac"], vtep["parent_device_ip"]) if v == 4 else (vtep["mac_v6"], vtep["parent_device_ipv6"])
+        tunnel = vtep["ipv4_addr"] if v == 4 else vtep["ipv6_addr"]
+        self._run("bridge", "fdb", "del", mac, "dev", dev, "dst", dst)
+        self._run("ip", f"-{v}", "neigh", "del", tunnel, "dev", dev)
+        self.done.append(f"v{v}: deleted the FDB entry {mac} → {dst} and the neighbour {tunnel} on {dev}")
+
+    def delete_device(self, name: str) -> None:
+        self._run("ip", "link", "del", name)
+        self.done.append(f"deleted device {name}")
 
     def insert_above_our_jump(self, v: int) -> None:
         src = FOREIGN_SRC[v]

@@ -2,8 +2,8 @@
 
 With every refresh interval at ``DRIFT_REFRESH`` seconds (IptablesRefreshInterval, NftablesRefreshInterval,
 IpsetsRefreshInterval, RouteRefreshInterval), a foreign hand deletes one of our chains, alters one of our
-rules, removes a set member, deletes our VXLAN route and inserts a rule above our jump in FORWARD, in both
-families at once.  The kernel must come back to what it was (the foreign rule above our jump stays in
+rules, removes a set member, deletes our VXLAN route, FDB and ARP/NDP entries and inserts a rule above our
+jump in FORWARD, in both families at once; then deletes the VXLAN device.  The kernel must come back to what it was (the foreign rule above our jump stays in
 iptables modes, below our jump now), foreign chains, rules, tables and routes untouched, and every repair
 reported: ``felixpy_drift_repairs{kind}`` on the metrics endpoint moved by exactly what was done, one
 ``drift repaired`` log line per table and refresh that found something, none while nothing drifted, and
@@ -66,6 +66,7 @@ def test_drift_is_repaired_reported_and_foreign_objects_survive(mode: str) -> No
             hand.alter_policy_rule(v, not_chain=chain)
             hand.remove_set_member(v)
             hand.delete_route(v, vxlan_routes[0 if v == 4 else 1])
+            hand.delete_fdb_and_neighbour(v, remote("x"))
             hand.insert_above_our_jump(v)
         t0 = time.monotonic()
         while True:
@@ -86,7 +87,7 @@ def test_drift_is_repaired_reported_and_foreign_objects_survive(mode: str) -> No
                 assert ours < foreign, f"[{mode}] v{v}: our jump is not back on top of FORWARD: {fwd}"
         # Reported: the counter (scraped), the log, the status.
         deadline = time.monotonic() + 10
-        want = {"chain": 2, "rule": 6, "set_member": 2, "route": 2}
+        want = {"chain": 2, "rule": 6, "set_member": 2, "route": 2, "fdb": 2, "neighbour": 2}
         while (after := drift_repairs(node.scrape())) != want and time.monotonic() < deadline:
             time.sleep(0.5)
         print(f"[{mode}] drift repaired {took:.2f}s after the foreign edits (refresh {REFRESH}s); counter {after}")
@@ -99,6 +100,23 @@ def test_drift_is_repaired_reported_and_foreign_objects_survive(mode: str) -> No
         # Quiet again: another few refreshes find nothing, count nothing, log nothing.
         time.sleep(3 * float(REFRESH))
         assert drift_repairs(node.scrape()) == want and drift_log_lines(node) == lines
+        # Round two: the VXLAN device itself.  Deleting it takes its FDB/ARP entries and the route via it
+        # with it: all come back, and only the device counts — the entries and the route are rewritten
+        # because the device (its ifindex) is new, an ordinary consequence of the one repair.
+        hand.delete_device("vxlan.calico")
+        t0 = time.monotonic()
+        while (diff := dump_diff(reference, without_foreign_insert(full_dump(node)), limit=60)) and \
+                time.monotonic() - t0 < REPAIR_WAIT:
+            time.sleep(0.2)
+        took = time.monotonic() - t0
+        assert not diff, f"[{mode}] the VXLAN device and what went with it not back within {REPAIR_WAIT}s:\n" + \
+            "\n".join(diff)
+        want2 = {**want, "device": 1}
+        deadline = time.monotonic() + 10
+        while (after := drift_repairs(node.scrape())) != want2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        print(f"[{mode}] deleted vxlan.calico back {took:.2f}s later; counter {after}")
+        assert after == want2, f"[{mode}] after the device deletion felixpy_drift_repairs is {after}, want {want2}"
         for v in (4, 6):
             node.check(v, Expect(True).block(src="a", dst="b"), (TCP, ICMP), names=[HOST, "a", "b", "c"],
                        what="after the drift repairs")
