@@ -460,3 +460,17 @@ def test_ip_rule_drift(counts: Counts) -> None:
     rr.apply()
     assert counts.moved() == {"ip_rule": 2}
     assert want in fake.rules and foreign in fake.rules
+
+
+def test_counter_is_exposed_under_its_own_name_with_a_kind_label() -> None:
+    import prometheus_client as prom
+
+    from felixpy import metrics
+
+    drift.DRIFT_REPAIRS.labels("route").inc(0)  # make sure the child exists
+    text = metrics.exposition([prom.REGISTRY]).decode()
+    assert "# TYPE felixpy_drift_repairs counter" in text
+    samples = [ln for ln in text.splitlines() if ln.startswith("felixpy_drift_repairs")]
+    assert samples and all(ln.startswith('felixpy_drift_repairs{kind="') for ln in samples), samples
+    assert "felixpy_drift_repairs_total" not in text and "felixpy_drift_repairs_created" not in text
+    assert metrics.get_or_create(prom.Counter, "felixpy_drift_repairs", "x", ("kind",)) is drift.DRIFT_REPAIRS
