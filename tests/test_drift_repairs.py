@@ -474,3 +474,24 @@ def test_counter_is_exposed_under_its_own_name_with_a_kind_label() -> None:
     assert samples and all(ln.startswith('felixpy_drift_repairs{kind="') for ln in samples), samples
     assert "felixpy_drift_repairs_total" not in text and "felixpy_drift_repairs_created" not in text
     assert metrics.get_or_create(prom.Counter, "felixpy_drift_repairs", "x", ("kind",)) is drift.DRIFT_REPAIRS
+
+
+def test_fdb_drift_whose_repair_failed_once_is_counted_once(counts: Counts) -> None:
+    from felixpy.drivers.netlink.fake import FailFlags
+    from felixpy.drivers.vxlanfdb import VTEP, VXLANFDB
+    from felixpy.errors import DataplaneError
+
+    fake = FakeNetlink()
+    idx = fake.add_link("vxlan.calico", kind="vxlan").index
+    fdb = VXLANFDB(ip_version=4, iface_name="vxlan.calico", new_handle=fake.factory)
+    fdb.set_vteps([VTEP("192.168.0.3", "10.5.0.2", "66:00:00:00:00:03")])
+    fdb.apply()
+    del fake.fdb[(idx, "66:00:00:00:00:03", "192.168.0.3")]
+    fdb.queue_resync()
+    fake.fail_next = FailFlags.FDB_REPLACE
+    with pytest.raises(DataplaneError):
+        fdb.apply()
+    assert counts.moved() == {}
+    fdb.apply()
+    assert counts.moved() == {"fdb": 1}
+    assert {(e.mac, e.dst) for e in fake.fdb.values()} == {("66:00:00:00:00:03", "192.168.0.3")}

@@ -168,7 +168,7 @@ class VXLANFDB:
             if e.dst and e.state & NUD_PERMANENT and e.mac != "00:00:00:00:00:00"
         })
         if same_device:
-            self._drift.forget()  # re-read after a failure: count afresh
+            # The view is replaced by every read: what a failed write left out is not counted again.
             for kind, tracker, believed in (("neighbour", self.arp, believed_arp), ("fdb", self.fdb, believed_fdb)):
                 n = sum(1 for k in tracker.pending_update_keys() if k in believed
                         and tracker.get_dataplane(k) != believed[k])
