@@ -151,13 +151,17 @@ class Hand:
         self._run("ip", f"-{v}", "route", "del", dst)
         self.done.append(f"v{v}: deleted route {dst}")
 
-    def delete_fdb_and_neighbour(self, v: int, vtep: dict[str, str]) -> None:
+    def delete_fdb(self, v: int, vtep: dict[str, str]) -> None:
         dev = "vxlan.calico" if v == 4 else "vxlan-v6.calico"
         mac, dst = (vtep["mac"], vtep["parent_device_ip"]) if v == 4 else (vtep["mac_v6"], vtep["parent_device_ipv6"])
-        tunnel = vtep["ipv4_addr"] if v == 4 else vtep["ipv6_addr"]
         self._run("bridge", "fdb", "del", mac, "dev", dev, "dst", dst)
+        self.done.append(f"v{v}: deleted the FDB entry {mac} → {dst} on {dev}")
+
+    def delete_neighbour(self, v: int, vtep: dict[str, str]) -> None:
+        dev = "vxlan.calico" if v == 4 else "vxlan-v6.calico"
+        tunnel = vtep["ipv4_addr"] if v == 4 else vtep["ipv6_addr"]
         self._run("ip", f"-{v}", "neigh", "del", tunnel, "dev", dev)
-        self.done.append(f"v{v}: deleted the FDB entry {mac} → {dst} and the neighbour {tunnel} on {dev}")
+        self.done.append(f"v{v}: deleted the neighbour {tunnel} on {dev}")
 
     def delete_device(self, name: str) -> None:
         self._run("ip", "link", "del", name)
