@@ -205,8 +205,8 @@ def nft_drift(v: int) -> dict[str, tuple[Any, dict[str, int]]]:
     a1 = "10.0.0.1" if v == 4 else "fd00::1"
     a9 = "10.9.9.9" if v == 4 else "fd00::99"
     return {
-        "rule deleted": (lambda f: _nft(f, {"delete": {"rule": {**T, "chain": "filter-cali-INPUT",
-                                                                "handle": hp.rule_handle(f, v, "filter-cali-INPUT", 1)}}}),
+        "rule deleted": (lambda f: _nft(f, {"delete": {"rule": {
+            **T, "chain": "filter-cali-INPUT", "handle": hp.rule_handle(f, v, "filter-cali-INPUT", 1)}}}),
                          {"rule": 1}),
         "chain flushed": (lambda f: _nft(f, {"flush": {"chain": {**T, "name": "filter-cali-INPUT"}}}), {"rule": 4}),
         "foreign rule in our chain": (lambda f: _nft(f, {"add": {"rule": {**T, "chain": "filter-cali-INPUT",

@@ -14,8 +14,8 @@ Per family, in the node's namespace, with the mode's own tools (``ip[6]tables-<b
   jump (ours must go back on top, the foreign rule must stay); nftables mode: a foreign rule inserted at
   the top of our ``calico`` table's ``filter-FORWARD`` (the table is ours: it must go).
 
-Foreign objects that must stay untouched (and are not drift): a foreign chain with a rule (iptables modes), a foreign ``inet`` table with a forward hook (nftables
-mode), a foreign route per family via ``eth0``.
+Foreign objects that must stay untouched (and are not drift): a foreign chain with a rule (iptables modes),
+a foreign ``inet`` table with a forward hook (nftables mode), a foreign route per family via ``eth0``.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ class Hand:
             t = "fpyforeign"
             if v == 4:
                 self._run("nft", "add", "table", "inet", t)
-                self._run("nft", "add chain inet fpyforeign foreignfwd { type filter hook forward priority 10 ; policy accept ; }")
+                self._run("nft", "add chain inet fpyforeign foreignfwd "
+                                 "{ type filter hook forward priority 10 ; policy accept ; }")
             self._run("nft", "add", "rule", "inet", t, "foreignfwd", "ip" if v == 4 else "ip6", "saddr", src, "accept")
         else:
             # (Not appended to FORWARD: below our always-appended rules it would make the daemon move them
@@ -93,7 +94,8 @@ class Hand:
     def delete_policy_chain(self, v: int) -> str:
         if self.nft:
             objs = self._nft_objs(v)
-            chains = [o["chain"]["name"] for o in objs if "chain" in o and o["chain"]["name"].startswith("filter-cali-pi-")]
+            chains = [o["chain"]["name"] for o in objs
+                      if "chain" in o and o["chain"]["name"].startswith("filter-cali-pi-")]
             name = chains[0]
             refs = [o["rule"] for o in objs if "rule" in o and f'"target": "{name}"' in json.dumps(o["rule"])]
             for r in refs:

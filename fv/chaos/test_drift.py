@@ -3,11 +3,11 @@
 With every refresh interval at ``DRIFT_REFRESH`` seconds (IptablesRefreshInterval, NftablesRefreshInterval,
 IpsetsRefreshInterval, RouteRefreshInterval), a foreign hand deletes one of our chains, alters one of our
 rules, removes a set member, deletes our VXLAN route, FDB and ARP/NDP entries and inserts a rule above our
-jump in FORWARD, in both families at once; then deletes the VXLAN device.  The kernel must come back to what it was (the foreign rule above our jump stays in
-iptables modes, below our jump now), foreign chains, rules, tables and routes untouched, and every repair
-reported: ``felixpy_drift_repairs{kind}`` on the metrics endpoint moved by exactly what was done, one
-``drift repaired`` log line per table and refresh that found something, none while nothing drifted, and
-``felixpy status`` shows the total.
+jump in FORWARD, in both families at once; then deletes the VXLAN device. The kernel must come back to what it
+was (the foreign rule above our jump stays in iptables modes, below our jump now), foreign chains, rules,
+tables and routes untouched, and every repair reported: ``felixpy_drift_repairs{kind}`` on the metrics
+endpoint moved by exactly what was done, one ``drift repaired`` log line per table and refresh that found
+something, none while nothing drifted, and ``felixpy status`` shows the total.
 """
 
 from __future__ import annotations

@@ -106,7 +106,8 @@ class RouteRules:
         self._drift.forget()
         if self._programmed is not None:
             # Believed there and still wanted, yet missing; or one of ours appeared that we never wrote.
-            self._drift.found("ip_rule", sum(1 for r in to_add if any(self._match_update(p, r) for p in self._programmed)))
+            self._drift.found("ip_rule", sum(1 for r in to_add
+                                             if any(self._match_update(p, r) for p in self._programmed)))
             self._drift.found("ip_rule", sum(1 for r in to_remove
                                              if not any(self._match_update(p, r) for p in self._programmed)))
         failures = []
