@@ -495,3 +495,17 @@ def test_fdb_drift_whose_repair_failed_once_is_counted_once(counts: Counts) -> N
     fdb.apply()
     assert counts.moved() == {"fdb": 1}
     assert {(e.mac, e.dst) for e in fake.fdb.values()} == {("66:00:00:00:00:03", "192.168.0.3")}
+
+
+@V46
+def test_nftables_failed_repair_is_counted_once_when_it_finally_succeeds(counts: Counts, v: int) -> None:
+    fake, clock = FakeNft(), FakeClock()
+    h = Harness(v, fake, clock, refresh_interval=10.0)
+    program_typical(h)
+    h.root.apply()
+    _nft(fake, {"flush": {"chain": {**hp.tbl(v), "name": "filter-cali-INPUT"}}})
+    fake.fail_next_runs(2)
+    clock.advance(11)
+    h.root.apply()
+    assert counts.moved() == {"rule": 4}
+    assert len(hp.chains(fake, v)["filter-cali-INPUT"]["rules"]) == 4

@@ -481,9 +481,8 @@ class NftablesTable:
         self._dp_others = snap.others
         self._resync_dirty()
         self._in_sync = True
-        # The belief is only replaced by a commit: a re-listing after a failed transaction finds the same
-        # drift again, so count afresh each time.
-        self._drift.forget()
+        # Each listing replaces the view: a re-listing after a failed (atomic, so changing nothing)
+        # transaction finds nothing new, and what the first listing found stays counted until a commit.
         if self._read_before:
             for name in self._dirty_chains:
                 old, new = old_chains.get(name), self._dp_chains.get(name)
