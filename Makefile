@@ -43,7 +43,8 @@ image: setup
 image-test: setup
 	@PYTEST=$(PYTEST) bash scripts/image-test.sh $(PYTEST_ARGS)
 
-# The full kill -9 trials (fv/chaos; CI runs 2 per mode at 100 endpoints): results go in docs/reliability.md.
+# The full chaos trials (fv/chaos: kill -9, restart into another world, drift; CI runs 2 kill -9 trials per
+# mode at 100 endpoints): results go in docs/reliability.md.
 CHAOS_TRIALS ?= 50
 CHAOS_ENDPOINTS ?= 300
 CHAOS_SEED ?= 1414

@@ -153,3 +153,19 @@ def test_fdb_replaces_all_arp_entries_in_one_call_and_keeps_per_entry_results() 
         fdb.apply()
     assert calls == [50]
     assert not fdb.in_sync()
+
+
+def test_vtep_mac_change_keeps_its_neighbour_entry() -> None:
+    """Regression (issue 14 drift trials): the kernel keys neighbours by address, so deleting the old
+    MAC's entry after writing the new one deleted the new one — the VTEP had no ARP entry until the
+    next route refresh."""
+    fake, idx = vxlan_fake()
+    fdb = VXLANFDB(ip_version=4, iface_name="vxlan.calico", new_handle=fake.factory)
+    fdb.set_vteps([VTEP("192.168.0.3", "10.5.0.2", "66:00:00:00:00:03")])
+    fdb.apply()
+    fdb.set_vteps([VTEP("192.168.0.3", "10.5.0.2", "66:00:00:00:00:04")])
+    fdb.apply()
+    arp, fdbs = fdb_state(fake)
+    assert arp == {("10.5.0.2", "66:00:00:00:00:04")}
+    assert fdbs == {("66:00:00:00:00:04", "192.168.0.3")}
+    assert fdb.in_sync()

@@ -79,6 +79,7 @@ from felixpy.drivers.ipsets.members import BadMembers, canonicalise_members
 from felixpy.drivers.ipsets.naming import IPVersionConfig
 from felixpy.drivers.ipsets.parse import (ListedSet, is_not_found, parse_list, parse_list_names,
                                           parse_save, restore_error_line)
+from felixpy.drivers.drift import DriftTally
 from felixpy.drivers.ipsets.resync_queue import ResyncPriority, ResyncQueue
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 from felixpy.errors import CommandError, DataplaneError, FatalDataplaneError
@@ -161,6 +162,10 @@ class IPSets:
 
         self._queue = ResyncQueue()
         self._full_resync_required = True
+        # Drift (felixpy.drivers.drift): only reads queued by a background resync compare the kernel with
+        # our belief; a read after a failed write (which ipset restore may have half-applied) does not.
+        self._drift = DriftTally(self._log)
+        self._drift_watch: set[str] = set()
         self._bg_resync_requested = False
 
     # ------------------------------------------------------------------ update API
@@ -280,6 +285,7 @@ class IPSets:
             except DataplaneError as exc:
                 update_err = last_error = exc
                 metrics.ipset_errors.inc()
+                self._drift_watch.clear()
                 if transient:
                     self._log.warning("Failed to update IP sets; re-reading the touched sets",
                                       error=str(exc), attempt=attempt)
@@ -292,6 +298,7 @@ class IPSets:
                 delay *= 2
                 continue
             self._full_resync_required = False
+            self._drift.repaired()
             self._try_pending_renames()
             metrics.ipsets_total.set(self._sets.dataplane_len())
             return
@@ -342,6 +349,7 @@ class IPSets:
     def _begin_full_resync(self) -> None:
         self._log.debug("Full resync of IP sets")
         self._queue.clear()
+        self._drift_watch.clear()
         self._pending_renames.clear()
         if self._full_resync_via_save:
             result = self._run(["ipset", "save"])
@@ -373,7 +381,7 @@ class IPSets:
     def _begin_background_resync(self) -> None:
         self._log.debug("Background resync of IP sets")
         listed = self._list_owned_names()  # on failure the request stays set
-        self._sweep_missing(set(listed))
+        self._sweep_missing(set(listed), drift=True)
         for name in listed:
             if self._sets.get_dataplane(name) is None:
                 # Appeared behind our back.
@@ -382,8 +390,11 @@ class IPSets:
                 else:
                     self._log.info("Found unexpected Calico IP set; will delete it", set_name=name)
                     self._sets.set_dataplane(name, UNREAD)
+                    if not self.names.is_temp(name):
+                        self._drift.found("set")
                     continue
             self._queue.add(name, ResyncPriority.BACKGROUND)
+            self._drift_watch.add(name)
         self._bg_resync_requested = False
 
     def _drain_queue(self, budget: list[float]) -> None:
@@ -422,10 +433,12 @@ class IPSets:
         if name in self._pending_renames:
             # Our member view describes the temp set, not this one.
             self._abandon_rename(name, requeue=False)
+        watched = name in self._drift_watch
+        self._drift_watch.discard(name)
         result = self._run(["ipset", "list", name])
         if not result.ok:
             if is_not_found(result.stderr):
-                self._on_missing(name)
+                self._on_missing(name, drift=watched)
                 return
             # Unreadable (e.g. made by a newer ipset): mark it so that it is rebuilt.
             self._sets.set_dataplane(name, DataplaneMeta("", "", 0, list_failed=True))
@@ -437,16 +450,20 @@ class IPSets:
         s = listed[0]
         self._sets.set_dataplane(name, DataplaneMeta(s.type, s.family, s.max_size))
         if s.members is not None:
-            self._load_members(name, s.members)
+            self._load_members(name, s.members, drift=watched)
 
     def _wants_members(self, name: str) -> bool:
         # Only sets we want: unwanted ones are only ever destroyed, temp ones too.
         return name in self._members and self.names.owns(name) and not self.names.is_temp(name)
 
-    def _load_members(self, name: str, members: list[str]) -> None:
+    def _load_members(self, name: str, members: list[str], drift: bool = False) -> None:
         tracker = self._members.get(name)
         if tracker is None:
             return
+        if drift:
+            believed = {k for k, _ in tracker.dataplane_items()}
+            found, want = set(members), set(tracker.desired_keys())
+            self._drift.found("set_member", len((believed - found) & want) + len((found - believed) - want))
         extras_before = tracker.num_pending_deletions()
         tracker.replace_dataplane_keys(members, True)
         missing = tracker.num_pending_updates()
@@ -463,15 +480,17 @@ class IPSets:
             raise CommandError(["ipset", "list", "-name"], result.returncode, result.stderr)
         return [n for n in parse_list_names(result.stdout) if self.names.owns(n)]
 
-    def _sweep_missing(self, listed: set[str]) -> None:
+    def _sweep_missing(self, listed: set[str], drift: bool = False) -> None:
         candidates = set(self._members)
         candidates.update(n for n, _ in self._sets.dataplane_items())
         candidates.update(n for n, _ in self._sets.desired_items())
         for name in candidates - listed:
-            self._on_missing(name)
+            self._on_missing(name, drift=drift)
 
-    def _on_missing(self, name: str) -> None:
+    def _on_missing(self, name: str, drift: bool = False) -> None:
         """A set we track is not in the kernel: a wanted one becomes a pending create."""
+        if drift and self._sets.get_dataplane(name) is not None and self._sets.get_desired(name) is not None:
+            self._drift.found("set")  # believed there, wanted, gone: someone destroyed it
         self._sets.delete_dataplane(name)
         for main, temp in list(self._pending_renames.items()):
             if name in (main, temp):

@@ -52,6 +52,7 @@ import structlog
 
 from felixpy.config import Config
 from felixpy.drivers.cmdshim import BinaryLocator, CommandRunner
+from felixpy.drivers.drift import DriftTally, misplaced, rule_drift
 from felixpy.drivers.generictables.model import Chain, Goto, Jump, Rule
 from felixpy.drivers.iptables import render
 from felixpy.drivers.iptables.detect import Features, FeatureDetector, detect_backend, find_best_binary
@@ -194,6 +195,8 @@ class IptablesTable:
         self._gauge_rules = self._metrics.rules.labels(*labels)
         self._lines_executed = self._metrics.lines_executed.labels(*labels)
         self._log = log.bind(table=name, ip_version=ip_version, backend=backend)
+        self._read_before = False  # a read with a belief to compare against: drift is countable
+        self._drift = DriftTally(self._log)
 
     @classmethod
     def from_config(cls, name: str, ip_version: int, config: Config, *, runner: CommandRunner,
@@ -424,7 +427,9 @@ class IptablesTable:
         state = self._read_with_retries(features)
         new = state.hashes
         dirty_c, dirty_ia = self._dirty_chains, self._dirty_insert_append
-        # Chains we believe we programmed: still as we left them?
+        # Chains we believe we programmed: still as we left them?  (What differs from that belief and
+        # is about to be rewritten is drift, see felixpy.drivers.drift.)
+        drift = self._drift
         for chain, expected in self._dp_hashes.items():
             if chain in dirty_c or chain in dirty_ia:
                 continue
@@ -435,15 +440,24 @@ class IptablesTable:
                         self._log.warning("chain had unexpected inserts, marking for resync", chain=chain)
                         self.unexpected_inserts_seen += 1
                         dirty_ia.add(chain)
+                        if dp != expected:
+                            drift.found("rule", rule_drift([h for h in expected if h], [h for h in dp if h]))
                     continue
                 exp_all = self._expected_insert_append(chain, (dp or []).count(""), features)[0]
                 if dp != exp_all:
                     self._log.warning("out-of-sync inserts, marking for resync", chain=chain,
                                       expected=exp_all, actual=dp)
                     dirty_ia.add(chain)
+                    if dp != expected:  # ours changed, or only moved (e.g. a foreign rule above our jump)
+                        drift.found("rule", rule_drift([h for h in expected if h], [h for h in dp or [] if h])
+                                    or misplaced(exp_all, dp or []) or 1)
             elif dp != expected:
                 self._log.warning("out-of-sync Calico chain, marking for resync", chain=chain)
                 dirty_c.add(chain)
+                if dp is None:
+                    drift.found("chain")
+                else:
+                    drift.found("rule", rule_drift(expected, dp))
         # Chains we did not know about: our leftovers, or foreign chains holding our rules.
         for chain, hashes in new.items():
             if chain in dirty_c or chain in dirty_ia or chain in self._dp_hashes:
@@ -452,10 +466,15 @@ class IptablesTable:
                 if any(hashes):
                     self._log.info("found unexpected insert, marking for cleanup", chain=chain)
                     dirty_ia.add(chain)
+                    if self._read_before:
+                        drift.found("rule", sum(1 for h in hashes if h))
                 continue
             if self._desired(chain) is None:
                 self._log.info("found unexpected chain, marking for cleanup", chain=chain)
             dirty_c.add(chain)
+            if self._read_before:
+                drift.found("chain")
+        self._read_before = True
         self._dp_hashes = new
         self._dp_full_rules = state.full_rules
         self._in_sync = True
@@ -526,6 +545,7 @@ class IptablesTable:
             if attempts:
                 self._log.warning("succeeded after retry", attempts=len(attempts) + 1)
             break
+        self._drift.repaired()
 
         self._num_chains = len(self._refcounts)
         self._gauge_chains.set(self._num_chains)

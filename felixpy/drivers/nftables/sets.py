@@ -165,6 +165,22 @@ class NftSets:
             if snap is None or snap.kind != st.kind or snap.unparsed or snap.members != st.effective(self.ip_version):
                 self.dirty.add(name)
 
+    def drift(self, believed: dict[str, SetSnapshot], found: dict[str, SetSnapshot]) -> tuple[int, int]:
+        """(sets, members) changed behind our back (*believed* → *found*) that the next plan rewrites."""
+        sets = members = 0
+        for name in self.dirty:
+            old, new, st = believed.get(name), found.get(name), self._sets.get(name)
+            if old is None and new is None:
+                continue
+            if old is None or new is None or old.kind != new.kind:
+                sets += 1  # created, deleted or retyped by someone else
+                continue
+            if old.members == new.members:
+                continue
+            want = st.effective(self.ip_version) if st is not None else set()
+            members += len((old.members - new.members) & want) + len((new.members - old.members) - want)
+        return sets, members
+
     def needs_recreate(self, dp: dict[str, SetSnapshot], full: bool) -> list[str]:
         """Desired, dirty sets that exist in the dataplane with another kind (type change)."""
         if full:

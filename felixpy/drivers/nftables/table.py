@@ -54,6 +54,7 @@ from typing import Any
 
 import structlog
 
+from felixpy.drivers.drift import DriftTally, rule_drift
 from felixpy.drivers.generictables import model as m
 from felixpy.drivers.generictables.table import MapMetadata
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
@@ -171,6 +172,8 @@ class NftablesTable:
         self._last_read = 0.0
         self._reason = "start of day"
         self._sets_resync = False   # queue_resync(): re-read the sets only
+        self._read_before = False   # a listing with a belief to compare against: drift is countable
+        self._drift = DriftTally(self._log)
 
         labels = (str(ip_version), TABLE_NAME)
         self._g_chains = metrics.NFT_CHAINS.labels(*labels)
@@ -395,6 +398,7 @@ class NftablesTable:
                 backoff *= 2
                 continue
             self._commit(plan)
+            self._drift.repaired()
             if failures:
                 self._log.warning("nftables transaction succeeded after retries", failures=failures)
             return
@@ -461,8 +465,9 @@ class NftablesTable:
             self.invalidate_dataplane_cache("table missing at IP set resync")
             self._load_dataplane_state()
             return
-        self._dp_sets = parse_table(objs, self.ip_version).sets
+        old_sets, self._dp_sets = self._dp_sets, parse_table(objs, self.ip_version).sets
         self.sets.resync(self._dp_sets)
+        self._count_set_drift(old_sets)
         self._log.debug("Re-read nftables sets", sets=len(self._dp_sets), dirty=len(self.sets.dirty))
 
     def _load_dataplane_state(self) -> None:
@@ -471,13 +476,35 @@ class NftablesTable:
         self._last_read = self._now()
         snap = parse_table(objs or (), self.ip_version)
         self._table_present = objs is not None
+        old_chains, old_sets = self._dp_chains, self._dp_sets
         self._dp_chains, self._dp_sets, self._dp_maps = snap.chains, snap.sets, snap.maps
         self._dp_others = snap.others
         self._resync_dirty()
         self._in_sync = True
+        # Each listing replaces the view: a re-listing after a failed (atomic, so changing nothing)
+        # transaction finds nothing new, and what the first listing found stays counted until a commit.
+        if self._read_before:
+            for name in self._dirty_chains:
+                old, new = old_chains.get(name), self._dp_chains.get(name)
+                if old is None and new is None or old is not None and new is not None and old.hashes == new.hashes \
+                        and old.base == new.base:
+                    continue  # not touched by anyone else: a pending change of ours
+                if old is None or new is None or old.base != new.base:
+                    self._drift.found("chain")
+                else:
+                    self._drift.found("rule", rule_drift(old.hashes, new.hashes))
+            self._count_set_drift(old_sets)
+        self._read_before = True
         self._log.debug("Loaded nftables state", reason=self._reason, chains=len(snap.chains),
                         rules=snap.num_rules, sets=len(snap.sets), maps=len(snap.maps),
                         dirty_chains=len(self._dirty_chains))
+
+    def _count_set_drift(self, old_sets: dict[str, SetSnapshot]) -> None:
+        if not self._read_before:
+            return
+        sets, members = self.sets.drift(old_sets, self._dp_sets)
+        self._drift.found("set", sets)
+        self._drift.found("set_member", members)
 
     def _expected_hashes(self, name: str) -> list[str]:
         return self._hashes_by_chain[name]

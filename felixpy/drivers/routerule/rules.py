@@ -28,6 +28,7 @@ from collections.abc import Iterable
 
 import structlog
 
+from felixpy.drivers.drift import DriftTally
 from felixpy.drivers.netlink.api import NetlinkFactory
 from felixpy.drivers.netlink.handle import CachedHandle
 from felixpy.drivers.netlink.errors import NetlinkCallError
@@ -56,6 +57,8 @@ class RouteRules:
         self._active: list[Rule] = []
         self._in_sync = False
         self.log = log.bind(ip_version=ip_version)
+        self._programmed: list[Rule] | None = None  # what the last successful apply left (None: never applied)
+        self._drift = DriftTally(self.log)
 
     def _find(self, rule: Rule, match: RulesMatch) -> Rule | None:
         return next((r for r in self._active if match(r, rule)), None)
@@ -100,6 +103,13 @@ class RouteRules:
                 to_add.remove(active)
             elif self._find(rule, self._match_update) is None:
                 to_remove.append(rule)
+        self._drift.forget()
+        if self._programmed is not None:
+            # Believed there and still wanted, yet missing; or one of ours appeared that we never wrote.
+            self._drift.found("ip_rule", sum(1 for r in to_add
+                                             if any(self._match_update(p, r) for p in self._programmed)))
+            self._drift.found("ip_rule", sum(1 for r in to_remove
+                                             if not any(self._match_update(p, r) for p in self._programmed)))
         failures = []
         for rule in to_remove:
             try:
@@ -118,6 +128,8 @@ class RouteRules:
             raise DataplaneError(f"route rule updates failed: {failures}")
         if to_add or to_remove:
             self.log.info("route rules reconciled", added=len(to_add), removed=len(to_remove))
+        self._drift.repaired()
+        self._programmed = list(self._active)
         self._in_sync = True
 
     def _drop_handle(self) -> None:

@@ -60,6 +60,7 @@ from felixpy.drivers.netlink.types import (
     Route,
     family_of,
 )
+from felixpy.drivers.drift import DriftTally
 from felixpy.drivers.routetable import metrics
 from felixpy.drivers.routetable.conntrack import ConntrackCleanupTracker, NoConntrackCleanup
 from felixpy.drivers.routetable.defs import ROUTE_SHAPE, Target, canonical_cidr
@@ -120,6 +121,8 @@ class RouteTable:
         self._g_ifaces = metrics.num_ifaces.labels(label)
 
         self._full_resync = True
+        self._resynced_before = False  # a full resync with a belief to compare: drift is countable
+        self._drift = DriftTally(self.log)
         self._ifaces_to_rescan: set[str] = set()
         # Inputs: class -> iface -> cidr -> target, and the reverse index.
         self._iface_to_routes: dict[RouteClass, dict[str | None, dict[str, Target]]] = defaultdict(dict)
@@ -365,6 +368,7 @@ class RouteTable:
         else:
             self._resync_ifaces(nl)
         self._apply_updates(nl)
+        self._drift.repaired()
         self._maybe_clean_grace()
         self._g_routes.set(self.kernel.desired_len())
         self._g_ifaces.set(len(self._name_to_index))
@@ -416,10 +420,14 @@ class RouteTable:
             self._on_iface_seen(route.oif)
             if self._route_is_ours(route):
                 owned[route.key] = route
-        for key, old in list(self.kernel.dataplane_items()):
+        believed = dict(self.kernel.dataplane_items())
+        for key, old in believed.items():
             if key not in owned:
                 self.conntrack.on_dataplane_route_deleted(key[0], old.oif)
         self.kernel.replace_dataplane(owned)
+        if self._resynced_before:
+            self._count_drift(believed, owned)
+        self._resynced_before = True
         if self._pending_arps:
             self._drop_arps_already_present(nl)
         self._ifaces_to_rescan.clear()
@@ -429,6 +437,13 @@ class RouteTable:
                       to_delete=self.kernel.num_pending_deletions(),
                       seconds=round(time.monotonic() - start, 4))
         metrics.resync_seconds.observe(time.monotonic() - start)
+
+    def _count_drift(self, believed: dict[Key, Route], found: dict[Key, Route]) -> None:
+        """Routes changed behind our back (believed → found) that this apply rewrites or deletes."""
+        n = sum(1 for k in self.kernel.pending_update_keys() if k in believed and found.get(k) != believed[k])
+        n += sum(1 for k in self.kernel.pending_deletions()
+                 if k not in believed and k in found and not self._in_grace(found[k].oif))
+        self._drift.found("route", n)
 
     def _drop_arps_already_present(self, nl: Netlink) -> None:
         """Static ARP entries the kernel already has (permanent, same MAC) need no write.

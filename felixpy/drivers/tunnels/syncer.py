@@ -62,6 +62,7 @@ from felixpy.drivers.tunnels.api import (
     VXLANDesired,
     WireguardDesired,
 )
+from felixpy.drivers.drift import DriftTally
 from felixpy.drivers.tunnels.devices import VXLANDeviceSpec, ensure_simple_device, ensure_vxlan_device
 from felixpy.drivers.tunnels.wgkeys import generate_private_key, public_key_of
 from felixpy.errors import DataplaneError, FelixpyError, UnsupportedFeature
@@ -103,6 +104,8 @@ class TunnelDevices:
         self.unsupported: dict[str, str] = {}  # device name -> reason
         self._listeners: list[CreationListener] = []
         self.log = log.bind(ip_version=ip_version)
+        self._ensured: dict[str, DeviceDesired] = {}  # the spec each device was last made right with
+        self._drift = DriftTally(self.log)
 
     # ------------------------------------------------------------------ inputs
     def add_creation_listener(self, listener: CreationListener) -> None:
@@ -169,6 +172,7 @@ class TunnelDevices:
         errors: list[Exception] = list(newly_unsupported)
         if failures:
             errors.append(DataplaneError(f"tunnel devices failed: {failures}"))
+        self._drift.repaired()
         if len(errors) == 1:
             raise errors[0]
         if errors:
@@ -225,6 +229,9 @@ class TunnelDevices:
             if isinstance(desired, WireguardDesired):
                 public = self._configure_wireguard(nl, desired)
         previous = self._status.get(desired.name)
+        if created and self._ensured.get(desired.name) == desired:
+            self._drift.found("device")  # same spec as last time, yet it had to be made again
+        self._ensured[desired.name] = desired
         created = created or previous is None or previous.index != link.index
         self._status[desired.name] = DeviceStatus(link.name, link.index, link.mtu, link.oper_up, public)
         if created:

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 import structlog
 
 from felixpy.deltatracker import DeltaTracker
+from felixpy.drivers.drift import DriftTally
 from felixpy.drivers.netlink.api import Netlink, NetlinkFactory
 from felixpy.drivers.netlink.handle import CachedHandle
 from felixpy.drivers.netlink.errors import NetlinkCallError
@@ -53,6 +54,7 @@ class VXLANFDB:
         self.fdb: DeltaTracker[str, tuple[str, str]] = DeltaTracker()
         self._resync_pending = True
         self.log = log.bind(iface=iface_name, ip_version=ip_version)
+        self._drift = DriftTally(self.log)
 
     def on_iface_state(self, name: str, state: IfaceState, index: int) -> None:
         if name != self.iface_name:
@@ -96,6 +98,7 @@ class VXLANFDB:
         # All ARP/NDP replaces in one call (one ``ip -batch`` for the lot, not one process per entry:
         # 5,000 remote VTEPs took ~60 % of a cold start that way); results come back per entry.
         arp_updates = list(self.arp.pending_updates())
+        written_ips: set[str] = set()
         if arp_updates:
             errs = nl.neighs_replace([Neigh(self.family, self.ifindex, ip, lladdr)
                                       for _mac, (ip, lladdr) in arp_updates])
@@ -104,8 +107,14 @@ class VXLANFDB:
                     failures.append(f"arp {ip}: errno {err}")
                 else:
                     self.arp.set_dataplane(mac, (ip, lladdr))
+                    written_ips.add(ip)
         for mac in self.arp.pending_deletions():
             ip, lladdr = self.arp.get_dataplane(mac) or ("", mac)
+            if ip in written_ips:
+                # The kernel keys neighbours by address: deleting the old MAC's entry would delete the
+                # entry just written for that address (a VTEP whose MAC changed, or a foreign rewrite).
+                self.arp.delete_dataplane(mac)
+                continue
             try:
                 nl.neigh_del(Neigh(self.family, self.ifindex, ip, lladdr))
             except NetlinkCallError as exc:
@@ -131,6 +140,7 @@ class VXLANFDB:
             self._drop_handle()
             self.log.warning("VXLAN FDB updates failed", failures=failures[:5], count=len(failures))
             raise DataplaneError(f"VXLAN FDB updates failed on {self.iface_name}: {failures[:5]}")
+        self._drift.repaired()
 
     def _resync(self, nl: Netlink) -> None:
         try:
@@ -145,7 +155,10 @@ class VXLANFDB:
         if not link.oper_up:
             self.ifindex = 0
             return
+        # Drift only on the same device as last read: a recreated device lost its entries with it.
+        same_device = link.index == self.ifindex != 0
         self.ifindex = link.index
+        believed_arp, believed_fdb = dict(self.arp.dataplane_items()), dict(self.fdb.dataplane_items())
         self.arp.replace_dataplane({
             n.lladdr: (canon_ip(n.dst), n.lladdr) for n in nl.neigh_list(link.index, self.family)
             if n.lladdr and n.state & NUD_PERMANENT
@@ -154,6 +167,13 @@ class VXLANFDB:
             e.mac: (canon_ip(e.dst), e.mac) for e in nl.fdb_list(link.index)
             if e.dst and e.state & NUD_PERMANENT and e.mac != "00:00:00:00:00:00"
         })
+        if same_device:
+            # The view is replaced by every read: what a failed write left out is not counted again.
+            for kind, tracker, believed in (("neighbour", self.arp, believed_arp), ("fdb", self.fdb, believed_fdb)):
+                n = sum(1 for k in tracker.pending_update_keys() if k in believed
+                        and tracker.get_dataplane(k) != believed[k])
+                n += sum(1 for k in tracker.pending_deletions() if k not in believed)
+                self._drift.found(kind, n)
 
     def _drop_handle(self) -> None:
         self._nl.drop()
