@@ -11,6 +11,7 @@ mode is not a daemon mode yet, so there is none.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -76,7 +77,7 @@ class IptablesReader:
         tables = [t for t in ipt_parse.table_names(names.stdout) if t in LEGACY_TABLES] if names.ok else []
         if "filter" not in tables:
             return None
-        futs = {t: in_background(lambda t=t: runner.run([*self.save_command(ip_version), "-t", t]))
+        futs = {t: in_background(functools.partial(runner.run, [*self.save_command(ip_version), "-t", t]))
                 for t in tables if t != "filter"}
         filt = runner.run([*self.save_command(ip_version), "-t", "filter"])
         if not filt.ok or not ipt_parse.has_felixpy_chains(filt.stdout):
