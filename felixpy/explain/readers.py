@@ -22,6 +22,7 @@ from felixpy.drivers.cmdshim import CommandResult, CommandRunner
 from felixpy.explain.host import HostView, host_view
 
 if TYPE_CHECKING:
+    from felixpy.explain.nft_netlink import NftNetlink
     from felixpy.explain.ruleset import IPSetContents, Ruleset
 
 # The parsers (and the rule model under them, ~0.1 s of class building) are imported where they are
@@ -133,6 +134,18 @@ class NftablesReader:
             res = runner.run(["nft", "-j", "list", kind, family, nft_parse.TABLE, name])
             return res.stdout if res.ok else None
 
+        fast = _netlink_reader(runner, ip_version)
+        if fast is not None:
+            # One filtered netlink dump per chain, set and map (the nft CLI only for what it cannot
+            # decode); the probe is whether the table's forward chain exists.
+            try:
+                if fast.chain("filter-FORWARD") is None:
+                    return None
+            except Exception:     # noqa: BLE001 — anything odd about the socket: the CLI alone
+                fast = None
+            else:
+                return nft_parse.lazy_ruleset(list_object, ip_version, _nft_base_chains(), fast=fast)
+
         probe = list_object("chain", "filter-FORWARD")
         if probe is None:
             return None
@@ -143,6 +156,20 @@ class NftablesReader:
             return got if got is not None else list_object(kind, name)
 
         return nft_parse.lazy_ruleset(listing, ip_version, _nft_base_chains())
+
+
+def _netlink_reader(runner: CommandRunner, ip_version: int) -> NftNetlink | None:
+    """A netlink reader in the runner's namespace — only for the real runner (a fake runner's
+    kernel is its answers to command lines, not a socket), and only where the socket opens."""
+    from felixpy.drivers.cmdshim import SubprocessRunner
+    from felixpy.explain.nft_netlink import NftNetlink
+
+    if type(runner) is not SubprocessRunner:
+        return None
+    try:
+        return NftNetlink(runner.netns, ip_version)
+    except OSError:
+        return None
 
 
 def from_iptables_text(save: str | dict[str, str], ipset_save: str, ip_version: int, mode: str) -> Ruleset:
