@@ -31,7 +31,7 @@ from felixpy.explain.ruleset import AnyAction, AnyCriterion, HookEntry, IPSetCon
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_NFTABLES = 10
 NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM = 4, 7, 10, 13
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP = 0x1, 0x4, 0x300
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR = 0x1, 0x4, 0x300, 0x10
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 NFPROTO = {4: 2, 6: 10}
 HOOKS = {0: "prerouting", 1: "input", 2: "forward", 3: "output", 4: "postrouting"}
@@ -101,39 +101,52 @@ class NftNetlink:
         self.sock = call_in_netns(netns, lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW,
                                                                NETLINK_NETFILTER))
         self.sock.bind((0, 0))
+        self.sock.settimeout(30)
         self.seq = 0
 
     def close(self) -> None:
         self.sock.close()
 
     def request(self, msg_type: int, payload: bytes, dump: bool) -> list[bytes] | None:
-        """The messages' attribute bytes (after nfgenmsg); None when the kernel says the object is missing."""
+        """The messages' attribute bytes (after nfgenmsg); None when the kernel says the object is missing.
+
+        A dump the ruleset changed under (``NLM_F_DUMP_INTR``, the daemon is running) is asked again."""
+        for _ in range(5):
+            try:
+                got, interrupted = self._request_once(msg_type, payload, dump)
+            except OSError as exc:    # a timeout, a full buffer: the CLI instead
+                raise Undecodable(f"netlink: {exc}") from exc
+            if not interrupted:
+                return got
+        raise Undecodable("the ruleset kept changing during the dump")
+
+    def _request_once(self, msg_type: int, payload: bytes, dump: bool) -> tuple[list[bytes] | None, bool]:
         self.seq += 1
         flags = NLM_F_REQUEST | (NLM_F_DUMP if dump else NLM_F_ACK)
         body = struct.pack("=BBH", self.family, 0, 0) + payload
         hdr = struct.pack("=IHHII", 16 + len(body), (NFNL_SUBSYS_NFTABLES << 8) | msg_type, flags, self.seq, 0)
         self.sock.send(hdr + body)
         out: list[bytes] = []
+        interrupted = False
         while True:
             data = self.sock.recv(1 << 20)
             pos = 0
             while pos + 16 <= len(data):
-                ln, typ, _flags, seq, _pid = struct.unpack_from("=IHHII", data, pos)
+                ln, typ, mflags, seq, _pid = struct.unpack_from("=IHHII", data, pos)
                 if ln < 16:
                     raise Undecodable("short netlink message")
                 if seq == self.seq:
+                    interrupted = interrupted or bool(mflags & NLM_F_DUMP_INTR)
                     if typ == NLMSG_ERROR:
                         err = struct.unpack_from("=i", data, pos + 16)[0]
                         if err == 0:          # the ACK of a non-dump GET
-                            return out
+                            return out, interrupted
                         if -err == 2:         # ENOENT
-                            return None
+                            return None, False
                         raise Undecodable(f"netlink error {os.strerror(-err)}")
                     if typ == NLMSG_DONE:
-                        return out
+                        return out, interrupted
                     out.append(data[pos + 20:pos + ln])   # after nlmsghdr (16) + nfgenmsg (4)
-                    if not dump and not (_flags & 0x2):   # NLM_F_MULTI: more follow
-                        pass
                 pos += (ln + 3) & ~3
 
     # -------------------------------------------------------------------------- objects
