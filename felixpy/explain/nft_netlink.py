@@ -278,19 +278,24 @@ def _addr(b: bytes, alen: int) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
 
 
 def _intervals(keys: list[tuple[bytes, int]], alen: int) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    """An interval set's elements (a start, then an end flagged INTERVAL_END = last + 1) → networks."""
+    """An interval set's elements → networks.  Each interval is a start element and an end element
+    flagged INTERVAL_END holding last + 1 (none when the interval runs to the top of the space);
+    adjacent intervals share a value, the end of one sorting before the start of the next.  An end
+    with no interval open (nft writes one at 0 when the space's start is not a member) ends nothing."""
     top = 2 ** (8 * alen)
-    points = sorted((int.from_bytes(k[:alen], "big"), fl & NFT_SET_ELEM_INTERVAL_END) for k, fl in keys)
+    points = sorted((int.from_bytes(k[:alen], "big"), 0 if fl & NFT_SET_ELEM_INTERVAL_END else 1) for k, fl in keys)
     out: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
     start: int | None = None
-    for value, is_end in points:
-        if is_end:
-            if start is not None and value > start:
+    for value, is_start in points:
+        if not is_start:
+            if start is not None:
+                if value <= start:
+                    raise Undecodable("empty interval")
                 out.extend(_summarize(start, value - 1, alen))
             start = None
+        elif start is not None:
+            raise Undecodable("interval start inside an interval")
         else:
-            if start is not None:                  # two starts in a row: the first ran to here
-                out.extend(_summarize(start, value - 1, alen))
             start = value
     if start is not None:
         out.extend(_summarize(start, top - 1, alen))

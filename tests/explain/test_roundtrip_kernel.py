@@ -153,6 +153,12 @@ def test_nft_listing_round_trip(netns: str, v: int) -> None:
         chain_of[i] = f"filter-cali-r{i}"
         cmds.append({"add": {"chain": {**t, "name": chain_of[i]}}})
         cmds.append({"add": {"rule": {**t, "chain": chain_of[i], "expr": rule_expr(rule, v)}}})
+    # Adjacent members: the kernel holds one end and the next start at the same value.
+    halves = list(member.subnets(prefixlen_diff=2))[:2]
+    adjacent = [str(n) for n in halves] + [str(f["local"])]
+    cmds.append({"add": {"set": {**t, "name": f"cali{v}0s-adj", "type": addr_t, "flags": ["interval"],
+                                 "elem": [{"prefix": {"addr": str(n.network_address), "len": n.prefixlen}}
+                                          for n in halves] + [str(f["local"])]}}})
     cmds.append({"add": {"map": {**t, "name": "filter-cali-m", "type": "ifname", "map": "verdict",
                                  "elem": [["calia", {"goto": {"target": chain_of[0]}}], ["calib", {"drop": None}]]}}})
     nsmod.run_in(netns, "nft", "-j", "-f", "-", input=json.dumps({"nftables": cmds}))
@@ -184,6 +190,10 @@ def test_nft_listing_round_trip(netns: str, v: int) -> None:
     assert {n for k, n in listed if k == "chain"} == {chain_of[i] for i in undecodable}
     assert not [n for k, n in listed if k == "set"], "named sets decode over netlink"
     assert nl.set_contents(f"cali{v}0s-a") is not None and nl.set_contents("nope") is None
+    adj, adj_cli = nl.set_contents(f"cali{v}0s-adj"), rs.sets(f"cali{v}0s-adj")
+    assert adj is not None and adj_cli is not None
+    assert sorted(map(str, adj.nets)) == sorted(map(str, adj_cli.nets)) == sorted(
+        str(ipaddress.ip_network(a)) for a in adjacent)
     assert nl.chain("no-such-chain") is None
     vmap = nl.map_elements("filter-cali-m")
     assert vmap is not None and nl.map_elements("no-such-map") is None
