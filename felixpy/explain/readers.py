@@ -3,8 +3,10 @@
 Each reader runs the mode's own dump tool through the command shim (so a namespace
 is just ``SubprocessRunner(netns=…)``) and recognises felixpy's state the way the
 drivers do after a restart: ``cali-`` chains in ``ip[6]tables-save``, the ``calico``
-table in nftables.  :func:`read_kernel` tries them in turn (nftables, iptables-nft,
-iptables-legacy) and says which one holds felixpy's state — or that none does.  A
+table in nftables (whose chains, sets and maps a single answer reads over netlink,
+:mod:`.nft_netlink`, when the runner is the real one).  :func:`read_kernel` tries them
+in turn (nftables, iptables-nft, iptables-legacy) and says which one holds felixpy's
+state — or that none does.  A
 BPF reader (maps, ifstate, the policy programs' IR) is another :class:`Reader`; BPF
 mode is not a daemon mode yet, so there is none.
 """
