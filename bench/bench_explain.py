@@ -44,11 +44,15 @@ RAW = {"iptables-legacy": ["iptables-legacy-save"], "iptables-nft": ["iptables-n
        "nftables": ["nft", "-j", "list", "table", "ip", "calico"]}
 
 
-def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, str, float]:
-    """(wall seconds, stdout, CPU seconds: user + system of the process and everything it ran)."""
+def timed(argv: list[str], env: dict[str, str] | None = None, cwd: str = "/") -> tuple[float, str, float]:
+    """(wall seconds, stdout, CPU seconds: user + system of the process and everything it ran).
+
+    ``cwd``: ``python -m`` puts the working directory first on ``sys.path``, so it decides which
+    felixpy tree runs (``/``: the installed one; a baseline runs from its own directory)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=300, env=env).stdout
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=300, env=env,
+                         cwd=cwd).stdout
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, out, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -85,12 +89,12 @@ def one_mode(mode: str, n_workloads: int, n_policies: int, runs: int,
                 answers.append(t)
                 cpus.append(cpu)
                 if base_env is not None:
-                    t, base_out, cpu = timed(cli, env=base_env)
+                    t, base_out, cpu = timed(cli, env=base_env, cwd=str(baseline))
                     base.append(t)
                     base_cpus.append(cpu)
                     if json.loads(base_out)["verdict"] != json.loads(last)["verdict"]:
                         raise SystemExit(f"{mode}: the baseline's verdict differs")
-            t_raw, raw_out, raw_cpu = timed(["ip", "netns", "exec", node.netns, *RAW[mode]])  # once: 40 s in nft
+            t_raw, raw_out, raw_cpu = timed(["ip", "netns", "exec", node.netns, *RAW[mode]])  # once: 20 s in nft
             raws.append(t_raw)
             raw_cpus.append(raw_cpu)
             result = json.loads(last)
