@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """0: explained; 2: bad arguments; 3: the kernel holds no felixpy state."""
+    """0: explained; 2: bad arguments; 3: the kernel holds no felixpy state explain can read (none, or
+    BPF mode, whose programs it cannot read yet)."""
     try:
         pkt = make_packet(args.src, args.dst, args.proto, sport=args.sport, dport=args.dport,
                           icmp_type=args.icmp_type, icmp_code=args.icmp_code)
