@@ -10,7 +10,10 @@ process per answer, as an operator runs it (interpreter start, kernel read, pars
 evaluate, print) — beside the raw dump tool it has to run (``ip[6]tables-*-save`` /
 ``nft -j list table``), measured in the same run.  The namespace is deleted afterwards.
 
-Usage: ``.venv/bin/python bench/bench_explain.py [--workloads 5000] [--policies 1000] [--modes …] [--runs 5]``.
+Usage: ``.venv/bin/python bench/bench_explain.py [--workloads 5000] [--policies 1000] [--modes …] [--runs 5]
+[--baseline DIR]``; ``--baseline`` times, in the same run and alternating with this tree's answers, the
+CLI of another felixpy tree (e.g. ``git archive <rev> felixpy | tar -x -C DIR`` plus the generated proto
+modules) run with ``PYTHONPATH=DIR`` — a before/after on the same kernel state and load.
 """
 
 from __future__ import annotations
@@ -41,17 +44,22 @@ RAW = {"iptables-legacy": ["iptables-legacy-save"], "iptables-nft": ["iptables-n
        "nftables": ["nft", "-j", "list", "table", "ip", "calico"]}
 
 
-def timed(argv: list[str]) -> tuple[float, str, float]:
-    """(wall seconds, stdout, CPU seconds: user + system of the process and everything it ran)."""
+def timed(argv: list[str], env: dict[str, str] | None = None, cwd: str = "/") -> tuple[float, str, float]:
+    """(wall seconds, stdout, CPU seconds: user + system of the process and everything it ran).
+
+    ``cwd``: ``python -m`` puts the working directory first on ``sys.path``, so it decides which
+    felixpy tree runs (``/``: the installed one; a baseline runs from its own directory)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=300).stdout
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=300, env=env,
+                         cwd=cwd).stdout
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, out, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def one_mode(mode: str, n_workloads: int, n_policies: int, runs: int) -> dict[str, object]:
+def one_mode(mode: str, n_workloads: int, n_policies: int, runs: int,
+             baseline: str | None = None) -> dict[str, object]:
     names = iface_names(n_workloads)
     with topology.node("fpyexpl") as node:
         wls = [node.add_workload(f"w{i}", v4(i), v6(i), iface=names[i]) for i in (0, 1)]
@@ -73,13 +81,20 @@ def one_mode(mode: str, n_workloads: int, n_policies: int, runs: int) -> dict[st
             # members of s:clients-1 on 8001 — workload 0 is not one of them, pol-2's rule 3 (pool CIDR) allows.
             cli = [sys.executable, "-m", "felixpy", "explain", "--netns", node.netns, "--src", v4(0),
                    "--dst", v4(1), "--proto", "tcp", "--dport", "8001", "--json"]
-            answers, cpus, raws, raw_cpus = [], [], [], []
+            answers, cpus, raws, raw_cpus, base, base_cpus = [], [], [], [], [], []
+            base_env = {**os.environ, "PYTHONPATH": baseline} if baseline else None
             last = ""
             for _ in range(runs):
                 t, last, cpu = timed(cli)
                 answers.append(t)
                 cpus.append(cpu)
-            t_raw, raw_out, raw_cpu = timed(["ip", "netns", "exec", node.netns, *RAW[mode]])  # once: 40 s in nft
+                if base_env is not None:
+                    t, base_out, cpu = timed(cli, env=base_env, cwd=str(baseline))
+                    base.append(t)
+                    base_cpus.append(cpu)
+                    if json.loads(base_out)["verdict"] != json.loads(last)["verdict"]:
+                        raise SystemExit(f"{mode}: the baseline's verdict differs")
+            t_raw, raw_out, raw_cpu = timed(["ip", "netns", "exec", node.netns, *RAW[mode]])  # once: 20 s in nft
             raws.append(t_raw)
             raw_cpus.append(raw_cpu)
             result = json.loads(last)
@@ -89,7 +104,9 @@ def one_mode(mode: str, n_workloads: int, n_policies: int, runs: int) -> dict[st
     return {"mode": mode, "programmed_s": programmed, "load": os.getloadavg()[0], "answer_median": statistics.median(answers),
             "answer_min": min(answers), "answer_max": max(answers), "raw_median": statistics.median(raws),
             "cpu_median": statistics.median(cpus), "raw_cpu": raw_cpus[0],
-            "rules": rules, "verdict": result["verdict"], "decided_by": result["decided_by"]}
+            "rules": rules, "verdict": result["verdict"], "decided_by": result["decided_by"],
+            "base_median": statistics.median(base) if base else None,
+            "base_cpu": statistics.median(base_cpus) if base_cpus else None}
 
 
 def main() -> None:
@@ -98,14 +115,18 @@ def main() -> None:
     ap.add_argument("--policies", type=int, default=1000)
     ap.add_argument("--modes", nargs="*", default=list(MODES))
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--baseline", metavar="DIR", help="also time the explain CLI of the felixpy tree in DIR")
     args = ap.parse_args()
     print(f"| mode | rules (v4 dump) | daemon InSync | explain answer, wall: median (min–max) of {args.runs} | "
           "explain CPU (user+sys, with the tools it runs) | whole dump with the raw tool: wall / CPU | verdict | "
           "load avg | goal ≤ 1 s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for mode in args.modes:
-        r = one_mode(mode, args.workloads, args.policies, args.runs)
+        r = one_mode(mode, args.workloads, args.policies, args.runs, args.baseline)
         ok = "✅" if float(r["answer_median"]) <= 1.0 else "❌"  # type: ignore[arg-type]
+        if r["base_median"] is not None:
+            print(f"<!-- {mode} baseline ({args.baseline}): answer median {r['base_median']:.2f} s, "
+                  f"CPU {r['base_cpu']:.2f} s -->", flush=True)
         print(f"| {mode} | {r['rules']} | {r['programmed_s']:.0f} s | {r['answer_median']:.2f} s "
               f"({r['answer_min']:.2f}–{r['answer_max']:.2f}) | {r['cpu_median']:.2f} s | {r['raw_median']:.2f} s / "
               f"{r['raw_cpu']:.2f} s | {r['verdict']} | {r['load']:.1f} | {ok} |",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from felixpy.testing import netns as nsmod
 from felixpy.testing.daemon import REPO
 from fv.datastore import addr, datastore, nets, policy, tier, workload
 from fv.expect import ICMP, TCP, Expect
-from fv.harness import FamilyView
+from fv.harness import FamilyView, FvNode
 
 pytestmark = pytest.mark.fv
 
@@ -83,3 +84,26 @@ def test_cli_says_when_the_state_is_not_felixpys(fv: FamilyView) -> None:
 def test_cli_rejects_bad_input(fv: FamilyView) -> None:
     res = explain(fv.node.netns, "--src", "10.0.0.1", "--dst", "fd00::1", "--proto", "tcp")
     assert res.returncode == 2 and "different IP versions" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.fixture(scope="module")
+def bpfnode() -> Iterator[FvNode]:
+    pytest.importorskip("bcc")
+    node = FvNode.create("bpf-legacy")
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("v", [4, 6])
+def test_cli_says_bpf_mode_is_not_readable_yet(bpfnode: FvNode, v: int) -> None:
+    """In BPF mode policy runs in the programs; the *tables hold only the guards around them, which
+    alone would deny every workload packet.  explain says so (exit 3) rather than answer wrongly."""
+    fv = FamilyView(bpfnode, v)
+    fv.apply(datastore(workloads=[workload("a"), workload("b")]))
+    fv.check(Expect(True), (TCP,), names=["a", "b"])
+    res = explain(bpfnode.netns, "--src", fv.addr("a"), "--dst", fv.addr("b"), "--proto", "tcp", "--dport", "8080")
+    assert res.returncode == 3, res.stdout
+    assert "BPF mode" in res.stderr and "Traceback" not in res.stderr

@@ -10,6 +10,9 @@ the daemon running or stopped — and evaluates one packet against it:
   parsers of ``ip[6]tables-save``, ``nft -j list table``, ``ipset save`` and ``ip -j``
   output into :mod:`.ruleset` (rules as the typed criteria of
   :mod:`felixpy.drivers.generictables.model`, parsed lazily per chain);
+* :mod:`.nft_netlink` — nftables chains, sets and maps read one object at a time over
+  netlink and decompiled into the same criteria (what nft's CLI costs per listing at
+  1,000 IP sets is why); what it cannot decode is listed with nft instead;
 * :mod:`.evaluate` — netfilter's traversal (hooks in priority order, jumps, gotos,
   returns, marks, verdict maps) for a NEW packet, recording every rule that fired;
 * :mod:`.path` — the trace mapped back to what an operator thinks in: hook, dispatch

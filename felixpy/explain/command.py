@@ -6,10 +6,8 @@ import argparse
 import sys
 
 from felixpy.drivers.cmdshim import SubprocessRunner
-from felixpy.explain.output import to_json, to_text
 from felixpy.explain.packet import make_packet
-from felixpy.explain.query import NotFelixpyState, explain_packet
-from felixpy.explain.readers import READERS, read_kernel
+from felixpy.explain.readers import READERS, in_background, read_kernel
 
 EXIT_NOT_FELIXPY = 3
 
@@ -31,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """0: explained; 2: bad arguments; 3: the kernel holds no felixpy state."""
+    """0: explained; 2: bad arguments; 3: the kernel holds no felixpy state explain can read (none, or
+    BPF mode, whose programs it cannot read yet)."""
     try:
         pkt = make_packet(args.src, args.dst, args.proto, sport=args.sport, dport=args.dport,
                           icmp_type=args.icmp_type, icmp_code=args.icmp_code)
@@ -39,7 +38,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"felixpy explain: {exc}", file=sys.stderr)
         return 2
     runner = SubprocessRunner(netns=args.netns)
-    state = read_kernel(runner, pkt.ip_version, mode=args.mode)
+    reading = in_background(lambda: read_kernel(runner, pkt.ip_version, mode=args.mode))
+    # The evaluator, the rule model and the printer are imported while the dump tools run.
+    from felixpy.explain.output import to_json, to_text
+    from felixpy.explain.query import NotFelixpyState, explain_packet
+
+    state = reading.result()
     try:
         ex = explain_packet(state, pkt, from_iface=args.from_iface, to_iface=args.to_iface)
     except NotFelixpyState as exc:

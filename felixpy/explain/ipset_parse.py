@@ -59,19 +59,38 @@ def contents(name: str, ipset_type: str, members: Iterable[str]) -> IPSetContent
 
 
 class IPSetSave:
-    """Membership over one ``ipset save`` dump; each set's members are parsed at first use."""
+    """Membership over one ``ipset save`` dump; a set's lines are found (``create`` then its ``add``
+    lines, as ``ipset save`` prints them) and parsed only when a packet meets the set."""
 
     def __init__(self, text: str) -> None:
-        self._raw = group_save(text)
+        self._text = text if text.startswith("\n") else "\n" + text
         self._parsed: dict[str, IPSetContents | None] = {}
+
+    def _lines(self, name: str) -> tuple[str, list[str]] | None:
+        t = self._text
+        i = t.find(f"\ncreate {name} ")
+        if i < 0:
+            return None
+        eol = t.find("\n", i + 1)
+        eol = len(t) if eol < 0 else eol
+        parts = t[i + 1:eol].split()
+        prefix = f"\nadd {name} "
+        members: list[str] = []
+        pos = eol
+        while t.startswith(prefix, pos):
+            nl = t.find("\n", pos + 1)
+            nl = len(t) if nl < 0 else nl
+            members.append(t[pos + len(prefix):nl].split(" ", 1)[0])
+            pos = nl
+        return (parts[2] if len(parts) >= 3 else ""), members
 
     def __call__(self, name: str) -> IPSetContents | None:
         if name in self._parsed:
             return self._parsed[name]
-        raw = self._raw.get(name)
+        raw = self._lines(name)
         got = contents(name, *raw) if raw is not None else None
         self._parsed[name] = got
         return got
 
     def names(self) -> list[str]:
-        return list(self._raw)
+        return list(group_save(self._text))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from felixpy.drivers.generictables import model as m
 from felixpy.explain.packet import ICMP_CODES, ICMP_TYPES, ICMPV6_CODES, ICMPV6_TYPES, protocol_number
@@ -335,10 +335,23 @@ def ruleset_from_json(objs: Iterable[Mapping[str, Any]], ip_version: int, backen
                    sets=lookup, maps=maps)
 
 
-def lazy_ruleset(list_object: Callable[[str, str], str | None], ip_version: int,
-                 base_chains: Mapping[str, Sequence[str]], backend: str = "nftables") -> Ruleset:
+class FastReader(Protocol):
+    """Reads one chain / set / map without the nft CLI (:class:`~.nft_netlink.NftNetlink`); raises
+    :class:`~.nft_netlink.Undecodable` for what it cannot decode, which is then listed with nft."""
+
+    def chain(self, name: str) -> tuple[HookEntry | None, list[KRule]] | None: ...
+    def set_contents(self, name: str) -> IPSetContents | None: ...
+    def map_elements(self, name: str) -> Mapping[str, tuple[str, ...]] | None: ...
+
+
+def lazy_ruleset(list_object: Callable[[str, str], str | None], ip_version: int,  # noqa: C901
+                 base_chains: Mapping[str, Sequence[str]], backend: str = "nftables",
+                 fast: FastReader | None = None) -> Ruleset:
     """A ruleset that lists each chain, set and map on use: ``list_object(kind, name)`` → ``nft -j list
-    <kind> <family> calico <name>`` output (None if absent); ``base_chains``: hook → base-chain names."""
+    <kind> <family> calico <name>`` output (None if absent); ``base_chains``: hook → base-chain names;
+    ``fast``: tried first for every object."""
+    from felixpy.explain.nft_netlink import Undecodable
+
     family = "ip" if ip_version == 4 else "ip6"
     bases: dict[str, HookEntry] = {}
 
@@ -349,6 +362,18 @@ def lazy_ruleset(list_object: Callable[[str, str], str | None], ip_version: int,
         return [o for o in json.loads(text).get("nftables", []) if isinstance(o, dict)]
 
     def fetch_chain(name: str) -> object | None:
+        if fast is not None:
+            try:
+                got = fast.chain(name)
+            except Undecodable:
+                pass
+            else:
+                if got is None:
+                    return None
+                hook, krules = got
+                if hook is not None:
+                    bases[name] = hook
+                return ("decoded", krules)
         objs = objects("chain", name)
         if objs is None:
             return None
@@ -359,10 +384,12 @@ def lazy_ruleset(list_object: Callable[[str, str], str | None], ip_version: int,
                 bases[name] = HookEntry(name, name, int(c.get("prio", 0)), str(c.get("policy", "accept")))
             elif "rule" in o and o["rule"].get("family") == family:
                 rules.append((o["rule"].get("expr", ()), o["rule"].get("comment")))
-        return rules
+        return ("json", rules)
 
     def parse(chain: str, raw: object) -> list[KRule]:
-        items = raw if isinstance(raw, list) else []
+        kind, items = raw if isinstance(raw, tuple) else ("json", [])
+        if kind == "decoded":
+            return list(items)
         return [parse_rule(expr, comment, ip_version, i + 1) for i, (expr, comment) in enumerate(items)]
 
     chains = LazyChains({}, parse, fetch_chain)
@@ -372,13 +399,24 @@ def lazy_ruleset(list_object: Callable[[str, str], str | None], ip_version: int,
         return sorted(entries, key=lambda h: h.priority)
 
     def fetch_set(name: str) -> IPSetContents | None:
-        objs = objects("set", name.replace(":", "-"))
+        legal = name.replace(":", "-")
+        if fast is not None:
+            try:
+                return fast.set_contents(legal)
+            except Undecodable:
+                pass
+        objs = objects("set", legal)
         for o in objs or ():
             if "set" in o:
                 return set_contents(o["set"])
         return None
 
-    def fetch_map(name: str) -> dict[str, tuple[str, ...]] | None:
+    def fetch_map(name: str) -> Mapping[str, tuple[str, ...]] | None:
+        if fast is not None:
+            try:
+                return fast.map_elements(name)
+            except Undecodable:
+                pass
         objs = objects("map", name)
         for o in objs or ():
             if "map" in o:

@@ -19,6 +19,25 @@ class NotFelixpyState(Exception):
     """The kernel holds no felixpy chains/tables for this IP family."""
 
 
+class BPFModeState(NotFelixpyState):
+    """felixpy runs in BPF mode: its policy is in the BPF programs, the *tables hold only the gap guards."""
+
+
+# The first rule of filter cali-FORWARD in BPF mode (felixpy.rules.bpfmode.forward_chain).
+BPF_MODE_MARKER = "Pre-approved by BPF programs"
+
+
+def _bpf_mode(state: KernelState) -> bool:
+    rs = state.ruleset
+    if rs is None:
+        return False
+    for key in ("filter/cali-FORWARD", "filter-cali-FORWARD"):
+        rules = rs.chains.get(key)
+        if rules:
+            return BPF_MODE_MARKER in rules[0].comments
+    return False
+
+
 def explain_packet(state: KernelState, pkt: Packet, *, from_iface: str | None = None,
                    to_iface: str | None = None) -> Explanation:
     rs = state.ruleset
@@ -26,6 +45,11 @@ def explain_packet(state: KernelState, pkt: Packet, *, from_iface: str | None = 
         raise NotFelixpyState(
             f"no felixpy state for IPv{state.ip_version} in this network namespace: no cali- chains in "
             "iptables-nft-save or iptables-legacy-save, and no nftables 'calico' table")
+    if _bpf_mode(state):
+        raise BPFModeState(
+            f"felixpy runs this node in BPF mode ({rs.backend} holds only the guards around the BPF programs, "
+            "which decide the policy): explain cannot read the BPF programs yet, and evaluating the guards "
+            "alone would give a wrong answer")
     iif, oif, notes = interfaces_for(state.host, pkt.src, pkt.dst)
     if from_iface is not None:
         iif = from_iface

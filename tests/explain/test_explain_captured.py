@@ -150,3 +150,22 @@ def test_state_that_is_not_felixpys() -> None:
         explain_packet(KernelState(4, None, host_view("[]", "[]")), make_packet("10.0.0.1", "10.0.0.2", "tcp"))
     assert "filter/INPUT" in rs.chains and rs.chains.get("filter/INPUT") == []
     assert "filter/cali-FORWARD" not in rs.chains
+
+
+def test_bpf_mode_is_reported_not_evaluated() -> None:
+    """In BPF mode the *tables hold only the guards around the programs (felixpy.rules.bpfmode); evaluating
+    them alone would deny every workload packet (no SEEN mark), so explain says it cannot answer."""
+    from felixpy.config import Config
+    from felixpy.drivers.iptables.detect import Features
+    from felixpy.drivers.iptables.render import render_body
+    from felixpy.explain.query import BPFModeState
+    from felixpy.rules import bpfmode
+    from felixpy.rules.renderer import RuleRenderer
+
+    chain = bpfmode.forward_chain(RuleRenderer(Config(), 4).ctx)
+    save = "*filter\n:FORWARD ACCEPT [0:0]\n:cali-FORWARD - [0:0]\n-A FORWARD -j cali-FORWARD\n" + "".join(
+        f"-A cali-FORWARD {render_body(r, Features())}\n" for r in chain.rules) + "COMMIT\n"
+    rs = from_iptables_text(save, "", 4, "iptables-legacy")
+    with pytest.raises(BPFModeState, match="BPF mode"):
+        explain_packet(KernelState(4, rs, host_view("[]", "[]")), make_packet("10.0.0.1", "10.0.0.2", "tcp"),
+                       from_iface="cali1", to_iface="cali2")

@@ -23,6 +23,8 @@ from felixpy.drivers.iptables.render import render_body
 from felixpy.drivers.nftables.render import rule_expr
 from felixpy.explain.evaluate import _Matcher
 from felixpy.explain.ipset_parse import IPSetSave
+from felixpy.explain.nft_netlink import NftNetlink, Undecodable
+from felixpy.explain.nft_parse import lazy_ruleset
 from felixpy.explain.packet import Packet
 from felixpy.explain.readers import from_iptables_text, from_nft_text
 from felixpy.explain.ruleset import KRule, Ruleset, UnknownMatch
@@ -151,8 +153,50 @@ def test_nft_listing_round_trip(netns: str, v: int) -> None:
         chain_of[i] = f"filter-cali-r{i}"
         cmds.append({"add": {"chain": {**t, "name": chain_of[i]}}})
         cmds.append({"add": {"rule": {**t, "chain": chain_of[i], "expr": rule_expr(rule, v)}}})
+    # Adjacent members: the kernel holds one end and the next start at the same value.
+    halves = list(member.subnets(prefixlen_diff=2))[:2]
+    adjacent = [str(n) for n in halves] + [str(f["local"])]
+    cmds.append({"add": {"set": {**t, "name": f"cali{v}0s-adj", "type": addr_t, "flags": ["interval"],
+                                 "elem": [{"prefix": {"addr": str(n.network_address), "len": n.prefixlen}}
+                                          for n in halves] + [str(f["local"])]}}})
+    cmds.append({"add": {"map": {**t, "name": "filter-cali-m", "type": "ifname", "map": "verdict",
+                                 "elem": [["calia", {"goto": {"target": chain_of[0]}}], ["calib", {"drop": None}]]}}})
     nsmod.run_in(netns, "nft", "-j", "-f", "-", input=json.dumps({"nftables": cmds}))
     listing = nsmod.run_in(netns, "nft", "-j", "list", "table", family, "calico").stdout
     rs = from_nft_text(listing, v)
     rs.local_addrs = frozenset({str(f["local"])})
     _compare(rs, chain_of, v)
+
+    # The same kernel rules read over netlink (explain's per-chain path at scale): each decodes to
+    # criteria matching exactly the same packets, or is declared undecodable (then nft lists it).
+    nl = NftNetlink(netns, v)
+    undecodable = []
+    for i in chain_of:
+        try:
+            nl.chain(chain_of[i])
+        except Undecodable:
+            undecodable.append(i)
+    listed: list[tuple[str, str]] = []
+
+    def list_object(kind: str, name: str) -> str | None:
+        listed.append((kind, name))
+        return nsmod.run_in(netns, "nft", "-j", "list", kind, family, "calico", name).stdout
+
+    lazy = lazy_ruleset(list_object, v, {}, fast=nl)
+    lazy.local_addrs = rs.local_addrs
+    _compare(lazy, chain_of, v)
+    # Only a port list (an anonymous set) goes to the CLI; everything else felixpy renders decodes.
+    assert undecodable == [0], [rules(v)[i].match for i in undecodable]
+    assert {n for k, n in listed if k == "chain"} == {chain_of[i] for i in undecodable}
+    assert not [n for k, n in listed if k == "set"], "named sets decode over netlink"
+    assert nl.set_contents(f"cali{v}0s-a") is not None and nl.set_contents("nope") is None
+    adj, adj_cli = nl.set_contents(f"cali{v}0s-adj"), rs.sets(f"cali{v}0s-adj")
+    assert adj is not None and adj_cli is not None
+    assert sorted(map(str, adj.nets)) == sorted(map(str, adj_cli.nets)) == sorted(
+        str(ipaddress.ip_network(a)) for a in adjacent)
+    assert nl.chain("no-such-chain") is None
+    vmap = nl.map_elements("filter-cali-m")
+    assert vmap is not None and nl.map_elements("no-such-map") is None
+    assert {k: vmap.get(k) for k in ("calia", "calib", "calic")} == {
+        "calia": ("goto", chain_of[0]), "calib": ("drop",), "calic": None}
+    assert rs.maps["filter-cali-m"] == {"calia": ("goto", chain_of[0]), "calib": ("drop",)}
