@@ -293,15 +293,15 @@ def _default_cleanups(deps: KernelDeps) -> CleanupFactory:
 
         out: list[NamedSyncer] = [IptablesBackendCleanup(v, b, runner=deps.iptables_runner)
                                     for b in BACKENDS if b != backend]
-        if backend == "nftables" or config.BPFEnabled:
-            from felixpy.drivers.ipsets.cleanup import IPSetsCleanup
-
-            out.append(IPSetsCleanup(v, deps.ipset_runner))
-        else:
+        if backend != "nftables":
             from felixpy.drivers.nftables.shim import NftChildProcess
             from felixpy.drivers.nftables.cleanup import NftablesTableCleanup
 
             out.append(NftablesTableCleanup(v, deps.nft_shim_factory or NftChildProcess))
+        if backend == "nftables" or config.BPFEnabled:
+            from felixpy.drivers.ipsets.cleanup import IPSetsCleanup
+
+            out.append(IPSetsCleanup(v, deps.ipset_runner))
         if not config.BPFEnabled and v == 4:
             from felixpy.drivers.bpfendpoints.cleanup import BPFCleanup
             from felixpy.drivers.bpfendpoints.kernel import configured_pin_root, default_tcx_pin_dir
