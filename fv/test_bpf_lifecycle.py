@@ -159,12 +159,19 @@ def test_restart_keeps_flows_policy_and_attachments_and_a_stopped_daemon_stays_c
             f"IPv{v}: denied TCP a → b got through {p.got_through} of {p.tries} times across the restart"
 
 
-SEQUENCE = ["iptables-legacy", BPF, "nftables", BPF, "iptables-legacy"]
+SEQUENCES = {
+    # Both directions against both *tables backends.
+    "bpf-both-ways": ["iptables-legacy", BPF, "nftables", BPF, "iptables-legacy"],
+    # The reliability harness's chain (issue 14 item 5).
+    "every-backend": ["iptables-legacy", "iptables-nft", "nftables", BPF, "iptables-legacy"],
+}
 
 
-def test_switches_between_bpf_and_tables_modes_leave_nothing_and_stay_closed() -> None:
-    """iptables-legacy → BPF → nftables → BPF → iptables-legacy, each a restart in the new mode."""
+@pytest.mark.parametrize("sequence", list(SEQUENCES))
+def test_switches_between_bpf_and_tables_modes_leave_nothing_and_stay_closed(sequence: str) -> None:
+    """Each step a restart in the new mode, with the same datastore."""
     pytest.importorskip("bcc")
+    SEQUENCE = SEQUENCES[sequence]
     node = FvNode.create(SEQUENCE[0])
     try:
         node.apply(STATE)
