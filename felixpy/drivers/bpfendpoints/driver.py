@@ -7,8 +7,8 @@ workload on this ifindex, which the from-workload source check needs); the pream
 hooks (through :class:`~felixpy.drivers.bpfendpoints.attacher.Attacher`); and the interface's
 ``cali_iface`` entry (WEP flag, READY flag per family, policy entry indices).
 
-How a fresh process recognises them (the restart, :meth:`BPFEndpoints._restart_sync`, on the
-first apply): every ``cali_iface`` entry is keyed by ifindex and carries the interface name and
+How a fresh process recognises them (the restart, on the first apply)
+(:meth:`BPFEndpoints._restart_sync`): every ``cali_iface`` entry is keyed by ifindex and carries the interface name and
 its policy entry indices.  An entry whose ifindex is still an interface of that name that the
 feed wants programmed is **reclaimed**: its entries are re-assigned to it in the slot allocators,
 the regenerated policy programs are swapped straight into them (no default-deny step: the slot
