@@ -99,6 +99,7 @@ def test_cleanup_removes_every_attachment_and_pin_of_ours_and_nothing_foreign(wo
     assert len(found.tcx_pins) == 4 and [n for n, _i in found.tc] == ["calib"] and not found.tcx_unpinned
     cleanup.apply()
     assert cleanup.done
+    assert cleanup.removed_by_kind == {"tcx_links": 4, "tc_ifaces": 1, "pins": len(maps.ALL_SPECS)}
     assert tcx_ids(a) == [] and tc_names(a) == []
     assert tc_names(b) == [] and tcx_ids(b) == []
     assert owned_pins(world.pin_root) == [] and not os.path.exists(world.tcx_dir)
@@ -140,9 +141,9 @@ def test_a_pinned_link_running_our_preamble_is_current(world: World) -> None:
     veth(world.ns, "calia")
     assert not tcx.is_current("calia", world.ifindex("calia"), ING, fd)
     pin = bpfattach.tcx_pin_path(world.tcx_dir, "calia", ING)
-    tcx.sweep({"calia", "calib", "eth9"})  # calia exists: its pin stays (the attach repairs it)
+    tcx.sweep({n: world.ifindex(n) for n in ("calia", "calib", "eth9")})  # calia exists: the attach repairs it
     assert os.path.exists(pin)
-    tcx.sweep({"calib", "eth9"})  # as if calia were gone: detached and unlinked
+    tcx.sweep({n: world.ifindex(n) for n in ("calib", "eth9")})  # as if calia were gone: detached, unlinked
     assert not os.path.exists(pin)
     tcx.attach("calia", world.ifindex("calia"), ING, fd)  # ENOLINK: re-created
     assert tcx.is_current("calia", world.ifindex("calia"), ING, fd)

@@ -179,3 +179,42 @@ def test_restart_reclaims_only_the_families_still_wanted() -> None:
     st = ifstate(fb2, idx)
     assert st is not None and not st.flags & defs.IFACE_STATE_V6_READY
     assert slot_fd(fb2, ING, v6_ing) is None and slot_fd(fb2, EGR, v6_egr) is None
+
+
+def test_generic_program_layout_does_not_depend_on_load_order() -> None:
+    """A restarted process that loads the variants in another order puts each in the same slots, so the
+    globals already written for attached preambles stay right while the slots are overwritten."""
+    from felixpy.bpf.build import EpType, Program, Variant
+
+    variants = [Variant(Program.TC, hook, ep, v6, dbg) for hook in (ING, EGR) for ep in EpType
+                for v6 in (False, True) for dbg in (False, True)]
+    variants += [Variant(Program.XDP, defs.HOOK_XDP, EpType.HEP, v6, dbg) for v6 in (False, True) for dbg in (False, True)]
+    first, second = fake_kernel(), fake_kernel()
+    one = {v: first.kernel.programs.layout(v) for v in variants}
+    two = {v: second.kernel.programs.layout(v) for v in reversed(variants)}
+    assert one == two
+    for hook in (ING, EGR, defs.HOOK_XDP):  # no two variants share a slot
+        slots = [s for v, lay in one.items() if v.hook == hook for _i, s in lay.slots]
+        assert len(slots) == len(set(slots))
+        def names(fb: FakeBPF) -> dict[int, str]:
+            pm = fb.kernel.maps.progs(hook)
+            return {s: fb.progs.names[int.from_bytes(bytes(pm.get(ctypes.c_uint32(s))), "little")] for s in slots}
+
+        assert names(first) == names(second)
+
+
+def test_restart_after_an_interface_was_recreated_programs_it_afresh() -> None:
+    n1, fb1 = first_run()
+    old_idx = n1.ifindex("cali2")
+    old_entries = entries(fb1, old_idx)
+    n1.netlink.remove_link("cali2")  # the pod's veth re-created while the daemon was down: a new ifindex
+    n2, fb2 = restart(n1, fb1)
+    n2.apply()
+    new_idx = n2.ifindex("cali2")
+    assert new_idx != old_idx and ifstate(fb2, old_idx) is None
+    assert programmed(n2, fb2, "cali2") and (old_idx, ING) not in fb2.attacher.attached
+    # Its old entries were freed (and may be handed out again); the other interfaces kept theirs.
+    assert entries(fb2, n2.ifindex("cali1")) == entries(fb1, n1.ifindex("cali1"))
+    for hook, entry in zip((ING, EGR), old_entries):
+        if entry not in entries(fb2, new_idx):
+            assert slot_fd(fb2, hook, entry) is None

@@ -54,8 +54,8 @@ class Attacher(Protocol):
         """Whether *hook* already runs a program equivalent to *prog_fd* (no re-attach needed)."""
         ...
 
-    def sweep(self, existing: set[str]) -> None:
-        """Remove attachments recorded for interfaces not in *existing* (they no longer exist)."""
+    def sweep(self, existing: dict[str, int]) -> None:
+        """Remove what is recorded for interfaces not in *existing* (name -> ifindex): they are gone."""
         ...
 
 
@@ -126,7 +126,7 @@ class KernelAttacher:
             return False
         return (have.name, have.tag, sorted(have.map_ids)) == (mine.name, mine.tag, sorted(mine.map_ids))
 
-    def sweep(self, existing: set[str]) -> None:
+    def sweep(self, existing: dict[str, int]) -> None:
         keep = {n.replace(".", "") for n in existing}
         try:
             pins = sorted(os.listdir(self.tcx_pin_dir))

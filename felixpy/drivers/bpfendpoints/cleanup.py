@@ -101,7 +101,8 @@ class BPFCleanup:
         self.tcx_pin_dir = tcx_pin_dir
         self._links = links
         self.done = False
-        self.removed: dict[str, int] = {}
+        self.removed = 0  # objects removed (the other cleanup drivers' counter)
+        self.removed_by_kind: dict[str, int] = {}
 
     def queue_resync(self) -> None:
         self.done = False
@@ -164,4 +165,5 @@ class BPFCleanup:
             with contextlib.suppress(OSError):
                 os.rmdir(d)
         for k, v in (("tcx_links", len(found.tcx_pins)), ("tc_ifaces", len(found.tc)), ("pins", len(found.pins))):
-            self.removed[k] = self.removed.get(k, 0) + v
+            self.removed_by_kind[k] = self.removed_by_kind.get(k, 0) + v
+            self.removed += v

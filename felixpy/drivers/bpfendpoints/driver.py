@@ -218,7 +218,7 @@ class BPFEndpoints:
             if name not in self._want and any(self._attached_any(name, ifindex)):
                 log.info("Detaching BPF programs from an interface that is no longer a workload", iface=name)
                 k.attacher.detach(name, ifindex)
-        k.attacher.sweep(set(self._ifaces))
+        k.attacher.sweep({n: i for n, (i, _up) in self._ifaces.items()})
         self._free_unowned_entries()
 
     def _reclaim(self, iface: str, ifindex: int, val: mt.IfStateValue) -> None:

@@ -104,9 +104,11 @@ class FakeAttacher:
         have = self.attached.get((ifindex, hook))
         return have is not None and self.progs.tags.get(have) == self.progs.tags.get(prog_fd)
 
-    def sweep(self, existing: set[str]) -> None:
+    def sweep(self, existing: dict[str, int]) -> None:
+        # As in the kernel, an attachment to an interface that is gone (by name, or re-created with a
+        # new ifindex) is gone too.
         for ifindex, hook in list(self.attached):
-            if self.names.get(ifindex) not in existing:
+            if existing.get(self.names.get(ifindex, "")) != ifindex:
                 del self.attached[(ifindex, hook)]
 
     def mode(self, iface: str) -> str:
