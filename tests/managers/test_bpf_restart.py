@@ -142,6 +142,10 @@ def test_restart_sweeps_what_the_new_world_does_not_have() -> None:
             assert slot_fd(fb2, hook, entry) is None, f"hook {hook}: entry {entry} not freed"
         assert slot_fd(fb2, hook, e_kept[i]) is not None
     assert allowed(n2) == ["cali1"]
+    routes = fb2.kernel.maps.routes(False)
+    assert routes.get(mt.route_key("10.65.0.1/32")) is not None
+    for gone_ip in ("10.65.0.2/32", "10.65.0.3/32"):
+        assert routes.get(mt.route_key(gone_ip)) is None, f"{gone_ip}: the earlier run's route was kept"
     # The freed entries are reusable.
     n2.send(wep("b", "cali2", ipv4=["10.65.0.2/32"], profiles=["allow"]))
     n2.apply()

@@ -20,7 +20,9 @@ replaced atomically (TC ``replace``, ``BPF_LINK_UPDATE``), so no interface is ev
 unprogrammed while a new process takes over.  Every other entry is stale: entries of vanished
 ifindexes, of re-used ifindexes with another name and of interfaces the feed no longer wants are
 deleted (the last also detached).  Policy entries no reclaimed interface owns are cleared from
-both jump maps (every sub-program part), higher parts a reclaimed entry no longer needs too; TCX
+both jump maps (every sub-program part), higher parts a reclaimed entry no longer needs too;
+routes-map entries with exactly the flags this driver writes (local workload, local host) that this
+run does not write again are deleted after its first complete apply; TCX
 link pins of interfaces that no longer exist are detached and unlinked; interfaces that exist
 but carry no wanted workload have their preambles detached.  The conntrack map is never touched
 (it is reused by its pin, :mod:`felixpy.bpf.maps`), so established flows survive the restart.
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -71,6 +74,8 @@ log = structlog.get_logger(__name__)
 
 FAMILIES = (4, 6)
 _READY = {4: defs.IFACE_STATE_V4_READY, 6: defs.IFACE_STATE_V6_READY}
+# The routes-map entries this driver writes (exactly these flags): local workloads and this host.
+_OWN_ROUTE_FLAGS = (defs.RT_WORKLOAD | defs.RT_LOCAL, defs.RT_HOST | defs.RT_LOCAL)
 
 
 class EndpointProgrammingFailed(Exception):
@@ -118,6 +123,7 @@ class BPFEndpoints:
         self._start_of_day = True
         self._host_want: dict[int, frozenset[str]] = {}
         self._host_done: set[str] = set()
+        self._stale_routes: set[str] | None = None  # routes-map entries an earlier run left (first apply)
 
     # ------------------------------------------------------------------ desired state (API)
     def set_workload(self, ip_version: int, iface: str, policy: WorkloadPolicy) -> None:
@@ -180,8 +186,22 @@ class BPFEndpoints:
                 self._dirty.add(iface)
         if failures:
             raise EndpointProgrammingFailed(failures)
+        self._sweep_stale_routes()
         if unsupported:
             raise unsupported[0]
+
+    def _sweep_stale_routes(self) -> None:
+        """After the first apply that programmed everything: the earlier run's workload and host
+        routes that this run did not write again are deleted (not before, so a workload whose
+        reconcile is being retried keeps the routes its still-attached programs check against)."""
+        if self._stale_routes is None:
+            return
+        live = set(self._host_done).union(*(p.routes for p in self._done.values()))
+        for cidr in sorted(self._stale_routes - live):
+            self.kernel.maps.routes(":" in cidr).delete(mt.route_key(cidr))
+        if self._stale_routes - live:
+            log.info("Deleted routes-map entries left by an earlier run", routes=len(self._stale_routes - live))
+        self._stale_routes = None
 
     def _sync_host_routes(self) -> None:
         """Host addresses as RT_HOST|RT_LOCAL routes: host -> workload traffic skips policy (as in
@@ -203,6 +223,9 @@ class BPFEndpoints:
     def _restart_sync(self) -> None:
         """Take over what an earlier run left (see the module docstring)."""
         k = self.kernel
+        self._stale_routes = {f"{ipaddress.ip_address(bytes(key.addr))}/{key.prefixlen}"
+                              for v6 in (False, True) for key, val in k.maps.routes(v6).items()
+                              if val.flags in _OWN_ROUTE_FLAGS}
         ifstate = k.maps.ifstate
         by_index = {i: n for n, (i, _up) in self._ifaces.items()}
         for key, val in list(ifstate.items()):

@@ -1,0 +1,121 @@
+"""The BPF endpoint driver restarted against the real kernel: each "process" is a new bundle
+(:func:`~felixpy.drivers.bpfendpoints.open_kernel`: maps opened from their pins, every variant compiled
+and loaded again in the worker, empty allocators) over the same namespace and bpffs."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from felixpy.bpf import defs
+from felixpy.bpf import maptypes as mt
+from felixpy.bpf import syscall as sc
+from felixpy.bpf import maps
+from felixpy.bpf.policy_ir import ALLOW_ALL, DENY_ALL
+from felixpy.drivers.bpfendpoints import BPFEndpoints, BPFKernel, WorkloadPolicy, open_kernel
+from felixpy.ifacemonitor.events import IfaceState
+from felixpy.testing import netns as nsutil
+
+from .conftest import SMALL_SIZES, _need_root_and_bcc
+
+pytestmark = [pytest.mark.bpf, pytest.mark.kernel]
+
+ING, EGR = defs.HOOK_TC_INGRESS, defs.HOOK_TC_EGRESS
+IFACES = {"calia": "10.65.0.2", "calib": "10.65.0.3"}
+
+
+@dataclass
+class World:
+    ns: str
+    root: str
+
+    @property
+    def pin_root(self) -> str:
+        return os.path.join(self.root, "tc", "globals")
+
+    @property
+    def tcx_dir(self) -> str:
+        return os.path.join(self.root, "tcx")
+
+    def process(self) -> BPFKernel:
+        return open_kernel(self.pin_root, "TCX", tcx_pin_dir=self.tcx_dir, sizes=SMALL_SIZES)
+
+    def links(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for pin in sorted(os.listdir(self.tcx_dir)) if os.path.isdir(self.tcx_dir) else []:
+            fd = sc.obj_get(os.path.join(self.tcx_dir, pin))
+            try:
+                _t, link_id, prog_id = sc.link_info(fd)
+            finally:
+                os.close(fd)
+            out[pin] = (link_id, prog_id)
+        return out
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    _need_root_and_bcc()
+    with nsutil.netns("fpyr") as ns, maps.private_bpffs() as root:
+        for name in IFACES:
+            nsutil.run_in(ns, "ip", "link", "add", name, "type", "veth", "peer", "name", f"p{name}")
+            nsutil.run_in(ns, "ip", "link", "set", name, "up")
+            nsutil.run_in(ns, "ip", "link", "set", f"p{name}", "up")
+        with nsutil.entered(ns):
+            yield World(ns, root)
+
+
+def driver(kernel: BPFKernel, wanted: dict[str, str]) -> BPFEndpoints:
+    d = BPFEndpoints(kernel)
+    for name in IFACES:
+        d.on_iface_state(name, IfaceState.UP, socket.if_nametoindex(name))
+    for name, ip in wanted.items():
+        d.set_workload(4, name, WorkloadPolicy(to_workload=DENY_ALL, from_workload=ALLOW_ALL, addresses=(ip,)))
+    return d
+
+
+def ifstate(kernel: BPFKernel) -> dict[int, tuple[str, int, int, int]]:
+    return {int(k.value): (bytes(v.name).rstrip(b"\0").decode(), v.flags, v.egress_policy_v4, v.ingress_policy_v4)
+            for k, v in kernel.maps.ifstate.items()}
+
+
+def slot_prog_id(kernel: BPFKernel, hook: int, entry: int) -> int | None:
+    v = kernel.maps.jumps(hook).get(ctypes.c_uint32(entry))
+    return None if v is None else int(v.value)
+
+
+def test_a_restart_reclaims_reattaches_nothing_and_sweeps_what_is_no_longer_wanted(world: World) -> None:
+    first = world.process()
+    driver(first, IFACES).apply()
+    links, state = world.links(), ifstate(first)
+    assert len(links) == 4 and {n for n, *_ in state.values()} == set(IFACES)
+
+    second = world.process()  # a new process, the same feed
+    d2 = driver(second, IFACES)
+    d2.apply()
+    assert world.links() == links, "the restart re-attached a preamble (link or program ids changed)"
+    assert ifstate(second) == state
+    for _name, _flags, egr_entry, ing_entry in state.values():  # (TC ingress, TC egress) entries
+        for hook, entry in ((ING, egr_entry), (EGR, ing_entry)):
+            prog = second.policies.installed(hook, entry)
+            assert prog is not None and slot_prog_id(second, hook, entry) == sc.prog_info(prog.fds[0]).id
+    assert d2.ready_interfaces(4) == frozenset(IFACES)
+
+    third = world.process()  # restarted with calib no longer a workload
+    d3 = driver(third, {"calia": IFACES["calia"]})
+    d3.apply()
+    b_index = socket.if_nametoindex("calib")
+    b_entries = next((e, i) for idx, (_n, _f, e, i) in state.items() if idx == b_index)
+    assert set(world.links()) == {"calia_ingress", "calia_egress"}
+    assert world.links() == {k: v for k, v in links.items() if k.startswith("calia")}
+    assert b_index not in ifstate(third)
+    assert slot_prog_id(third, ING, b_entries[0]) is None and slot_prog_id(third, EGR, b_entries[1]) is None
+    assert third.maps.routes(False).get(mt.route_key(IFACES["calib"] + "/32")) is None
+    assert third.maps.routes(False).get(mt.route_key(IFACES["calia"] + "/32")) is not None
+    assert d3.ready_interfaces(4) == frozenset({"calia"})
+    for k in (first, second, third):
+        k.maps.close()
