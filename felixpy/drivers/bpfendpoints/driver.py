@@ -8,24 +8,24 @@ hooks (through :class:`~felixpy.drivers.bpfendpoints.attacher.Attacher`); and th
 ``cali_iface`` entry (WEP flag, READY flag per family, policy entry indices).
 
 How a fresh process recognises them (the restart, on the first apply)
-(:meth:`BPFEndpoints._restart_sync`): every ``cali_iface`` entry is keyed by ifindex and carries the interface name and
-its policy entry indices.  An entry whose ifindex is still an interface of that name that the
-feed wants programmed is **reclaimed**: its entries are re-assigned to it in the slot allocators,
-the regenerated policy programs are swapped straight into them (no default-deny step: the slot
-already enforces the previous run's policy) and the entry keeps its READY flags until it is
-rewritten.  Its preambles are recognised by filter name / TCX link pin path (the attacher) and
-are *not* re-attached when the program attached there is the same code over the same maps as
-this process's preamble (same tag and map ids: :meth:`Attacher.is_current`); otherwise they are
-replaced atomically (TC ``replace``, ``BPF_LINK_UPDATE``), so no interface is ever open or
-unprogrammed while a new process takes over.  Every other entry is stale: entries of vanished
+(:meth:`BPFEndpoints._restart_sync`): every ``cali_iface`` entry is keyed by ifindex and carries
+the interface name and its policy entry indices. An entry whose ifindex is still an interface of
+that name that the feed wants programmed is **reclaimed**: its entries are re-assigned to it in
+the slot allocators, the regenerated policy programs are swapped straight into them (no default-
+deny step: the slot already enforces the previous run's policy) and the entry keeps its READY
+flags until it is rewritten. Its preambles are recognised by filter name / TCX link pin path (the
+attacher) and are *not* re-attached when the program attached there is the same code over the same
+maps as this process's preamble (same tag and map ids: :meth:`Attacher.is_current`); otherwise
+they are replaced atomically (TC ``replace``, ``BPF_LINK_UPDATE``), so no interface is ever open
+or unprogrammed while a new process takes over. Every other entry is stale: entries of vanished
 ifindexes, of re-used ifindexes with another name and of interfaces the feed no longer wants are
-deleted (the last also detached).  Policy entries no reclaimed interface owns are cleared from
-both jump maps (every sub-program part), higher parts a reclaimed entry no longer needs too;
-routes-map entries with exactly the flags this driver writes (local workload, local host) that this
-run does not write again are deleted after its first complete apply; TCX
-link pins of interfaces that no longer exist are detached and unlinked; interfaces that exist
-but carry no wanted workload have their preambles detached.  The conntrack map is never touched
-(it is reused by its pin, :mod:`felixpy.bpf.maps`), so established flows survive the restart.
+deleted (the last also detached). Policy entries no reclaimed interface owns are cleared from both
+jump maps (every sub-program part), higher parts a reclaimed entry no longer needs too; routes-map
+entries with exactly the flags this driver writes (local workload, local host) that this run does
+not write again are deleted after its first complete apply; TCX link pins of interfaces that no
+longer exist are detached and unlinked; interfaces that exist but carry no wanted workload have
+their preambles detached. The conntrack map is never touched (it is reused by its pin,
+:mod:`felixpy.bpf.maps`), so established flows survive the restart.
 
 Apply contract (per interface, in Felix's order; an interface that fails stays dirty and is
 retried on the next apply, the others are programmed regardless):
