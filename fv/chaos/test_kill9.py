@@ -47,7 +47,7 @@ def test_kill9_mid_change_converges_exactly_and_never_opens(mode: str) -> None:
                 breaches += [f"seed={seed}: {p}" for p in probes.stop()]
         if mode in BPF_MODES:  # and killed while attaching, after a *tables run removed every program
             node.apply(b)
-            for i in range(TRIALS):
+            for i in range(max(1, TRIALS // 2)):  # each costs two BPF-mode starts
                 seed = SEED + TRIALS + i
                 probes = Probes.start(node)
                 try:
