@@ -147,3 +147,15 @@ def test_a_pinned_link_running_our_preamble_is_current(world: World) -> None:
     assert not os.path.exists(pin)
     tcx.attach("calia", world.ifindex("calia"), ING, fd)  # ENOLINK: re-created
     assert tcx.is_current("calia", world.ifindex("calia"), ING, fd)
+
+
+def test_a_clsact_filter_running_our_preamble_is_current(world: World) -> None:
+    tc = KernelAttacher("TC", world.tcx_dir)
+    b = world.ifindex("calib")
+    ing, egr = world.programs.preamble_fd(ING), world.programs.preamble_fd(EGR)
+    assert not tc.is_current("calib", b, ING, ing)  # nothing attached yet
+    tc.attach("calib", b, ING, ing)
+    assert sc.tc_query_prog_id(b, sc.TC_INGRESS, bpfattach.TC_HANDLE, bpfattach.TC_PRIO) == sc.prog_info(ing).id
+    assert tc.is_current("calib", b, ING, ing)
+    assert not tc.is_current("calib", b, ING, egr)  # other code
+    assert not tc.is_current("calib", b, EGR, egr)  # the other hook has no filter

@@ -10,7 +10,7 @@ atomic replace (TC ``replace``, ``BPF_LINK_UPDATE`` of the pinned link), so a re
 never leaves an interface unprogrammed while it re-attaches.  :meth:`KernelAttacher.is_current`
 tells the driver whether the pinned TCX link already runs this process's preamble -- the same
 code (program tag) over the same maps (map ids) -- so a restart with the same feed re-attaches
-nothing (clsact filters are always replaced: pyroute2 does not decode a filter's program id).
+nothing; for a clsact filter the program is read with libbpf's ``bpf_tc_query``.
 :meth:`KernelAttacher.sweep` detaches and unlinks TCX link pins whose interface is gone.
 
 Apply contract: :meth:`KernelAttacher.attach` is idempotent and atomic per hook;
@@ -103,19 +103,26 @@ class KernelAttacher:
         self._modes.pop(iface, None)
 
     def is_current(self, iface: str, ifindex: int, hook: int, prog_fd: int) -> bool:
-        if self._mode(iface) is bpfattach.AttachMode.TC:
-            return False
         pin = self._pin(iface, hook)
-        if not os.path.exists(pin):
-            return False
         try:
-            link = sc.obj_get(pin)
-            try:
-                _type, _id, prog_id = sc.link_info(link)
-            finally:
-                os.close(link)
-            if prog_id not in bpfattach.tcx_programs(ifindex, hook):
-                return False  # a defunct link (the interface was re-created)
+            if self._mode(iface) is bpfattach.AttachMode.TC:
+                if os.path.exists(pin):
+                    return False  # a TCX link of an earlier mode would run first: attach removes it
+                got = sc.tc_query_prog_id(ifindex, sc.TC_INGRESS if hook == defs.HOOK_TC_INGRESS else sc.TC_EGRESS,
+                                          bpfattach.TC_HANDLE, bpfattach.TC_PRIO)
+                if got is None:
+                    return False
+                prog_id = got
+            else:
+                if not os.path.exists(pin):
+                    return False
+                link = sc.obj_get(pin)
+                try:
+                    _type, _id, prog_id = sc.link_info(link)
+                finally:
+                    os.close(link)
+                if prog_id not in bpfattach.tcx_programs(ifindex, hook):
+                    return False  # a defunct link (the interface was re-created)
             fd = sc.prog_get_fd_by_id(prog_id)
             try:
                 have = sc.prog_info(fd)
