@@ -52,7 +52,8 @@ MODES: Mapping[str, Mapping[str, str]] = {
 }
 
 # BPF mode (fv/test_bpf_mode.py): policy in the BPF programs, the attach-gap rules in iptables-legacy.
-# The daemon mounts its own bpffs inside `ip netns exec`'s private /sys, so its pins are unique to it.
+# Every node has its own bpffs (mounted by the test on a temp dir, FELIXPY_BPF_PIN_ROOT), so its pins are
+# unique to it and, as on a real node, outlive a stopped daemon; the *tables modes clean up there.
 BPF_MODES: Mapping[str, Mapping[str, str]] = {
     # BPF mode is opt-in until its known ICMP fail-open is fixed (docs/bpf.md).
     "bpf-legacy": {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy", "FELIX_BPFATTACHTYPE": "TCX",
@@ -98,12 +99,17 @@ class FvNode:
         self.extra: dict[str, cc.Servers] = {}
         self.should_run = False
         self.timings: dict[str, list[float]] = TIMINGS.setdefault(mode, {})
+        self._bpffs = contextlib.ExitStack()
+        self.bpffs: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     def create(cls, mode: str) -> FvNode:
         fv = cls(mode)
         try:
+            from felixpy.bpf.maps import private_bpffs
+
+            fv.bpffs = fv._bpffs.enter_context(private_bpffs())
             fv.node = Node.create("fpyfv", workload_prefix="fpyfw")
             fv.servers.start(fv.node.netns)
             fv.endpoints[HOST] = cc.Endpoint(HOST, fv.node.netns, fv.node.host_ipv4, fv.node.host_ipv6)
@@ -146,6 +152,7 @@ class FvNode:
                 s.stop()
             if self.node is not None:
                 self.node.delete()
+            self._bpffs.close()  # after the interfaces (and so the links on them) are gone
 
     @property
     def netns(self) -> str:
@@ -154,7 +161,10 @@ class FvNode:
 
     # ------------------------------------------------------------------- daemon
     def start_daemon(self) -> None:
-        self.daemon = start_daemon(self.netns, env={**{**MODES, **BPF_MODES}[self.mode], "PYTHONFAULTHANDLER": "1"})
+        env = {**{**MODES, **BPF_MODES}[self.mode], "PYTHONFAULTHANDLER": "1"}
+        if self.bpffs is not None:
+            env["FELIXPY_BPF_PIN_ROOT"] = f"{self.bpffs}/tc/globals"
+        self.daemon = start_daemon(self.netns, env=env)
         self.client = None
         self.should_run = True
 

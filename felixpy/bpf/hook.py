@@ -1,14 +1,18 @@
 """The generic prog arrays and where each variant's sub-programs sit in them.
 
 Felix's ``hook.ProgramsMap``: each compiled variant (:class:`~felixpy.bpf.build.Variant`) is
-loaded at most once; its sub-programs are put at the next free slots of the hook's generic prog
-array (``cali_progs_ing2`` / ``cali_progs_egr2`` / ``xdp_cali_progs3``, monotonic allocation)
-and a :class:`Layout` maps each *logical* index (``defs.ProgIndex``; debug builds at +11) to its
-*physical* slot.  The layout is what goes into ``globals.jumps[]``.
+loaded at most once; its sub-programs are put in the hook's generic prog array
+(``cali_progs_ing2`` / ``cali_progs_egr2`` / ``xdp_cali_progs3``) and a :class:`Layout` maps each
+*logical* index (``defs.ProgIndex``; debug builds at +11) to its *physical* slot.  The layout is
+what goes into ``globals.jumps[]``.
 
-Restart: a new process starts a fresh allocation over the same pinned arrays; slots are
-overwritten in place.  (Felix re-pins the old arrays under ``old_jumps/`` so attached preambles
-keep running on the old chain until re-attached; the endpoint manager does that.)
+Restart: every variant has a **fixed** block of slots (:func:`variant_base_slot`: its position in
+a canonical order of (endpoint type, family, debug) times the sub-program count), so the layout
+does not depend on load order.  A restarted process loads the same variants (the same code) and
+overwrites each slot in place with an equivalent program -- prog-array updates are atomic per
+slot -- while the preambles already attached keep running with the globals they have, which name
+the same slots.  (Felix instead re-pins the old arrays under ``old_jumps/`` and re-attaches every
+preamble; a fixed layout makes that unnecessary.)
 """
 
 from __future__ import annotations
@@ -38,13 +42,20 @@ class Layout:
         return self.as_dict()[idx]
 
 
+def variant_base_slot(variant: Variant) -> int:
+    """The first generic prog-array slot of *variant*'s block (the same in every process)."""
+    n = len(variant.subprogs)
+    if variant.program is Program.XDP:
+        order = int(variant.ipv6) * 2 + int(variant.debug)
+    else:
+        order = (list(EpType).index(variant.ep) * 2 + int(variant.ipv6)) * 2 + int(variant.debug)
+    return order * n
+
+
 @dataclass
 class ProgramsMap:
     maps: MapSet
     pin_root: str
-    _next: dict[int, int] = field(default_factory=lambda: {defs.HOOK_TC_INGRESS: 0,
-                                                           defs.HOOK_TC_EGRESS: 0,
-                                                           defs.HOOK_XDP: 0})
     _layouts: dict[Variant, Layout] = field(default_factory=dict)
     _preambles: dict[int, int] = field(default_factory=dict)
     # How variants get compiled and loaded: in this process (build.load_variant, the default)
@@ -61,11 +72,11 @@ class ProgramsMap:
         pm = self.maps.progs(variant.hook)
         offset = defs.PROG_INDEX_DEBUG_OFFSET if variant.debug else 0
         slots: list[tuple[int, int]] = []
-        for idx, func in variant.subprogs.items():
-            slot = self._next[variant.hook]
-            if slot >= pm.spec.max_entries:
-                raise RuntimeError(f"generic prog array for hook {variant.hook} is full")
-            self._next[variant.hook] = slot + 1
+        base = variant_base_slot(variant)
+        if base + len(variant.subprogs) > pm.spec.max_entries:
+            raise RuntimeError(f"generic prog array for hook {variant.hook} is too small for {variant}")
+        for k, (idx, func) in enumerate(variant.subprogs.items()):
+            slot = base + k
             pm.set(slot, loaded.fd(func))
             slots.append((int(idx) + offset, slot))
         lay = Layout(tuple(sorted(slots)))

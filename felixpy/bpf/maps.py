@@ -7,7 +7,13 @@ so tests can use a private bpffs.
 How a fresh process recognises them: by pinned path and kernel map name (``cali_*``,
 ``xdp_cali_*``; the name carries the layout version suffix, e.g. ``cali_v4_ct4``), and by
 checking type, key size and value size against the spec.  A pin whose layout differs is replaced
-(Felix does the same for key/value size changes); a different ``max_entries`` is kept as is.
+(Felix does the same for key/value size changes); a different ``max_entries`` is kept as is,
+except for the conntrack maps (:data:`COPY_ON_RESIZE`, sized by ``BPFMapSizeConntrack``), which are
+rebuilt at the wanted size with every entry copied over, so established flows survive a resize.
+A layout change bumps the version suffix; a new map then looks for the previous versions' pins
+(``cali_v4_ct3``, ``cali_v4_ct2``...), converts their entries through the chain of
+:data:`UPGRADES` (Felix migrates conntrack the same way) when every step has a converter, and
+unlinks the old pin either way (no process of this version uses it).
 
 Python creates every pin *before* bcc compiles a program, so the programs' ``BPF_TABLE_PINNED``
 declarations only ever open existing maps with exactly the attributes given here.
@@ -23,7 +29,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -110,6 +116,19 @@ ALL_SPECS: tuple[MapSpec, ...] = (
     CT4, CT6, IPSETS4, IPSETS6, ROUTES4, ROUTES6, FSAFES4, FSAFES6, IFSTATE, STATE, COUNTERS,
     AP_GLOBALS, XDP_GLOBALS, PROGS_ING, PROGS_EGR, JUMP_ING, JUMP_EGR, XDP_PROGS, XDP_JUMP,
 )
+
+# Maps rebuilt (entries copied) when the configured size differs from the pinned one.
+COPY_ON_RESIZE = frozenset({CT4.base, CT6.base})
+# Layout upgrades: (base name, from version) -> a converter of one raw (key, value) of that
+# version into the next version's layout (None drops the entry).  felixpy has had one conntrack
+# layout so far (Felix's v4), so the table is empty; a layout change adds its step here.
+Converter = Callable[[bytes, bytes], "tuple[bytes, bytes] | None"]
+UPGRADES: dict[tuple[str, int], Converter] = {}
+
+
+def _pinned_name(base: str, version: int) -> str:
+    return base + (str(version) if version > 1 else "")
+
 
 KeyLike = ctypes.Structure | ctypes._SimpleCData | bytes | int  # type: ignore[type-arg]
 
@@ -251,6 +270,8 @@ class Map(MapCodec):
             info = sc.map_info(fd)
             if (info.type, info.key_size, info.value_size, info.flags) == (
                     spec.map_type, spec.key_size, spec.value_size, spec.flags):
+                if info.max_entries != spec.max_entries and spec.base in COPY_ON_RESIZE:
+                    return cls._resized(spec, cls(spec.sized(info.max_entries), fd, path), path)
                 if info.max_entries != spec.max_entries:
                     log.info("bpf map size differs; keeping existing", map=spec.name,
                              pinned=info.max_entries, wanted=spec.max_entries)
@@ -269,7 +290,67 @@ class Map(MapCodec):
                 return cls.open_or_create(spec, pin_root)
             raise
         m.path = path
+        m._upgrade_from_old_versions(pin_root)
         return m
+
+    @classmethod
+    def _resized(cls, spec: MapSpec, old: Map, path: str) -> Map:
+        """A new map at the wanted size holding every entry of *old* (as many as fit), pinned in its place."""
+        new = cls.create(spec)
+        copied = dropped = 0
+        for k in list(old.raw_keys()):
+            v = sc.map_lookup(old.fd, k, old._raw_value_size())
+            if v is None:
+                continue
+            try:
+                sc.map_update(new.fd, k, v)
+                copied += 1
+            except BPFSyscallError as e:
+                if e.errno != errno.E2BIG:
+                    new.close()
+                    old.close()
+                    raise
+                dropped += 1
+        os.unlink(path)
+        sc.obj_pin(new.fd, path)
+        new.path = path
+        old.close()
+        log.info("bpf map resized; entries copied", map=spec.name, pinned=old.spec.max_entries,
+                 wanted=spec.max_entries, copied=copied, dropped=dropped)
+        return new
+
+    def _upgrade_from_old_versions(self, pin_root: str) -> None:
+        """Convert the newest older version's entries into this (new) map; unlink older pins."""
+        spec = self.spec
+        newest = True
+        for old_version in range(spec.version - 1, 0, -1):
+            old_path = os.path.join(pin_root, _pinned_name(spec.base, old_version))
+            if not os.path.exists(old_path):
+                continue
+            steps = [UPGRADES.get((spec.base, v)) for v in range(old_version, spec.version)]
+            migrate, newest = newest and all(steps), False  # only the newest old version is migrated
+            converted = 0
+            if migrate:
+                fd = sc.obj_get(old_path)
+                try:
+                    info = sc.map_info(fd)
+                    k: bytes | None = None
+                    while (k := sc.map_next_key(fd, k, info.key_size)) is not None:
+                        raw = sc.map_lookup(fd, k, info.value_size)
+                        kv: tuple[bytes, bytes] | None = (k, raw) if raw is not None else None
+                        for step in steps:
+                            if kv is None:
+                                break
+                            kv = step(*kv)  # type: ignore[misc]
+                        if kv is not None:
+                            with contextlib.suppress(BPFSyscallError):  # full: keep what fits
+                                sc.map_update(self.fd, kv[0], kv[1], sc.NOEXIST)
+                                converted += 1
+                finally:
+                    os.close(fd)
+            log.info("bpf map layout upgraded from an older version", map=spec.name,
+                     old=_pinned_name(spec.base, old_version), converted=converted, migrated=migrate)
+            os.unlink(old_path)
 
 
 # ---------------------------------------------------------------------------------------------

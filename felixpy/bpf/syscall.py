@@ -175,6 +175,20 @@ for _s, _size in ((MapCreateOpts, 48), (ProgLoadOpts, 104), (LinkCreateOpts, 64)
 # Prototypes (libbpf 1.1.2 bpf/bpf.h).  Every function returns 0 / an fd, or a negative errno.
 
 
+# libbpf's TC API (bpf/libbpf.h), for one read: which program a clsact filter runs.
+class TcHook(_Opts):
+    _fields_ = [("sz", ctypes.c_size_t), ("ifindex", ctypes.c_int), ("attach_point", ctypes.c_int),
+                ("parent", _u32)]
+
+
+class TcOpts(_Opts):
+    _fields_ = [("sz", ctypes.c_size_t), ("prog_fd", ctypes.c_int), ("flags", _u32), ("prog_id", _u32),
+                ("handle", _u32), ("priority", _u32)]
+
+
+TC_INGRESS, TC_EGRESS = 1, 2  # enum bpf_tc_attach_point
+
+
 def _proto(name: str, *argtypes: object) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
     fn = getattr(libbpf, name)
     fn.argtypes = argtypes
@@ -205,6 +219,7 @@ _bpf_link_detach = _proto("bpf_link_detach", _c_int)
 _bpf_prog_query_opts = _proto("bpf_prog_query_opts", _c_int, _c_int,
                               ctypes.POINTER(ProgQueryOpts))
 _libbpf_num_possible_cpus = _proto("libbpf_num_possible_cpus")
+_bpf_tc_query = _proto("bpf_tc_query", ctypes.POINTER(TcHook), ctypes.POINTER(TcOpts))
 
 
 def _check(cmd: str, ret: int) -> int:
@@ -440,6 +455,18 @@ def prog_query_tcx(ifindex: int, attach_type: int) -> list[int]:
         if e.errno in (_errno.ENOENT, _errno.EINVAL, _errno.ENODEV):
             return []
         raise
+
+
+def tc_query_prog_id(ifindex: int, attach_point: int, handle: int, priority: int) -> int | None:
+    """The id of the program the clsact filter (handle, priority) on a hook runs; None if there is
+    no such filter.  Acts in the calling thread's network namespace (netlink)."""
+    hook = TcHook(ifindex=ifindex, attach_point=attach_point)
+    opts = TcOpts(handle=handle, priority=priority)
+    ret = _bpf_tc_query(ctypes.byref(hook), ctypes.byref(opts))
+    if ret in (-_ENOENT, -_errno.EINVAL, -_errno.ENODEV):
+        return None
+    _check("TC_QUERY", ret)
+    return int(opts.prog_id)
 
 
 def close(fd: int) -> None:

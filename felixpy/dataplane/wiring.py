@@ -285,21 +285,29 @@ def _default_cleanups(deps: KernelDeps) -> CleanupFactory:
     """Felix's cleanup tables: what the other backends may hold from an earlier run with another mode.
 
     iptables modes clean the other iptables backend and the nftables ``calico`` table; nftables mode
-    cleans both iptables backends and then the kernel ipsets their rules referenced."""
+    cleans both iptables backends and then the kernel ipsets their rules referenced.  BPF mode keeps
+    its IP sets in maps, so it destroys the kernel ipsets too; the *tables modes remove what BPF mode
+    left (attachments, TCX link pins, map pins: Felix's ``CleanUpProgramsAndPins``), once per node."""
     def make(config: Config, v: int, backend: str) -> list[NamedSyncer]:
         from felixpy.drivers.iptables.cleanup import BACKENDS, IptablesBackendCleanup
 
         out: list[NamedSyncer] = [IptablesBackendCleanup(v, b, runner=deps.iptables_runner)
                                     for b in BACKENDS if b != backend]
-        if backend == "nftables":
-            from felixpy.drivers.ipsets.cleanup import IPSetsCleanup
-
-            out.append(IPSetsCleanup(v, deps.ipset_runner))
-        else:
+        if backend != "nftables":
             from felixpy.drivers.nftables.shim import NftChildProcess
             from felixpy.drivers.nftables.cleanup import NftablesTableCleanup
 
             out.append(NftablesTableCleanup(v, deps.nft_shim_factory or NftChildProcess))
+        if backend == "nftables" or config.BPFEnabled:
+            from felixpy.drivers.ipsets.cleanup import IPSetsCleanup
+
+            out.append(IPSetsCleanup(v, deps.ipset_runner))
+        if not config.BPFEnabled and v == 4:
+            from felixpy.drivers.bpfendpoints.cleanup import BPFCleanup
+            from felixpy.drivers.bpfendpoints.kernel import configured_pin_root, default_tcx_pin_dir
+
+            root = configured_pin_root()
+            out.append(BPFCleanup(root, default_tcx_pin_dir(root)))
         return out
 
     return make
@@ -565,16 +573,14 @@ def _build_routing(dp: InternalDataplane, config: Config, parts: FamilyParts, de
 
 # ------------------------------------------------------------------------------ BPF mode
 def _default_bpf_kernel(config: Config) -> BPFKernel:
-    import os
-
-    from felixpy.bpf.maps import DEFAULT_PIN_ROOT
     from felixpy.drivers.bpfendpoints import open_kernel
+    from felixpy.drivers.bpfendpoints.kernel import configured_pin_root
 
     sizes = {"cali_v4_ct4": config.BPFMapSizeConntrack, "cali_v6_ct4": config.BPFMapSizeConntrack,
              "cali_v4_routes": config.BPFMapSizeRoute, "cali_v6_routes": config.BPFMapSizeRoute,
              "cali_v4_ip_sets": config.BPFMapSizeIPSets, "cali_v6_ip_sets": config.BPFMapSizeIPSets,
              "cali_iface4": config.BPFMapSizeIfState}
-    return open_kernel(os.environ.get("FELIXPY_BPF_PIN_ROOT", DEFAULT_PIN_ROOT), config.BPFAttachType, sizes=sizes)
+    return open_kernel(configured_pin_root(), config.BPFAttachType, sizes=sizes)
 
 
 def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], tables_factory: TablesFactory,

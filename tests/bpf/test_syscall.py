@@ -69,11 +69,13 @@ STRUCTS: list[tuple[type[ctypes.Structure], str, str]] = [
     (sc.LinkUpdateOpts, "struct bpf_link_update_opts", "bpf/bpf.h"),
     (sc.ProgQueryOpts, "struct bpf_prog_query_opts", "bpf/bpf.h"),
     (sc.ProgTestRunOpts, "struct bpf_test_run_opts", "bpf/bpf.h"),
+    (sc.TcHook, "struct bpf_tc_hook", "bpf/libbpf.h"),
+    (sc.TcOpts, "struct bpf_tc_opts", "bpf/libbpf.h"),
     (sc.BpfMapInfo, "struct bpf_map_info", "linux/bpf.h"),
     (sc.BpfProgInfo, "struct bpf_prog_info", "linux/bpf.h"),
     (sc.BpfLinkInfo, "struct bpf_link_info", "linux/bpf.h"),
 ]
-FULL_SIZE = {"bpf/bpf.h"}  # opts structs are mirrored whole (their sz); info structs as prefixes
+FULL_SIZE = {"bpf/bpf.h", "bpf/libbpf.h"}  # opts structs are mirrored whole (their sz); info structs as prefixes
 EXTRA: dict[type[ctypes.Structure], dict[str, str]] = {
     sc.LinkCreateOpts: {"perf_event.bpf_cookie": "_u.perf_event_bpf_cookie",
                         "tracing.cookie": "_u.tracing_cookie",
@@ -88,7 +90,7 @@ def test_structs_match_c_headers(tmp_path: Path) -> None:
     assert Path("/usr/include/bpf/bpf.h").exists(), "no libbpf headers: run make setup (installs libbpf-dev)"
     checks: list[tuple[str, int]] = []  # (C expression, the value the ctypes mirror has)
     lines = ["#include <stdio.h>", "#include <stddef.h>", "#include <bpf/bpf.h>",
-             "#include <linux/bpf.h>", "int main(void) {"]
+             "#include <bpf/libbpf.h>", "#include <linux/bpf.h>", "int main(void) {"]
     for cls, ctype, header in STRUCTS:
         if header in FULL_SIZE:
             checks.append((f"sizeof({ctype})", ctypes.sizeof(cls)))

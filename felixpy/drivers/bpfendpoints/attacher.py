@@ -7,7 +7,11 @@ mode), on both kernel hooks.
 How a fresh process recognises them: by the filter name on the clsact hooks and by the TCX
 link pin path (Felix's naming, :mod:`felixpy.bpf.attach`); an attach over an existing one is an
 atomic replace (TC ``replace``, ``BPF_LINK_UPDATE`` of the pinned link), so a restarted process
-never leaves an interface unprogrammed while it re-attaches.
+never leaves an interface unprogrammed while it re-attaches.  :meth:`KernelAttacher.is_current`
+tells the driver whether the pinned TCX link already runs this process's preamble -- the same
+code (program tag) over the same maps (map ids) -- so a restart with the same feed re-attaches
+nothing; for a clsact filter the program is read with libbpf's ``bpf_tc_query``.
+:meth:`KernelAttacher.sweep` detaches and unlinks TCX link pins whose interface is gone.
 
 Apply contract: :meth:`KernelAttacher.attach` is idempotent and atomic per hook;
 :meth:`KernelAttacher.detach` removes what is there and treats absence as done.  The mechanism
@@ -27,7 +31,8 @@ import structlog
 
 from felixpy.bpf import attach as bpfattach
 from felixpy.bpf import defs
-from felixpy.bpf.errors import UnsupportedAttachType
+from felixpy.bpf import syscall as sc
+from felixpy.bpf.errors import BPFSyscallError, UnsupportedAttachType
 from felixpy.errors import UnsupportedFeature
 
 log = structlog.get_logger(__name__)
@@ -44,6 +49,14 @@ class Attacher(Protocol):
     def is_attached(self, iface: str, ifindex: int, hook: int) -> bool: ...
 
     def mode(self, iface: str) -> str: ...
+
+    def is_current(self, iface: str, ifindex: int, hook: int, prog_fd: int) -> bool:
+        """Whether *hook* already runs a program equivalent to *prog_fd* (no re-attach needed)."""
+        ...
+
+    def sweep(self, existing: dict[str, int]) -> None:
+        """Remove what is recorded for interfaces not in *existing* (name -> ifindex): they are gone."""
+        ...
 
 
 class KernelAttacher:
@@ -88,6 +101,49 @@ class KernelAttacher:
             if any(f == bpfattach.PREAMBLE_NAME for hook in HOOKS for f in bpfattach.tc_filters(ifindex, hook)):
                 bpfattach.detach_tc(ifindex)
         self._modes.pop(iface, None)
+
+    def is_current(self, iface: str, ifindex: int, hook: int, prog_fd: int) -> bool:
+        pin = self._pin(iface, hook)
+        try:
+            if self._mode(iface) is bpfattach.AttachMode.TC:
+                if os.path.exists(pin):
+                    return False  # a TCX link of an earlier mode would run first: attach removes it
+                got = sc.tc_query_prog_id(ifindex, sc.TC_INGRESS if hook == defs.HOOK_TC_INGRESS else sc.TC_EGRESS,
+                                          bpfattach.TC_HANDLE, bpfattach.TC_PRIO)
+                if got is None:
+                    return False
+                prog_id = got
+            else:
+                if not os.path.exists(pin):
+                    return False
+                link = sc.obj_get(pin)
+                try:
+                    _type, _id, prog_id = sc.link_info(link)
+                finally:
+                    os.close(link)
+                if prog_id not in bpfattach.tcx_programs(ifindex, hook):
+                    return False  # a defunct link (the interface was re-created)
+            fd = sc.prog_get_fd_by_id(prog_id)
+            try:
+                have = sc.prog_info(fd)
+            finally:
+                os.close(fd)
+            mine = sc.prog_info(prog_fd)
+        except (OSError, BPFSyscallError):
+            return False
+        return (have.name, have.tag, sorted(have.map_ids)) == (mine.name, mine.tag, sorted(mine.map_ids))
+
+    def sweep(self, existing: dict[str, int]) -> None:
+        keep = {n.replace(".", "") for n in existing}
+        try:
+            pins = sorted(os.listdir(self.tcx_pin_dir))
+        except FileNotFoundError:
+            return
+        for pin in pins:
+            base, _, hook = pin.rpartition("_")
+            if hook in ("ingress", "egress") and base not in keep:
+                log.info("Removing the TCX link pin of an interface that no longer exists", pin=pin)
+                bpfattach.detach_tcx(pin_path=os.path.join(self.tcx_pin_dir, pin))
 
     def is_attached(self, iface: str, ifindex: int, hook: int) -> bool:
         if self._mode(iface) is bpfattach.AttachMode.TC:

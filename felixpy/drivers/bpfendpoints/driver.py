@@ -7,13 +7,25 @@ workload on this ifindex, which the from-workload source check needs); the pream
 hooks (through :class:`~felixpy.drivers.bpfendpoints.attacher.Attacher`); and the interface's
 ``cali_iface`` entry (WEP flag, READY flag per family, policy entry indices).
 
-How a fresh process recognises them: the ``cali_iface`` entry is keyed by ifindex and carries
-the interface name and the policy entry indices; attachments by filter name / TCX pin path
-(see the attacher); policy programs by name (``p<4|6><i|e>_<hash>``).  On the first apply this
-driver deletes ``cali_iface`` entries for interfaces it is not programming (a stale READY flag
-would let ``fib_approve`` forward to an interface nobody secures) and detaches the preamble
-from interfaces that still exist but carry no wanted workload.  (Keeping established flows and
-re-using slots across a restart is the restart slice; see docs/bpf.md.)
+How a fresh process recognises them (the restart, on the first apply)
+(:meth:`BPFEndpoints._restart_sync`): every ``cali_iface`` entry is keyed by ifindex and carries
+the interface name and its policy entry indices. An entry whose ifindex is still an interface of
+that name that the feed wants programmed is **reclaimed**: its entries are re-assigned to it in
+the slot allocators, the regenerated policy programs are swapped straight into them (no default-
+deny step: the slot already enforces the previous run's policy) and the entry keeps its READY
+flags until it is rewritten. Its preambles are recognised by filter name / TCX link pin path (the
+attacher) and are *not* re-attached when the program attached there is the same code over the same
+maps as this process's preamble (same tag and map ids: :meth:`Attacher.is_current`); otherwise
+they are replaced atomically (TC ``replace``, ``BPF_LINK_UPDATE``), so no interface is ever open
+or unprogrammed while a new process takes over. Every other entry is stale: entries of vanished
+ifindexes, of re-used ifindexes with another name and of interfaces the feed no longer wants are
+deleted (the last also detached). Policy entries no reclaimed interface owns are cleared from both
+jump maps (every sub-program part), higher parts a reclaimed entry no longer needs too; routes-map
+entries with exactly the flags this driver writes (local workload, local host) that this run does
+not write again are deleted after its first complete apply; TCX link pins of interfaces that no
+longer exist are detached and unlinked; interfaces that exist but carry no wanted workload have
+their preambles detached. The conntrack map is never touched (it is reused by its pin,
+:mod:`felixpy.bpf.maps`), so established flows survive the restart.
 
 Apply contract (per interface, in Felix's order; an interface that fails stays dirty and is
 retried on the next apply, the others are programmed regardless):
@@ -39,6 +51,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -61,6 +74,8 @@ log = structlog.get_logger(__name__)
 
 FAMILIES = (4, 6)
 _READY = {4: defs.IFACE_STATE_V4_READY, 6: defs.IFACE_STATE_V6_READY}
+# The routes-map entries this driver writes (exactly these flags): local workloads and this host.
+_OWN_ROUTE_FLAGS = (defs.RT_WORKLOAD | defs.RT_LOCAL, defs.RT_HOST | defs.RT_LOCAL)
 
 
 class EndpointProgrammingFailed(Exception):
@@ -83,6 +98,7 @@ class _Programmed:
     attached: bool = False
     ready: frozenset[int] = frozenset()
     pending_detach: bool = False
+    reclaimed: set[tuple[int, int]] = field(default_factory=set)  # slots taken over from an earlier run
 
 
 def _hook_policy(want: WorkloadPolicy, hook: int) -> PolicySet:
@@ -107,6 +123,7 @@ class BPFEndpoints:
         self._start_of_day = True
         self._host_want: dict[int, frozenset[str]] = {}
         self._host_done: set[str] = set()
+        self._stale_routes: set[str] | None = None  # routes-map entries an earlier run left (first apply)
 
     # ------------------------------------------------------------------ desired state (API)
     def set_workload(self, ip_version: int, iface: str, policy: WorkloadPolicy) -> None:
@@ -147,7 +164,7 @@ class BPFEndpoints:
     # ------------------------------------------------------------------------------ apply
     def apply(self) -> None:
         if self._start_of_day:
-            self._sweep_ifstate()
+            self._restart_sync()
             self._start_of_day = False
         self._sync_host_routes()
         fams = sorted({v for fam in self._want.values() for v in fam})
@@ -169,8 +186,22 @@ class BPFEndpoints:
                 self._dirty.add(iface)
         if failures:
             raise EndpointProgrammingFailed(failures)
+        self._sweep_stale_routes()
         if unsupported:
             raise unsupported[0]
+
+    def _sweep_stale_routes(self) -> None:
+        """After the first apply that programmed everything: the earlier run's workload and host
+        routes that this run did not write again are deleted (not before, so a workload whose
+        reconcile is being retried keeps the routes its still-attached programs check against)."""
+        if self._stale_routes is None:
+            return
+        live = set(self._host_done).union(*(p.routes for p in self._done.values()))
+        for cidr in sorted(self._stale_routes - live):
+            self.kernel.maps.routes(":" in cidr).delete(mt.route_key(cidr))
+        if self._stale_routes - live:
+            log.info("Deleted routes-map entries left by an earlier run", routes=len(self._stale_routes - live))
+        self._stale_routes = None
 
     def _sync_host_routes(self) -> None:
         """Host addresses as RT_HOST|RT_LOCAL routes: host -> workload traffic skips policy (as in
@@ -189,16 +220,66 @@ class BPFEndpoints:
             maps.routes(v6).set(mt.route_key(cidr), mt.route_value(flags, ifindex=ifindex, v6=v6))
             done.add(cidr)
 
-    def _sweep_ifstate(self) -> None:
-        ifstate = self.kernel.maps.ifstate
-        for key in list(ifstate.keys()):
+    def _restart_sync(self) -> None:
+        """Take over what an earlier run left (see the module docstring)."""
+        k = self.kernel
+        self._stale_routes = {f"{ipaddress.ip_address(bytes(key.addr))}/{key.prefixlen}"
+                              for v6 in (False, True) for key, val in k.maps.routes(v6).items()
+                              if val.flags in _OWN_ROUTE_FLAGS}
+        ifstate = k.maps.ifstate
+        by_index = {i: n for n, (i, _up) in self._ifaces.items()}
+        for key, val in list(ifstate.items()):
             ifindex = int(key.value) if hasattr(key, "value") else int(key)
-            if not any(i == ifindex and n in self._want for n, (i, _up) in self._ifaces.items()):
+            name = bytes(val.name).split(b"\0", 1)[0].decode(errors="replace")
+            if by_index.get(ifindex) == name and name in self._want and name not in self._done:
+                self._reclaim(name, ifindex, val)
+            else:
+                log.info("Deleting a stale cali_iface entry", ifindex=ifindex, iface=name,
+                         now=by_index.get(ifindex))
                 ifstate.delete(ctypes.c_uint32(ifindex))
         for name, (ifindex, _up) in self._ifaces.items():
             if name not in self._want and any(self._attached_any(name, ifindex)):
                 log.info("Detaching BPF programs from an interface that is no longer a workload", iface=name)
-                self.kernel.attacher.detach(name, ifindex)
+                k.attacher.detach(name, ifindex)
+        k.attacher.sweep({n: i for n, (i, _up) in self._ifaces.items()})
+        self._free_unowned_entries()
+
+    def _reclaim(self, iface: str, ifindex: int, val: mt.IfStateValue) -> None:
+        done = _Programmed(ifindex)
+        for hook in HOOKS:
+            for v in FAMILIES:
+                entry = int(getattr(val, f"{'ingress' if hook == defs.HOOK_TC_EGRESS else 'egress'}_policy_v{v}"))
+                if 0 <= entry < self.kernel.slots[hook].size and v in self._want[iface]:
+                    try:
+                        self.kernel.slots[hook].assign(entry, f"{iface}/v{v}")
+                    except ValueError:
+                        log.warning("Policy entry claimed twice in cali_iface; allocating a new one",
+                                    iface=iface, entry=entry)
+                        continue
+                    done.slots[(hook, v)] = entry
+                    done.reclaimed.add((hook, v))
+        done.ready = frozenset(v for v in FAMILIES if val.flags & _READY[v] and v in self._want[iface])
+        done.attached = False  # checked against this process's preamble in _reconcile
+        self._done[iface] = done
+        self._dirty.add(iface)
+        log.info("Reclaimed a BPF endpoint from the previous run", iface=iface, ifindex=ifindex, slots=done.slots)
+
+    def _free_unowned_entries(self) -> None:
+        """Clear every policy entry (all its parts) that no interface of this run owns."""
+        for hook in HOOKS:
+            jm = self.kernel.maps.jumps(hook)
+            alloc = self.kernel.slots[hook]
+            owned = {e for p in self._done.values() for (h, _v), e in p.slots.items() if h == hook}
+            stride = self.kernel.policies.stride(hook)
+            freed = 0
+            for entry in range(alloc.size):
+                if entry in owned or jm.get(ctypes.c_uint32(entry)) is None:
+                    continue
+                for part in range(defs.MAX_POLICY_SUBPROGS):
+                    jm.delete(ctypes.c_uint32(entry + part * stride))
+                freed += 1
+            if freed:
+                log.info("Freed policy entries left by an earlier run", hook=hook, entries=freed)
 
     def _attached_any(self, name: str, ifindex: int) -> Iterable[bool]:
         for hook in HOOKS:
@@ -236,8 +317,12 @@ class BPFEndpoints:
             configure(self._attach_point(iface, done, hook), k.programs, k.maps)
         if not done.attached or not all(self._attached_any(iface, ifindex)):         # 6
             for hook in HOOKS:
-                k.attacher.attach(iface, ifindex, hook, k.programs.preamble_fd(hook))
+                fd = k.programs.preamble_fd(hook)
+                if done.reclaimed and k.attacher.is_current(iface, ifindex, hook, fd):
+                    continue  # the previous run's preamble: the same code over the same maps
+                k.attacher.attach(iface, ifindex, hook, fd)
             done.attached = True
+        done.reclaimed.clear()
         ready = frozenset(want)
         self._write_ifstate(iface, done, ready)                                     # 7
         done.ready = ready
@@ -259,11 +344,17 @@ class BPFEndpoints:
             entry = self.kernel.slots[hook].get(f"{iface}/v{v}")
             done.slots[(hook, v)] = entry
             done.policy.pop((hook, v), None)
-        if (hook, v) not in done.policy and ps != DENY_ALL:
+        reclaimed = (hook, v) in done.reclaimed
+        if (hook, v) not in done.policy and ps != DENY_ALL and not reclaimed:
             self._install(hook, entry, v, DENY_ALL)  # a fresh slot holds default-deny first
         if done.policy.get((hook, v)) != ps:
             self._install(hook, entry, v, ps)
             done.policy[(hook, v)] = ps
+            if reclaimed:  # the previous run's program may have had more parts
+                prog = pol.installed(hook, entry)
+                jm = self.kernel.maps.jumps(hook)
+                for part in range(len(prog.fds) if prog else 1, defs.MAX_POLICY_SUBPROGS):
+                    jm.delete(ctypes.c_uint32(entry + part * pol.stride(hook)))
         assert pol.installed(hook, entry) is not None
 
     def _install(self, hook: int, entry: int, v: int, ps: PolicySet) -> None:

@@ -48,12 +48,15 @@ class FakePrograms:
     ids: dict[int, int] = field(default_factory=dict)  # fd -> program id
     names: dict[int, str] = field(default_factory=dict)
     closed: set[int] = field(default_factory=set)
+    tags: dict[int, str] = field(default_factory=dict)  # fd -> "code" (equal for the same program text)
     loads: int = 0
+    build: str = "v1"  # bump to make every later load different code (an upgrade)
 
     def load(self, prog_type: int, insns: bytes, *, name: str = "", **_: object) -> int:
         fd = next(self._fds)
         self.ids[fd] = fd + 50000
         self.names[fd] = name
+        self.tags[fd] = f"{self.build}:{name}:{insns.hex()}"
         self.loads += 1
         return fd
 
@@ -74,8 +77,10 @@ class _FakeLoaded:
 
 @dataclass
 class FakeAttacher:
-    """Which preamble fd is on each (ifindex, hook); ``fail_ifaces`` makes attach raise."""
+    """Which preamble fd is on each (ifindex, hook); ``fail_ifaces`` makes attach raise.  It
+    outlives a simulated restart (:meth:`FakeBPF.restarted`), as attachments and pins do."""
 
+    progs: FakePrograms = field(default_factory=FakePrograms)
     attached: dict[tuple[int, int], int] = field(default_factory=dict)
     names: dict[int, str] = field(default_factory=dict)
     fail_ifaces: set[str] = field(default_factory=set)
@@ -95,6 +100,17 @@ class FakeAttacher:
     def is_attached(self, iface: str, ifindex: int, hook: int) -> bool:
         return (ifindex, hook) in self.attached
 
+    def is_current(self, iface: str, ifindex: int, hook: int, prog_fd: int) -> bool:
+        have = self.attached.get((ifindex, hook))
+        return have is not None and self.progs.tags.get(have) == self.progs.tags.get(prog_fd)
+
+    def sweep(self, existing: dict[str, int]) -> None:
+        # As in the kernel, an attachment to an interface that is gone (by name, or re-created with a
+        # new ifindex) is gone too.
+        for ifindex, hook in list(self.attached):
+            if existing.get(self.names.get(ifindex, "")) != ifindex:
+                del self.attached[(ifindex, hook)]
+
     def mode(self, iface: str) -> str:
         return "tcx"
 
@@ -111,6 +127,12 @@ class FakeBPF:
     def map(self, name: str) -> FakeKernelMap:
         return cast(FakeKernelMap, self.kernel.maps[name])
 
+    def restarted(self) -> FakeBPF:
+        """A new process's bundle over the same kernel: the pinned maps, the loaded programs and the
+        attachments stay; the process state (generic-program layout, policy program cache, slot
+        allocators) starts empty, and every program is loaded again with a new fd and id."""
+        return _bundle(self.kernel.maps, self.progs, self.attacher)
+
 
 def fake_kernel(sizes: dict[str, int] | None = None) -> FakeBPF:
     sizes = sizes or {}
@@ -119,6 +141,10 @@ def fake_kernel(sizes: dict[str, int] | None = None) -> FakeBPF:
                  for s in ALL_SPECS}
     maps = MapSet("fake", maps=cast(dict[str, Map], fake_maps))
     progs = FakePrograms()
+    return _bundle(maps, progs, FakeAttacher(progs))
+
+
+def _bundle(maps: MapSet, progs: FakePrograms, attacher: FakeAttacher) -> FakeBPF:
 
     def loader(variant: Variant, _pin_root: str) -> _FakeLoaded:
         funcs = ([PREAMBLE_FUNC[variant.program]] if variant.program in PREAMBLE_FUNC
@@ -126,7 +152,6 @@ def fake_kernel(sizes: dict[str, int] | None = None) -> FakeBPF:
         return _FakeLoaded({f: progs.load(0, b"", name=f) for f in funcs})
 
     ids = IPSetIDAllocator()
-    attacher = FakeAttacher()
     kernel = BPFKernel(maps=maps, programs=ProgramsMap(maps, "fake", loader=loader),
                        policies=PolicyPrograms(maps, ids, prog_load=progs.load, close_fd=progs.close),
                        attacher=attacher, ipset_ids=ids, slots={hook: JumpMapAllocator() for hook in HOOKS})

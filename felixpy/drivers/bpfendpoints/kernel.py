@@ -33,6 +33,17 @@ class BPFKernel:
     slots: dict[int, JumpMapAllocator]  # per TC hook: policy entry allocator
 
 
+PIN_ROOT_ENV = "FELIXPY_BPF_PIN_ROOT"
+
+
+def configured_pin_root() -> str:
+    """The daemon's pin root: ``$FELIXPY_BPF_PIN_ROOT`` (tests: a private bpffs) or Felix's
+    ``/sys/fs/bpf/tc/globals``.  BPF mode pins there; the *tables modes clean up there."""
+    from felixpy.bpf.maps import DEFAULT_PIN_ROOT
+
+    return os.environ.get(PIN_ROOT_ENV, DEFAULT_PIN_ROOT)
+
+
 def default_tcx_pin_dir(pin_root: str) -> str:
     """Felix pins TCX links in ``/sys/fs/bpf/tcx`` beside ``/sys/fs/bpf/tc/globals``; any other
     pin root keeps them in its own ``tcx`` subdirectory."""

@@ -1,0 +1,114 @@
+"""The BPF endpoint driver restarted against the real kernel: each "process" is a new bundle
+(:func:`~felixpy.drivers.bpfendpoints.open_kernel`: maps opened from their pins, every variant compiled
+and loaded again in the worker, empty allocators) over the same namespace and bpffs."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from felixpy.bpf import defs
+from felixpy.bpf import maptypes as mt
+from felixpy.bpf import syscall as sc
+from felixpy.bpf import maps
+from felixpy.bpf.policy_ir import ALLOW_ALL, DENY_ALL
+from felixpy.drivers.bpfendpoints import BPFEndpoints, BPFKernel, WorkloadPolicy, open_kernel
+from felixpy.ifacemonitor.events import IfaceState
+from felixpy.testing import netns as nsutil
+
+from .conftest import SMALL_SIZES, _need_root_and_bcc
+
+pytestmark = [pytest.mark.bpf, pytest.mark.kernel]
+
+ING, EGR = defs.HOOK_TC_INGRESS, defs.HOOK_TC_EGRESS
+IFACES = {"calia": "10.65.0.2", "calib": "10.65.0.3"}
+
+
+@dataclass
+class World:
+    ns: str
+    root: str
+
+    @property
+    def pin_root(self) -> str:
+        return os.path.join(self.root, "tc", "globals")
+
+    @property
+    def tcx_dir(self) -> str:
+        return os.path.join(self.root, "tcx")
+
+    def process(self) -> BPFKernel:
+        return open_kernel(self.pin_root, "TCX", tcx_pin_dir=self.tcx_dir, sizes=SMALL_SIZES)
+
+    def links(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for pin in sorted(os.listdir(self.tcx_dir)) if os.path.isdir(self.tcx_dir) else []:
+            fd = sc.obj_get(os.path.join(self.tcx_dir, pin))
+            try:
+                _t, link_id, prog_id = sc.link_info(fd)
+            finally:
+                os.close(fd)
+            out[pin] = (link_id, prog_id)
+        return out
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    _need_root_and_bcc()
+    with nsutil.netns("fpyr") as ns, maps.private_bpffs() as root:
+        for name in IFACES:
+            nsutil.run_in(ns, "ip", "link", "add", name, "type", "veth", "peer", "name", f"p{name}")
+            nsutil.run_in(ns, "ip", "link", "set", name, "up")
+            nsutil.run_in(ns, "ip", "link", "set", f"p{name}", "up")
+        with nsutil.entered(ns):
+            yield World(ns, root)
+
+
+def driver(kernel: BPFKernel, wanted: dict[str, str]) -> BPFEndpoints:
+    d = BPFEndpoints(kernel)
+    for name in IFACES:
+        d.on_iface_state(name, IfaceState.UP, socket.if_nametoindex(name))
+    for name, ip in wanted.items():
+        d.set_workload(4, name, WorkloadPolicy(to_workload=DENY_ALL, from_workload=ALLOW_ALL, addresses=(ip,)))
+    return d
+
+
+def ifstate(kernel: BPFKernel) -> dict[int, tuple[str, int, int, int]]:
+    return {int(k.value): (bytes(v.name).rstrip(b"\0").decode(), v.flags, v.egress_policy_v4, v.ingress_policy_v4)
+            for k, v in kernel.maps.ifstate.items()}
+
+
+def slot_prog_id(kernel: BPFKernel, hook: int, entry: int) -> int | None:
+    v = kernel.maps.jumps(hook).get(ctypes.c_uint32(entry))
+    return None if v is None else int(v.value)
+
+
+def test_a_restart_reclaims_reattaches_nothing_and_sweeps_what_is_no_longer_wanted(world: World) -> None:
+    first = world.process()
+    driver(first, IFACES).apply()
+    links, state = world.links(), ifstate(first)
+    assert len(links) == 4 and {n for n, *_ in state.values()} == set(IFACES)
+    a_index, b_index = (socket.if_nametoindex(n) for n in ("calia", "calib"))
+
+    second = world.process()  # a new process; its feed still has calia, no longer calib
+    d2 = driver(second, {"calia": IFACES["calia"]})
+    d2.apply()
+    assert world.links() == {k: v for k, v in links.items() if k.startswith("calia")}, \
+        "the restart re-attached calia's preambles (link or program ids changed) or kept calib's"
+    assert ifstate(second) == {a_index: state[a_index]}  # same entries, READY, nothing of calib
+    _n, _f, egr_entry, ing_entry = state[a_index]  # (TC ingress entry, TC egress entry)
+    for hook, entry in ((ING, egr_entry), (EGR, ing_entry)):
+        prog = second.policies.installed(hook, entry)
+        assert prog is not None and slot_prog_id(second, hook, entry) == sc.prog_info(prog.fds[0]).id
+    _n, _f, b_egr, b_ing = state[b_index]
+    assert slot_prog_id(second, ING, b_egr) is None and slot_prog_id(second, EGR, b_ing) is None
+    assert second.maps.routes(False).get(mt.route_key(IFACES["calib"] + "/32")) is None
+    assert second.maps.routes(False).get(mt.route_key(IFACES["calia"] + "/32")) is not None
+    assert d2.ready_interfaces(4) == frozenset({"calia"})
+    for k in (first, second):
+        k.maps.close()

@@ -1,0 +1,224 @@
+"""BPF mode restarts over fakes: a new process (new program fds and ids, empty allocators and caches)
+over the same kernel (the pinned maps, the loaded programs, the attachments), fed by the daemon's own
+wiring.  Asserts what the kernel holds after the new process's first apply: which preamble is
+attached where (and whether anything was re-attached), which policy entry each interface has and
+what is in it, ``cali_iface`` and the jump maps' leftovers."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import replace
+
+from felixpy.bpf import defs
+from felixpy.bpf import maptypes as mt
+from felixpy.bpf.policy_ir import DENY_ALL
+from felixpy.config import Config
+from felixpy.drivers.bpfendpoints.fake import FakeBPF, fake_kernel
+from .harness import Node, policy, profile, rule, tier, wep
+from .test_bpf_endpoints import ING, EGR, allowed, entries, ifstate, programmed, slot_fd
+
+BPF_CONFIG = replace(Config(), BPFEnabled=True)
+
+
+def first_run(families: tuple[int, ...] = (4,)) -> tuple[Node, FakeBPF]:
+    fb = fake_kernel()
+    n = Node(families=families, config=BPF_CONFIG, bpf=fb)
+    for name in ("cali1", "cali2", "cali3"):
+        n.link_up(name)
+    n.send(profile("allow"),
+           policy("deny-tcp", inbound=[rule("deny", protocol="tcp")]),
+           wep("a", "cali1", ipv4=["10.65.0.1/32"], ipv6=["fd00::1/128"], profiles=["allow"]),
+           wep("b", "cali2", ipv4=["10.65.0.2/32"], ipv6=["fd00::2/128"], profiles=["allow"],
+               tiers=[tier("default", ingress=["deny-tcp"])]),
+           wep("c", "cali3", ipv4=["10.65.0.3/32"], ipv6=["fd00::3/128"], profiles=["allow"]))
+    n.apply()
+    return n, fb
+
+
+def restart(n1: Node, fb1: FakeBPF, families: tuple[int, ...] = (4,), *, feed: list[object] | None = None,
+            links: tuple[str, ...] = ("cali1", "cali2", "cali3")) -> tuple[Node, FakeBPF]:
+    """A new daemon over the same kernel; the interface monitor's dump reports *links*."""
+    fb = fb1.restarted()
+    n = Node(families=families, config=BPF_CONFIG, bpf=fb, netlink_fake=n1.netlink)
+    for name in links:
+        n.link_up(name)
+    n.send(*(feed if feed is not None else [
+        profile("allow"),
+        policy("deny-tcp", inbound=[rule("deny", protocol="tcp")]),
+        wep("a", "cali1", ipv4=["10.65.0.1/32"], ipv6=["fd00::1/128"], profiles=["allow"]),
+        wep("b", "cali2", ipv4=["10.65.0.2/32"], ipv6=["fd00::2/128"], profiles=["allow"],
+            tiers=[tier("default", ingress=["deny-tcp"])]),
+        wep("c", "cali3", ipv4=["10.65.0.3/32"], ipv6=["fd00::3/128"], profiles=["allow"])]))
+    return n, fb
+
+
+def record_acquires(fb: FakeBPF) -> list[object]:
+    """Every policy set the new process loads or re-uses a program for, in order."""
+    seen: list[object] = []
+    pol = fb.kernel.policies
+    orig = pol.acquire
+
+    def acquire(ps, **kw):  # type: ignore[no-untyped-def]
+        seen.append(ps)
+        return orig(ps, **kw)
+
+    pol.acquire = acquire  # type: ignore[method-assign]
+    return seen
+
+
+def test_restart_with_the_same_feed_reclaims_everything_and_reattaches_nothing() -> None:
+    n1, fb1 = first_run((4, 6))
+    ifaces = ("cali1", "cali2", "cali3")
+    before_attached = dict(fb1.attacher.attached)
+    before_entries = {i: (entries(fb1, n1.ifindex(i), 4), entries(fb1, n1.ifindex(i), 6)) for i in ifaces}
+    calls = fb1.attacher.attach_calls
+    # Established flows live in the conntrack map: the new process must not touch it.
+    ct = fb1.kernel.maps.ct(False)
+    ct.set(mt.CtKey4(), mt.CtValue4())
+    n2, fb2 = restart(n1, fb1, (4, 6))
+    acquired = record_acquires(fb2)
+    n2.apply()
+    assert fb2.attacher.attach_calls == calls, "a restart with the same feed re-attached a preamble"
+    assert fb2.attacher.attached == before_attached  # the previous run's preamble programs, untouched
+    for i in ifaces:
+        idx = n2.ifindex(i)
+        assert (entries(fb2, idx, 4), entries(fb2, idx, 6)) == before_entries[i], f"{i} moved to other entries"
+        for v in (4, 6):
+            assert programmed(n2, fb2, i, v)
+    # The reclaimed entries were swapped straight to the real policy: no default-deny window.
+    assert acquired and DENY_ALL not in acquired
+    # And each now holds a program this process loaded (the old one is released by the slot swap).
+    idx = n2.ifindex("cali2")
+    ing, egr = entries(fb2, idx, 4)
+    for hook, entry in ((ING, ing), (EGR, egr)):
+        prog = fb2.kernel.policies.installed(hook, entry)
+        assert prog is not None and slot_fd(fb2, hook, entry) == prog.fds[0]
+    assert sorted(allowed(n2, 4)) == list(ifaces) and sorted(allowed(n2, 6)) == list(ifaces)
+    assert len(list(fb2.kernel.maps.ct(False).keys())) == 1
+    # New endpoints after the restart get fresh entries, not a reclaimed one.
+    n2.link_up("cali4")
+    n2.send(wep("d", "cali4", ipv4=["10.65.0.4/32"], profiles=["allow"]))
+    n2.apply()
+    new = set(entries(fb2, n2.ifindex("cali4"), 4))
+    assert not new & {e for i in ifaces for e in before_entries[i][0] + before_entries[i][1]}
+
+
+def test_restart_into_new_code_replaces_the_preambles_in_place() -> None:
+    n1, fb1 = first_run()
+    fb1.progs.build = "v2"  # the new process's programs are different code
+    n2, fb2 = restart(n1, fb1)
+    n2.apply()
+    for i in ("cali1", "cali2", "cali3"):
+        idx = n2.ifindex(i)
+        for hook in (ING, EGR):
+            assert fb2.attacher.attached[(idx, hook)] == fb2.kernel.programs.preamble_fd(hook)
+        assert programmed(n2, fb2, i)
+
+
+def test_restart_sweeps_what_the_new_world_does_not_have() -> None:
+    n1, fb1 = first_run()
+    gone, unwanted = n1.ifindex("cali3"), n1.ifindex("cali2")
+    e_gone, e_unwanted = entries(fb1, gone), entries(fb1, unwanted)
+    e_kept = entries(fb1, n1.ifindex("cali1"))
+    # A stray policy entry nobody records, with a second part (a split program).
+    stray = 4321
+    for hook in (ING, EGR):
+        jm = fb1.kernel.maps.jumps(hook)
+        jm.set(ctypes.c_uint32(stray), 7)
+        jm.set(ctypes.c_uint32(stray + defs.TC_POLICY_STRIDE), 8)
+    # An entry for an ifindex that no longer exists, and one whose ifindex now has another name.
+    fb1.kernel.maps.ifstate.set(ctypes.c_uint32(999), mt.ifstate_value(defs.IFACE_STATE_WEP | 1, "caliold",
+                                                                       egress_policy_v4=77))
+    n1.netlink.remove_link("cali3")  # gone while the daemon was down: its TCX pins remain
+    n2, fb2 = restart(n1, fb1, feed=[profile("allow"),
+                                     wep("a", "cali1", ipv4=["10.65.0.1/32"], profiles=["allow"])],
+                      links=("cali1", "cali2"))
+    n2.apply()
+    assert programmed(n2, fb2, "cali1") and entries(fb2, n2.ifindex("cali1")) == e_kept
+    assert ifstate(fb2, 999) is None and ifstate(fb2, gone) is None and ifstate(fb2, unwanted) is None
+    assert not any(idx in (gone, unwanted) for idx, _h in fb2.attacher.attached)
+    for hook, i in ((ING, 0), (EGR, 1)):
+        for entry in (e_gone[i], e_unwanted[i], stray, stray + defs.TC_POLICY_STRIDE):
+            assert slot_fd(fb2, hook, entry) is None, f"hook {hook}: entry {entry} not freed"
+        assert slot_fd(fb2, hook, e_kept[i]) is not None
+    assert allowed(n2) == ["cali1"]
+    routes = fb2.kernel.maps.routes(False)
+    assert routes.get(mt.route_key("10.65.0.1/32")) is not None
+    for gone_ip in ("10.65.0.2/32", "10.65.0.3/32"):
+        assert routes.get(mt.route_key(gone_ip)) is None, f"{gone_ip}: the earlier run's route was kept"
+    # The freed entries are reusable.
+    n2.send(wep("b", "cali2", ipv4=["10.65.0.2/32"], profiles=["allow"]))
+    n2.apply()
+    assert programmed(n2, fb2, "cali2")
+
+
+def test_restart_with_a_changed_policy_swaps_it_in_the_reclaimed_entry() -> None:
+    n1, fb1 = first_run()
+    idx = n1.ifindex("cali2")
+    ing, egr = entries(fb1, idx)
+    old = fb1.kernel.policies.installed(EGR, egr)
+    assert old is not None
+    calls = fb1.attacher.attach_calls
+    n2, fb2 = restart(n1, fb1, feed=[
+        profile("allow"), wep("a", "cali1", ipv4=["10.65.0.1/32"], profiles=["allow"]),
+        wep("b", "cali2", ipv4=["10.65.0.2/32"], profiles=["allow"]),
+        wep("c", "cali3", ipv4=["10.65.0.3/32"], profiles=["allow"])])
+    acquired = record_acquires(fb2)
+    n2.apply()
+    assert entries(fb2, idx) == (ing, egr) and fb2.attacher.attach_calls == calls
+    new = fb2.kernel.policies.installed(EGR, egr)
+    assert new is not None and new.key[0] != old.key[0] and slot_fd(fb2, EGR, egr) == new.fds[0]
+    assert DENY_ALL not in acquired
+
+
+def test_restart_reclaims_only_the_families_still_wanted() -> None:
+    n1, fb1 = first_run((4, 6))
+    idx = n1.ifindex("cali1")
+    v6_ing, v6_egr = entries(fb1, idx, 6)
+    # Restarted with IPv6 off: the v6 entries are freed, the v4 ones kept.
+    n2, fb2 = restart(n1, fb1, (4,), feed=[
+        profile("allow"), wep("a", "cali1", ipv4=["10.65.0.1/32"], profiles=["allow"])], links=("cali1",))
+    n2.apply()
+    assert programmed(n2, fb2, "cali1", 4)
+    st = ifstate(fb2, idx)
+    assert st is not None and not st.flags & defs.IFACE_STATE_V6_READY
+    assert slot_fd(fb2, ING, v6_ing) is None and slot_fd(fb2, EGR, v6_egr) is None
+
+
+def test_generic_program_layout_does_not_depend_on_load_order() -> None:
+    """A restarted process that loads the variants in another order puts each in the same slots, so the
+    globals already written for attached preambles stay right while the slots are overwritten."""
+    from felixpy.bpf.build import EpType, Program, Variant
+
+    variants = [Variant(Program.TC, hook, ep, v6, dbg) for hook in (ING, EGR) for ep in EpType
+                for v6 in (False, True) for dbg in (False, True)]
+    variants += [Variant(Program.XDP, defs.HOOK_XDP, EpType.HEP, v6, dbg) for v6 in (False, True) for dbg in (False, True)]
+    first, second = fake_kernel(), fake_kernel()
+    one = {v: first.kernel.programs.layout(v) for v in variants}
+    two = {v: second.kernel.programs.layout(v) for v in reversed(variants)}
+    assert one == two
+    for hook in (ING, EGR, defs.HOOK_XDP):  # no two variants share a slot
+        slots = [s for v, lay in one.items() if v.hook == hook for _i, s in lay.slots]
+        assert len(slots) == len(set(slots))
+        def names(fb: FakeBPF) -> dict[int, str]:
+            pm = fb.kernel.maps.progs(hook)
+            return {s: fb.progs.names[int.from_bytes(bytes(pm.get(ctypes.c_uint32(s))), "little")] for s in slots}
+
+        assert names(first) == names(second)
+
+
+def test_restart_after_an_interface_was_recreated_programs_it_afresh() -> None:
+    n1, fb1 = first_run()
+    old_idx = n1.ifindex("cali2")
+    old_entries = entries(fb1, old_idx)
+    n1.netlink.remove_link("cali2")  # the pod's veth re-created while the daemon was down: a new ifindex
+    n2, fb2 = restart(n1, fb1)
+    n2.apply()
+    new_idx = n2.ifindex("cali2")
+    assert new_idx != old_idx and ifstate(fb2, old_idx) is None
+    assert programmed(n2, fb2, "cali2") and (old_idx, ING) not in fb2.attacher.attached
+    # Its old entries were freed (and may be handed out again); the other interfaces kept theirs.
+    assert entries(fb2, n2.ifindex("cali1")) == entries(fb1, n1.ifindex("cali1"))
+    for hook, entry in zip((ING, EGR), old_entries):
+        if entry not in entries(fb2, new_idx):
+            assert slot_fd(fb2, hook, entry) is None
