@@ -306,3 +306,27 @@ def test_timeouts_setting_parses_felixs_syntax_and_auto_reads_the_sysctl() -> No
     for bad in ("TCPEstablished=forever", "Bogus=1s", "TCPEstablished"):
         with pytest.raises(ValueError):
             parse_timeouts_setting(bad)
+
+
+def test_background_scanner_runs_off_the_apply_path_and_wakes_for_forgotten_addresses() -> None:
+    import gc
+    import time
+
+    m = FakeMap(CT4.sized(8))
+    k = ct_entry(m, 6, "10.65.0.2", 1, "8.8.8.8", 443, last_seen=1 << 62, legs="syn ack")
+    s = ConntrackScanner(4, m, period=3600.0)
+    s.apply()  # returns at once: the scan runs in its own thread
+    deadline = time.monotonic() + 30
+    while s.scans < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert s.scans >= 1 and m.get(k) is not None
+    s.forget_addresses(["10.65.0.2"])
+    while m.get(k) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert m.get(k) is None
+    thread = s._thread
+    assert thread is not None and thread.is_alive() and thread.name == "bpf-ct-scan-v4"
+    del s
+    gc.collect()
+    thread.join(timeout=15)  # only a weak reference: the thread ends with its scanner
+    assert not thread.is_alive()
