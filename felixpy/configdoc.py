@@ -81,7 +81,7 @@ def default_of(f: dataclasses.Field[Any]) -> str:
         return f"`{v:#010x}`"
     if isinstance(v, float):
         return f"`{v:g}`"
-    if f.metadata["parse"] is configmod._ct_timeouts:
+    if f.metadata["parse"] is configmod._ct_timeouts and isinstance(v, tuple):
         return "`" + ",".join(f"{name}={value}" for name, value in v) + "`"
     if isinstance(v, tuple):
         if not v:
