@@ -8,8 +8,9 @@ pin path under the pin root) back in and loads through libbpf (:func:`felixpy.bp
 so the daemon needs neither bcc nor LLVM for a cached variant.
 
 The key is everything the bytecode depends on: a SHA-256 of the expanded C source (every local
-header spliced in), the cflags (compile flags, log level, family, pin root), the kernel release
-and the bcc version (read from bcc's ``version.py`` without importing bcc).  A file whose key does
+header spliced in), the cflags (compile flags, log level, family) except the pin root (it only
+names the maps bcc opens at compile time, and map references are relocated by name), the kernel
+release and the bcc version (read from bcc's ``version.py`` without importing bcc).  A file whose key does
 not match is a miss and is overwritten by the next compile; a cached program the kernel refuses is
 a miss too (logged), so a stale or corrupt cache can only cost a compile.
 
@@ -66,18 +67,17 @@ def bcc_version() -> str:
     return "unknown"
 
 
-def cache_key(variant: Variant, pin_root: str) -> str:
+def cache_key(variant: Variant) -> str:
     h = hashlib.sha256()
-    for part in (f"format {FORMAT}", expand_source(variant.source), *variant.cflags(pin_root),
-                 os.uname().release, bcc_version()):
+    flags = [f for f in variant.cflags("") if not f.startswith("-DCALI_PIN_ROOT=")]
+    for part in (f"format {FORMAT}", expand_source(variant.source), *flags, os.uname().release, bcc_version()):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
 
 
-def _path(directory: str, variant: Variant, pin_root: str) -> Path:
-    root = hashlib.sha256(pin_root.encode()).hexdigest()[:8]
-    return Path(directory) / f"{variant.label}-{root}.json"
+def _path(directory: str, variant: Variant) -> Path:
+    return Path(directory) / f"{variant.label}.json"
 
 
 def _map_refs(insns: bytes) -> list[tuple[int, int]]:
@@ -90,9 +90,9 @@ def _map_refs(insns: bytes) -> list[tuple[int, int]]:
     return out
 
 
-def store(directory: str, variant: Variant, pin_root: str, funcs: Mapping[str, bytes]) -> bool:
+def store(directory: str, variant: Variant, funcs: Mapping[str, bytes]) -> bool:
     """Record *funcs* (name -> bcc's instructions, map fds of this process) for *variant*."""
-    entry: dict[str, object] = {"key": cache_key(variant, pin_root), "prog_type": variant.prog_type, "funcs": {}}
+    entry: dict[str, object] = {"key": cache_key(variant), "prog_type": variant.prog_type, "funcs": {}}
     out = entry["funcs"]
     assert isinstance(out, dict)
     names: dict[int, str] = {}
@@ -107,7 +107,7 @@ def store(directory: str, variant: Variant, pin_root: str, funcs: Mapping[str, b
                     return False
             relocs.append([idx, names[fd]])
         out[func] = {"insns": base64.b64encode(insns).decode(), "maps": relocs}
-    path = _path(directory, variant, pin_root)
+    path = _path(directory, variant)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
@@ -122,12 +122,12 @@ def store(directory: str, variant: Variant, pin_root: str, funcs: Mapping[str, b
 
 def load(directory: str, variant: Variant, pin_root: str) -> dict[str, int] | None:
     """Load *variant*'s programs from the cache (fds by function name), or None on a miss."""
-    path = _path(directory, variant, pin_root)
+    path = _path(directory, variant)
     try:
         entry = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if entry.get("key") != cache_key(variant, pin_root):
+    if entry.get("key") != cache_key(variant):
         log.info("BPF compile cache entry is stale", variant=variant.label)
         return None
     fds: dict[str, int] = {}

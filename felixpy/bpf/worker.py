@@ -132,8 +132,7 @@ def _serve(sock: socket.socket) -> None:
             v = _decode(enc)
             loaded = build.load_variant(v, req["pin_root"])
             if req.get("cache_dir"):
-                objcache.store(req["cache_dir"], v, req["pin_root"],
-                               {f: loaded.bpf.dump_func(f.encode()) for f in loaded.fds})
+                objcache.store(req["cache_dir"], v, {f: loaded.bpf.dump_func(f.encode()) for f in loaded.fds})
             for func, fd in loaded.fds.items():
                 socket.send_fds(sock, [json.dumps({"variant": i, "func": func,
                                                    "compile_s": loaded.compile_seconds}).encode()],
