@@ -330,3 +330,23 @@ def test_background_scanner_runs_off_the_apply_path_and_wakes_for_forgotten_addr
     gc.collect()
     thread.join(timeout=15)  # only a weak reference: the thread ends with its scanner
     assert not thread.is_alive()
+
+
+def test_conntrack_metrics_are_exposed_under_felixs_names_and_types() -> None:
+    from prometheus_client import REGISTRY
+
+    from felixpy.metrics import exposition
+
+    m = FakeMap(CT4.sized(8))
+    ct_entry(m, 17, "10.0.0.1", 1, "10.0.0.2", 53, last_seen=0)
+    ct_entry(m, 17, "10.0.0.1", 2, "10.0.0.2", 53, last_seen=1 << 62)
+    ConntrackScanner(4, m, now_ns=lambda: 1000 * S, background=False).scan()
+    text = exposition([REGISTRY]).decode()
+    types = dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE felix_bpf_conntrack"))
+    assert types == {"felix_bpf_conntrack_sweeps": "counter", "felix_bpf_conntrack_used": "gauge",
+                     "felix_bpf_conntrack_cleaned": "gauge", "felix_bpf_conntrack_cleaned_total": "gauge",
+                     "felix_bpf_conntrack_sweep_duration": "gauge", "felix_bpf_conntrack_expired": "gauge"}
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith("felix_bpf_conntrack")}
+    assert values["felix_bpf_conntrack_used"] == 2 and values["felix_bpf_conntrack_cleaned"] == 1
+    assert values["felix_bpf_conntrack_expired"] == 1 and values["felix_bpf_conntrack_sweeps"] >= 1
