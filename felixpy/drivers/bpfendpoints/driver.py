@@ -214,7 +214,7 @@ class BPFEndpoints:
         self._write_ifstate(iface, done, ready)                                     # 6
         done.ready = ready
         log.debug("BPF endpoint programmed", iface=iface, ifindex=ifindex, families=sorted(ready),
-                  slots=done.slots)
+                  slots={f"hook{h}/v{v}": e for (h, v), e in sorted(done.slots.items())})
 
     # ------------------------------------------------------------------------------ steps
     def _ensure_counters(self, ifindex: int, hook: int) -> None:
