@@ -167,6 +167,17 @@ def _ignored(default: Any, parse: Callable[[str], Any], note: str, *, warn: bool
     return _p(default, parse, IGNORED, note, warn=warn)
 
 
+CT_TIMEOUTS_DEFAULT = ("CreationGracePeriod=10s,TCPSynSent=20s,TCPEstablished=1h,TCPFinsSeen=Auto,"
+                       "TCPResetSeen=40s,UDPTimeout=60s,GenericTimeout=10m,ICMPTimeout=5s")
+
+
+def _ct_timeouts(raw: str) -> tuple[tuple[str, str], ...]:
+    """Felix's ``BPFConntrackTimeouts``: ``Name=duration|Auto,...`` (validated by name and value)."""
+    from felixpy.drivers.bpfconntrack.api import parse_timeouts_setting
+
+    return parse_timeouts_setting(raw)
+
+
 FAILSAFE_IN = "tcp:22,udp:68,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667"
 FAILSAFE_OUT = "udp:53,udp:67,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667"
 _WHICH_DRIVER = "felixpy is the dataplane driver; which driver Felix runs is Felix's choice"
@@ -328,6 +339,10 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     BPFMapSizeIPSets: int = _p(1048576, _int, HONOURED, _BPF_OPT_IN)
     BPFMapSizeIfState: int = _p(1000, _int, HONOURED, _BPF_OPT_IN)
     BPFEnforceRPF: str = _ignored("Loose", _choice("Disabled", "Strict", "Loose"), _NO_BPF)
+    BPFConntrackTimeouts: tuple[tuple[str, str], ...] = _p(
+        _ct_timeouts(CT_TIMEOUTS_DEFAULT), _ct_timeouts, HONOURED,
+        _BPF_OPT_IN + "; the userspace scanner (every 10 s); Auto reads net.netfilter's conntrack timeouts; "
+        "CreationGracePeriod has no per-entry creation time to act on in the v4 map layout")
     # Informational (never trigger a restart).
     CalicoVersion: str = _ignored("", _str,
                                   "informational (usage reporting is Felix's)", warn=False)
@@ -398,7 +413,7 @@ FELIX_UNMODELLED_PARAMS = frozenset({
     "WireguardThreadingEnabled", "PrometheusWireGuardMetricsEnabled", "AWSSrcDstCheck", "RouteTableRange",
     "LiveMigrationRouteConvergenceTime", "SidecarAccelerationEnabled", "IstioAmbientMode", "IstioDSCPMark",
     "FlowLogsFlushInterval", "FlowLogsCollectorDebugTrace", "FlowLogsPolicyEvaluationMode",
-    "BPFDisableUnprivileged", "BPFJITHardening", "BPFConntrackCleanupMode", "BPFConntrackTimeouts",
+    "BPFDisableUnprivileged", "BPFJITHardening", "BPFConntrackCleanupMode",
     "BPFLogFilters", "BPFCTLBLogFilter", "BPFL3IfacePattern", "BPFConnectTimeLoadBalancingEnabled",
     "BPFConnectTimeLoadBalancing", "BPFHostNetworkedNATWithoutCTLB", "BPFExternalServiceMode",
     "BPFDSROptoutCIDRs", "BPFKubeProxyIptablesCleanupEnabled", "BPFKubeProxyMinSyncPeriod",

@@ -32,6 +32,7 @@ _TYPE_BY_PARSER: dict[Callable[[str], Any], str] = {
     configmod._port_range: "port range N or N:M",
     configmod._proto_ports: "failsafe ports: [proto:][net:]port, …",
     configmod._route_table_ranges: "table ranges N-M, …",
+    configmod._ct_timeouts: "Name=duration or Auto, …",
 }
 
 _HEADER = """# felixpy configuration reference
@@ -80,6 +81,8 @@ def default_of(f: dataclasses.Field[Any]) -> str:
         return f"`{v:#010x}`"
     if isinstance(v, float):
         return f"`{v:g}`"
+    if f.metadata["parse"] is configmod._ct_timeouts and isinstance(v, tuple):
+        return "`" + ",".join(f"{name}={value}" for name, value in v) + "`"
     if isinstance(v, tuple):
         if not v:
             return "(empty)"

@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from felixpy.testing import netns as _netns
+
+# No test writes the machine's BPF compile cache (/var/lib/felixpy/bpf); the cache's own tests
+# pass a temporary directory.
+os.environ.setdefault("FELIXPY_BPF_CACHE_DIR", "")
 
 
 @pytest.fixture

@@ -8,8 +8,14 @@ maps it binds are the shared pins), sends each program fd back with ``SCM_RIGHTS
 The kernel keeps a program alive while any process holds an fd to it (or a prog array slot
 does), so the programs outlive the worker.
 
+Compiled variants are also kept on disk (:mod:`felixpy.bpf.objcache`): the worker writes each
+variant it compiled to the cache, and :meth:`WorkerLoader.prefetch` loads every variant it finds
+there in this process (bytecode through libbpf, no bcc), so a restarted daemon with a warm cache
+spawns no worker at all.
+
 Protocol (SOCK_SEQPACKET, one message per record):
-  parent -> worker: JSON {"pin_root": str, "variants": [[program, hook, ep, ipv6, debug], ...]}
+  parent -> worker: JSON {"pin_root": str, "cache_dir": str | null,
+                          "variants": [[program, hook, ep, ipv6, debug], ...]}
   worker -> parent: per program, JSON {"variant": i, "func": name, "compile_s": f} + 1 fd;
                     finally {"done": true} or {"error": "..."}.
 """
@@ -24,6 +30,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+from felixpy.bpf import objcache
 from felixpy.bpf.build import EpType, Program, Variant
 from felixpy.bpf.errors import CompileError
 
@@ -53,9 +60,11 @@ class WorkerLoader:
     """Loads variants via a worker process; caches per variant like the in-process loader."""
 
     pin_root: str
+    cache_dir: str | None = field(default_factory=objcache.cache_dir)  # None: no on-disk cache
     _cache: dict[Variant, WorkerLoaded] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     spawns: int = 0
+    disk_hits: int = 0
 
     def __call__(self, variant: Variant, pin_root: str) -> WorkerLoaded:
         assert pin_root == self.pin_root
@@ -69,6 +78,13 @@ class WorkerLoader:
         """Compile every not-yet-loaded variant in one worker run."""
         with self._lock:
             todo = [v for v in dict.fromkeys(variants) if v not in self._cache]
+            if self.cache_dir is not None:
+                for v in list(todo):
+                    cached = objcache.load(self.cache_dir, v, self.pin_root)
+                    if cached is not None:
+                        self._cache[v] = WorkerLoaded(v, cached)
+                        self.disk_hits += 1
+                        todo.remove(v)
             if not todo:
                 return
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -78,7 +94,7 @@ class WorkerLoader:
                     pass_fds=(child.fileno(),), env=os.environ.copy())
                 self.spawns += 1
                 child.close()
-                parent.send(json.dumps({"pin_root": self.pin_root,
+                parent.send(json.dumps({"pin_root": self.pin_root, "cache_dir": self.cache_dir,
                                         "variants": [_encode(v) for v in todo]}).encode())
                 results: dict[int, WorkerLoaded] = {}
                 while True:
@@ -115,6 +131,8 @@ def _serve(sock: socket.socket) -> None:
         for i, enc in enumerate(req["variants"]):
             v = _decode(enc)
             loaded = build.load_variant(v, req["pin_root"])
+            if req.get("cache_dir"):
+                objcache.store(req["cache_dir"], v, {f: loaded.bpf.dump_func(f.encode()) for f in loaded.fds})
             for func, fd in loaded.fds.items():
                 socket.send_fds(sock, [json.dumps({"variant": i, "func": func,
                                                    "compile_s": loaded.compile_seconds}).encode()],

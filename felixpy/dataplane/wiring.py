@@ -89,8 +89,12 @@ from felixpy.rules import RendererOptions, RuleRenderer
 
 if TYPE_CHECKING:
     from felixpy.drivers.bpfendpoints import BPFEndpoints, BPFKernel
+    from felixpy.drivers.bpfconntrack.scanner import ConntrackScanner
     from felixpy.drivers.bpfendpoints.ipsets import BPFIPSetsDataplane
+    from felixpy.drivers.bpffailsafe.driver import BPFFailsafes
+    from felixpy.drivers.bpfroutes.driver import BPFRoutes
     from felixpy.managers.bpf_endpoints import BPFEndpointManager
+    from felixpy.managers.bpf_maps import BPFRouteManager
 
 log = structlog.get_logger(__name__)
 
@@ -207,6 +211,10 @@ class BPFFamilyParts:
     manager: BPFEndpointManager
     ipsets: BPFIPSetsDataplane
     driver: BPFEndpoints
+    routes: BPFRoutes
+    failsafes: BPFFailsafes
+    conntrack: ConntrackScanner
+    route_manager: BPFRouteManager
 
 
 @dataclass
@@ -589,10 +597,15 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
     the LPM maps, and only the attach-gap and fall-through rules in *tables
     (:mod:`felixpy.rules.bpfmode`).  The *tables endpoint manager still does routes, sysctls and
     status, with its chains discarded.  Host endpoints in BPF mode are not built yet."""
+    from felixpy.drivers.bpfconntrack.scanner import ConntrackScanner
+    from felixpy.drivers.bpfconntrack.api import resolve_timeouts
     from felixpy.drivers.bpfendpoints import BPFEndpoints
     from felixpy.drivers.bpfendpoints.discard import DiscardTable
     from felixpy.drivers.bpfendpoints.ipsets import BPFIPSetsDataplane
+    from felixpy.drivers.bpffailsafe.driver import BPFFailsafes
+    from felixpy.drivers.bpfroutes.driver import BPFRoutes
     from felixpy.managers.bpf_endpoints import BPFEndpointManager
+    from felixpy.managers.bpf_maps import BPFConntrackManager, BPFFailsafeManager, BPFRouteManager
     from felixpy.rules import bpfmode
 
     kernel = (deps.bpf_kernel or _default_bpf_kernel)(config)
@@ -611,13 +624,22 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
         discard = {name: DiscardTable(name, v) for name in TABLE_NAMES}
         drivers = _family_drivers(dp, config, v, deps)
         dp.register_device_syncer(bpf_ipsets)  # members before the programs that use them
+        routes = BPFRoutes(v, kernel.maps.routes(v == 6))  # before the programs (source check)
+        failsafes = BPFFailsafes(v, kernel.maps.failsafes(v == 6))
+        timeouts = resolve_timeouts(config.BPFConntrackTimeouts, lambda n: deps.sysctls.read(f"net/netfilter/{n}"))
+        # Its own thread over the real maps; over injected (fake) maps each apply scans inline.
+        conntrack = ConntrackScanner(v, kernel.maps.ct(v == 6), timeouts, background=deps.bpf_kernel is None)
+        for syncer in (routes, failsafes, conntrack):
+            dp.register_device_syncer(syncer)
         dp.register_ipsets(bpf_ipsets)  # removed sets cleared after the tables and programs
         # Policy, host endpoints, floating IPs and service-loop prevention are not *tables work in BPF
         # mode: their managers write to discarded tables, and only some are registered with the loop.
         fam = _family_parts(config, v, renderer, ft, discard, drivers, status, maps=None, floating_ips=False)
         fam.bpf = BPFFamilyParts(BPFEndpointManager(v, renderer.ctx, driver, filter=tables["filter"]),
-                                 bpf_ipsets, driver)
-        for mgr in (fam.ipsets_manager, fam.hostips, fam.endpoints, fam.bpf.manager):
+                                 bpf_ipsets, driver, routes, failsafes, conntrack,
+                                 BPFRouteManager(v, config, routes, workload_prefixes=renderer.ctx.workload_prefixes))
+        for mgr in (fam.ipsets_manager, fam.hostips, fam.endpoints, fam.bpf.manager, fam.bpf.route_manager,
+                    BPFFailsafeManager(v, config, failsafes), BPFConntrackManager(v, conntrack)):
             dp.register_manager(mgr)
         _build_routing(dp, config, fam, deps)
         for table in ft.to_apply:

@@ -6,13 +6,12 @@ the *tables allow list (Felix's ``bpfEndpointManager``, the desired-state half).
 * ``complete_deferred_work`` computes, for each workload interface whose endpoint or policies
   changed, the two :class:`~felixpy.bpf.policy_ir.PolicySet` values its programs enforce (policy
   ingress = to the workload, egress = from it; Felix's tier/profile extraction in
-  :mod:`felixpy.bpf.from_proto`) and the family's addresses, and hands them to the BPF endpoint
+  :mod:`felixpy.bpf.from_proto`), and hands them to the BPF endpoint
   driver (:class:`~felixpy.drivers.bpfendpoints.api.BPFEndpointsAPI`).  The driver compares
   values, so an unchanged endpoint costs nothing and a changed policy swaps only the programs
   whose policy set changed.  Two endpoints on one interface: the lower id wins (as the *tables
-  endpoint manager does).
-* This family's host addresses (from the interface monitor, workload interfaces excluded) go
-  to the driver for the routes map, so the programs classify to/from-host traffic.
+  endpoint manager does).  (The routes map -- workload and host addresses -- is the BPF route
+  manager's, :mod:`felixpy.managers.bpf_maps`.)
 * ``on_devices_applied`` (after the driver's apply) reads which interfaces are READY for this
   family and rewrites ``cali-to-wl-dispatch`` to accept exactly those, so the *tables admit an
   interface only once its programs are in place, and drop it again before they are detached.
@@ -31,7 +30,6 @@ import structlog
 from felixpy.bpf import from_proto
 from felixpy.drivers.bpfendpoints.api import BPFEndpointsAPI, WorkloadPolicy
 from felixpy.drivers.generictables.table import Table
-from felixpy.ifacemonitor.events import IfaceAddrsUpdate
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import bpfmode
 from felixpy.rules.context import RenderContext
@@ -58,14 +56,10 @@ class BPFEndpointManager:
         self._policy_dirty = False
         self._programmed: dict[str, WorkloadPolicy] = {}  # iface -> what we gave the driver
         self._allowed: frozenset[str] | None = None
-        self._host_addrs: dict[str, frozenset[str]] = {}  # non-workload interface -> this family's addresses
-        self._host_dirty = True
 
     # ----------------------------------------------------------------------- updates
     def on_update(self, msg: Any) -> None:
-        if isinstance(msg, IfaceAddrsUpdate):
-            self._on_addrs(msg)
-        elif isinstance(msg, pb.WorkloadEndpointUpdate):
+        if isinstance(msg, pb.WorkloadEndpointUpdate):
             self._endpoints[_key(msg.id)] = msg.endpoint
             self._dirty_keys.add(_key(msg.id))
         elif isinstance(msg, pb.WorkloadEndpointRemove):
@@ -84,23 +78,8 @@ class BPFEndpointManager:
             self._profiles.pop(msg.id.name, None)
             self._policy_dirty = True
 
-    def _on_addrs(self, msg: IfaceAddrsUpdate) -> None:
-        if msg.name.startswith(tuple(self._ctx.workload_prefixes)):
-            return
-        mine = frozenset(a for a in (msg.addrs or ()) if (":" in a) == (self.ip_version == 6))
-        if self._host_addrs.get(msg.name, frozenset()) != mine:
-            if mine:
-                self._host_addrs[msg.name] = mine
-            else:
-                self._host_addrs.pop(msg.name, None)
-            self._host_dirty = True
-
     # ---------------------------------------------------------------------- programming
     def complete_deferred_work(self) -> None:
-        if self._host_dirty:
-            addrs = frozenset().union(*self._host_addrs.values()) if self._host_addrs else frozenset()
-            self._driver.set_host_addresses(self.ip_version, addrs)
-            self._host_dirty = False
         if not (self._dirty_keys or self._policy_dirty):
             return
         winners: dict[str, tuple[WlKey, pb.WorkloadEndpoint]] = {}
@@ -128,13 +107,11 @@ class BPFEndpointManager:
 
     def _workload_policy(self, ep: pb.WorkloadEndpoint) -> WorkloadPolicy:
         action = self._ctx.config.DefaultEndpointToHostAction
-        nets = ep.ipv4_nets if self.ip_version == 4 else ep.ipv6_nets
         return WorkloadPolicy(
             to_workload=from_proto.workload_policy_set(ep, self._policies, self._profiles, from_proto.INGRESS,
                                                        ep_to_host_action=action),
             from_workload=from_proto.workload_policy_set(ep, self._policies, self._profiles, from_proto.EGRESS,
-                                                         ep_to_host_action=action),
-            addresses=tuple(str(n) for n in nets))
+                                                         ep_to_host_action=action))
 
     def on_devices_applied(self) -> None:
         ready = self._driver.ready_interfaces(self.ip_version) & frozenset(self._programmed)

@@ -22,11 +22,10 @@ class WorkloadPolicy:
 
     ``to_workload`` is the policy *ingress* direction (run by the program on the kernel's TC
     egress of the host-side interface); ``from_workload`` the policy egress direction (TC
-    ingress).  Addresses feed the routes map (RPF of the workload's source)."""
+    ingress)."""
 
     to_workload: PolicySet
     from_workload: PolicySet
-    addresses: tuple[str, ...] = ()
 
 
 class BPFEndpointsAPI(Protocol):
@@ -35,9 +34,6 @@ class BPFEndpointsAPI(Protocol):
 
     def remove_workload(self, ip_version: int, iface: str) -> None:
         """*iface* no longer has a workload of this family."""
-
-    def set_host_addresses(self, ip_version: int, addrs: frozenset[str]) -> None:
-        """This host's own addresses of one family (the programs' "to/from host" classification)."""
 
     def ready_interfaces(self, ip_version: int) -> frozenset[str]:
         """Interfaces whose programs are attached on both hooks with this family's policy."""

@@ -2,8 +2,7 @@
 
 What it owns, per workload interface it is told about: the counters entries for both TC hooks;
 one policy jump-map entry per (TC hook, IP family) and the policy programs in those slots; the
-attach-point globals (``cali_ap_glob``); the workload's addresses in the routes maps (local
-workload on this ifindex, which the from-workload source check needs); the preamble on both TC
+attach-point globals (``cali_ap_glob``); the preamble on both TC
 hooks (through :class:`~felixpy.drivers.bpfendpoints.attacher.Attacher`); and the interface's
 ``cali_iface`` entry (WEP flag, READY flag per family, policy entry indices).
 
@@ -20,9 +19,8 @@ they are replaced atomically (TC ``replace``, ``BPF_LINK_UPDATE``), so no interf
 or unprogrammed while a new process takes over. Every other entry is stale: entries of vanished
 ifindexes, of re-used ifindexes with another name and of interfaces the feed no longer wants are
 deleted (the last also detached). Policy entries no reclaimed interface owns are cleared from both
-jump maps (every sub-program part), higher parts a reclaimed entry no longer needs too; routes-map
-entries with exactly the flags this driver writes (local workload, local host) that this run does
-not write again are deleted after its first complete apply; TCX link pins of interfaces that no
+jump maps (every sub-program part), higher parts a reclaimed entry no longer needs too (the routes
+map is the routes driver's, which reads it back and sweeps it itself); TCX link pins of interfaces that no
 longer exist are detached and unlinked; interfaces that exist but carry no wanted workload have
 their preambles detached. The conntrack map is never touched (it is reused by its pin,
 :mod:`felixpy.bpf.maps`), so established flows survive the restart.
@@ -34,24 +32,25 @@ retried on the next apply, the others are programmed regardless):
 2. a policy entry per hook and family (allocated once, kept while the interface is wanted);
 3. a new entry first gets the default-deny program, then the generated policy program --
    a changed policy swaps only the program in the existing slot (no re-attach);
-4. routes-map entries for the workload's addresses (and, once per apply, this host's own
-   addresses as local-host routes);
-5. the attach-point globals (jump layout + policy entries);
-6. the preamble on both TC hooks -- only on interfaces that exist and are up;
-7. ``cali_iface`` with the WEP flag and each programmed family's READY flag.
+4. the attach-point globals (jump layout + policy entries);
+5. the preamble on both TC hooks -- only on interfaces that exist and are up;
+6. ``cali_iface`` with the WEP flag and each programmed family's READY flag.
+
+(The routes map -- the workload's addresses on this ifindex, which the from-workload source
+check needs -- is the routes driver's, :mod:`felixpy.drivers.bpfroutes`, a device syncer that
+runs before this one.)
 
 Only after that does :meth:`ready_interfaces` list the interface, so the manager admits it to
 the *tables allow list after this driver's apply.  Removal runs the other way round: READY is
 cleared and the slots are set to default-deny first; the preamble is detached on the next
-apply (after the *tables have dropped the interface from the allow list), then slots, globals
-and routes are released.
+apply (after the *tables have dropped the interface from the allow list), then slots and
+globals are released.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -74,8 +73,6 @@ log = structlog.get_logger(__name__)
 
 FAMILIES = (4, 6)
 _READY = {4: defs.IFACE_STATE_V4_READY, 6: defs.IFACE_STATE_V6_READY}
-# The routes-map entries this driver writes (exactly these flags): local workloads and this host.
-_OWN_ROUTE_FLAGS = (defs.RT_WORKLOAD | defs.RT_LOCAL, defs.RT_HOST | defs.RT_LOCAL)
 
 
 class EndpointProgrammingFailed(Exception):
@@ -94,7 +91,6 @@ class _Programmed:
     ifindex: int
     slots: dict[tuple[int, int], int] = field(default_factory=dict)  # (hook, family) -> policy entry
     policy: dict[tuple[int, int], PolicySet] = field(default_factory=dict)
-    routes: set[str] = field(default_factory=set)
     attached: bool = False
     ready: frozenset[int] = frozenset()
     pending_detach: bool = False
@@ -104,10 +100,6 @@ class _Programmed:
 def _hook_policy(want: WorkloadPolicy, hook: int) -> PolicySet:
     # TC ingress of the host-side interface sees packets *from* the workload.
     return want.from_workload if hook == defs.HOOK_TC_INGRESS else want.to_workload
-
-
-def _route_cidr(addr: str) -> str:
-    return addr if "/" in addr else addr + ("/128" if ":" in addr else "/32")
 
 
 class BPFEndpoints:
@@ -121,9 +113,6 @@ class BPFEndpoints:
         self._done: dict[str, _Programmed] = {}
         self._dirty: set[str] = set()
         self._start_of_day = True
-        self._host_want: dict[int, frozenset[str]] = {}
-        self._host_done: set[str] = set()
-        self._stale_routes: set[str] | None = None  # routes-map entries an earlier run left (first apply)
 
     # ------------------------------------------------------------------ desired state (API)
     def set_workload(self, ip_version: int, iface: str, policy: WorkloadPolicy) -> None:
@@ -138,9 +127,6 @@ class BPFEndpoints:
             if not fams:
                 del self._want[iface]
             self._dirty.add(iface)
-
-    def set_host_addresses(self, ip_version: int, addrs: frozenset[str]) -> None:
-        self._host_want[ip_version] = frozenset(_route_cidr(a) for a in addrs)
 
     def ready_interfaces(self, ip_version: int) -> frozenset[str]:
         return frozenset(n for n, p in self._done.items() if ip_version in p.ready)
@@ -166,7 +152,6 @@ class BPFEndpoints:
         if self._start_of_day:
             self._restart_sync()
             self._start_of_day = False
-        self._sync_host_routes()
         fams = sorted({v for fam in self._want.values() for v in fam})
         if fams:
             self.kernel.programs.prefetch_tc(EpType.WEP, [v == 6 for v in fams])  # one compile run
@@ -186,46 +171,12 @@ class BPFEndpoints:
                 self._dirty.add(iface)
         if failures:
             raise EndpointProgrammingFailed(failures)
-        self._sweep_stale_routes()
         if unsupported:
             raise unsupported[0]
-
-    def _sweep_stale_routes(self) -> None:
-        """After the first apply that programmed everything: the earlier run's workload and host
-        routes that this run did not write again are deleted (not before, so a workload whose
-        reconcile is being retried keeps the routes its still-attached programs check against)."""
-        if self._stale_routes is None:
-            return
-        live = set(self._host_done).union(*(p.routes for p in self._done.values()))
-        for cidr in sorted(self._stale_routes - live):
-            self.kernel.maps.routes(":" in cidr).delete(mt.route_key(cidr))
-        if self._stale_routes - live:
-            log.info("Deleted routes-map entries left by an earlier run", routes=len(self._stale_routes - live))
-        self._stale_routes = None
-
-    def _sync_host_routes(self) -> None:
-        """Host addresses as RT_HOST|RT_LOCAL routes: host -> workload traffic skips policy (as in
-        the *tables modes), workload -> host is recognised as to-host."""
-        want: set[str] = set().union(*self._host_want.values()) if self._host_want else set()
-        self._sync_routes(self._host_done, want, defs.RT_HOST | defs.RT_LOCAL, 0)
-
-    def _sync_routes(self, done: set[str], want: set[str], flags: int, ifindex: int) -> None:
-        """Make the routes-map entries recorded in *done* equal *want* (minimal delta)."""
-        maps = self.kernel.maps
-        for cidr in sorted(done - want):
-            maps.routes(":" in cidr).delete(mt.route_key(cidr))
-            done.discard(cidr)
-        for cidr in sorted(want - done):
-            v6 = ":" in cidr
-            maps.routes(v6).set(mt.route_key(cidr), mt.route_value(flags, ifindex=ifindex, v6=v6))
-            done.add(cidr)
 
     def _restart_sync(self) -> None:
         """Take over what an earlier run left (see the module docstring)."""
         k = self.kernel
-        self._stale_routes = {f"{ipaddress.ip_address(bytes(key.addr))}/{key.prefixlen}"
-                              for v6 in (False, True) for key, val in k.maps.routes(v6).items()
-                              if val.flags in _OWN_ROUTE_FLAGS}
         ifstate = k.maps.ifstate
         by_index = {i: n for n, (i, _up) in self._ifaces.items()}
         for key, val in list(ifstate.items()):
@@ -312,10 +263,9 @@ class BPFEndpoints:
                     self._program_slot(iface, done, hook, v, _hook_policy(want[v], hook))
                 else:
                     self._release_slot(done, hook, v)
-        self._set_routes(done, [a for pol in want.values() for a in pol.addresses])  # 4
-        for hook in HOOKS:                                                          # 5
+        for hook in HOOKS:                                                          # 4
             configure(self._attach_point(iface, done, hook), k.programs, k.maps)
-        if not done.attached or not all(self._attached_any(iface, ifindex)):         # 6
+        if not done.attached or not all(self._attached_any(iface, ifindex)):         # 5
             for hook in HOOKS:
                 fd = k.programs.preamble_fd(hook)
                 if done.reclaimed and k.attacher.is_current(iface, ifindex, hook, fd):
@@ -324,10 +274,10 @@ class BPFEndpoints:
             done.attached = True
         done.reclaimed.clear()
         ready = frozenset(want)
-        self._write_ifstate(iface, done, ready)                                     # 7
+        self._write_ifstate(iface, done, ready)                                     # 6
         done.ready = ready
         log.debug("BPF endpoint programmed", iface=iface, ifindex=ifindex, families=sorted(ready),
-                  slots=done.slots)
+                  slots={f"hook{h}/v{v}": e for (h, v), e in sorted(done.slots.items())})
 
     # ------------------------------------------------------------------------------ steps
     def _ensure_counters(self, ifindex: int, hook: int) -> None:
@@ -373,10 +323,6 @@ class BPFEndpoints:
             self.kernel.policies.uninstall(hook, entry)
             self.kernel.slots[hook].put(entry)
 
-    def _set_routes(self, done: _Programmed, addresses: Iterable[str]) -> None:
-        self._sync_routes(done.routes, {_route_cidr(a) for a in addresses}, defs.RT_WORKLOAD | defs.RT_LOCAL,
-                          done.ifindex)
-
     def _attach_point(self, iface: str, done: _Programmed, hook: int) -> AttachPoint:
         return AttachPoint(iface, done.ifindex, hook, EpType.WEP,
                            ipv4=(hook, 4) in done.slots, ipv6=(hook, 6) in done.slots,
@@ -411,7 +357,6 @@ class BPFEndpoints:
             k.attacher.detach(iface, done.ifindex)
         for hook, v in list(done.slots):
             self._release_slot(done, hook, v)
-        self._set_routes(done, ())
         for hook in HOOKS:
             unconfigure(AttachPoint(iface, done.ifindex, hook), k.maps)
             k.maps.counters.delete(mt.CountersKey(done.ifindex, hook))

@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""BPF mode at scale (issue #12): 1,000 workloads with 50 distinct policy sets through the real
+daemon, next to ``tc``/``bpftool`` doing the same kernel work.  Root; everything inside throwaway
+network namespaces and private bpffs mounts.
+
+* **InSync -> all READY (daemon).**  A node namespace holds 1,000 veth pairs whose host ends are
+  the workloads' ``cali…`` interfaces (up).  The real daemon (``FELIX_BPFENABLED=true``, iptables
+  legacy for the attach-gap rules, its pins on a private bpffs through ``FELIXPY_BPF_PIN_ROOT``,
+  a compile cache directory warmed by a first run) is fed bench_scale's batch: 50 policies
+  (2 referenced per endpoint ingress, 1 egress: 50 distinct policy sets), 50 IP sets, a profile,
+  1,000 dual-stack endpoints.  After the backlog settles, ``InSync`` is sent and the clock runs
+  until ``DataplaneInSync``.  Then the kernel is checked: every interface READY for v4 and v6 in
+  ``cali_iface4`` and the preamble attached on both hooks.  RSS (``VmRSS``) is read right then and
+  again after 10 s (steady state).
+* **The same with tc/bpftool.**  The daemon's resulting map entries (counters, attach-point
+  globals, ``cali_iface4``, the policy jump-map slots, the routes) are snapshotted, the daemon is
+  stopped, and in a second namespace with the same 1,000 veth pairs (same ifindexes) and fresh
+  maps, ``bpftool batch`` writes the same entries (prog-array slots by pinned program) and
+  ``tc -batch`` adds clsact and the preamble filter on both hooks of every interface (bpftool 7.1
+  cannot make TCX links).  Programs are pinned beforehand (not timed): the raw tools neither
+  generate nor load a policy program -- the daemon's time includes generating and loading the
+  100 policy programs, the IP-set and routes maps, the *tables rules and its own decoding.
+
+Usage: ``.venv/bin/python bench/bench_bpf_scale.py [--workloads N] [--policies N] [--attach TCX|TC]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import structlog  # noqa: E402
+
+structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+
+from bench_scale import iface_names, initial_batch, rss_kib  # noqa: E402
+
+from felixpy.bpf import attach as bpfattach  # noqa: E402
+from felixpy.bpf import defs, maps  # noqa: E402
+from felixpy.bpf import syscall as sc  # noqa: E402
+from felixpy.bpf.build import headers_dir  # noqa: E402
+from felixpy.feed.client import connect  # noqa: E402
+from felixpy.messages import to_dataplane  # noqa: E402
+from felixpy.proto import felixbackend_pb2 as pb  # noqa: E402
+from felixpy.testing import netns  # noqa: E402
+from felixpy.testing.daemon import start_daemon  # noqa: E402
+
+READY = defs.IFACE_STATE_V4_READY | defs.IFACE_STATE_V6_READY
+SNAPSHOT = ("cali_counters6", "cali_ap_glob", "cali_iface4", "cali_jump_ing2", "cali_jump_egr2",
+            "cali_v4_routes", "cali_v6_routes")
+
+
+def make_veths(ns: str, names: list[str]) -> None:
+    lines = []
+    for i, n in enumerate(names):
+        lines += [f"link add {n} type veth peer name p{i}", f"link set {n} up", f"link set p{i} up"]
+    subprocess.run(["ip", "-n", ns, "-batch", "-"], input="\n".join(lines) + "\n", text=True, check=True)
+
+
+def ifindexes(ns: str, names: list[str]) -> dict[str, int]:
+    out = subprocess.run(["ip", "-n", ns, "-j", "link", "show"], check=True, capture_output=True, text=True).stdout
+    by = {d["ifname"]: d["ifindex"] for d in json.loads(out)}
+    return {n: by[n] for n in names}
+
+
+def daemon_run(ns: str, pin_root: str, cache: str, names: list[str], n_policies: int, attach: str,
+               settle: float) -> dict[str, float]:
+    env = {"FELIX_BPFENABLED": "true", "FELIXPY_BPF_EXPERIMENTAL": "1", "FELIX_IPTABLESBACKEND": "legacy",
+           "FELIX_BPFATTACHTYPE": attach, "FELIXPY_BPF_PIN_ROOT": pin_root, "FELIXPY_BPF_CACHE_DIR": cache,
+           "FELIX_BPFMAPSIZEIFSTATE": str(max(1000, 2 * len(names)))}
+    batch = [to_dataplane(seq, m) for seq, m in enumerate(initial_batch(names, n_policies, "Felix", True))]
+    d = start_daemon(ns, env=env)
+    res: dict[str, float] = {}
+    try:
+        c = connect(d.target)
+        c.send(batch)
+        time.sleep(settle)
+        t1 = time.perf_counter()
+        c.send([to_dataplane(len(batch), pb.InSync())])
+        c.wait_in_sync(1200)
+        res["insync_to_ready_s"] = time.perf_counter() - t1
+        rss, hwm = rss_kib(d.proc.pid)
+        res["rss_mib"], res["hwm_mib"] = rss / 1024, hwm / 1024
+        time.sleep(10)
+        res["steady_rss_mib"] = rss_kib(d.proc.pid)[0] / 1024
+        c.close()
+    finally:
+        rc = d.stop()
+        if rc not in (0, None, -15):
+            print(d.logs()[-3000:], file=sys.stderr)
+    return res
+
+
+def check_ready(ns: str, pin_root: str, idx: dict[str, int], attach: str) -> int:
+    fd = sc.obj_get(os.path.join(pin_root, "cali_iface4"))
+    m = maps.Map(maps.IFSTATE, fd)
+    try:
+        ready = {int(k.value): v for k, v in m.items() if (v.flags & READY) == READY}
+    finally:
+        m.close()
+    missing = [n for n, i in idx.items() if i not in ready]
+    assert not missing, f"{len(missing)} interfaces not READY, e.g. {missing[:3]}"
+    with netns.entered(ns):
+        for n, i in idx.items():
+            for hook in (defs.HOOK_TC_INGRESS, defs.HOOK_TC_EGRESS):
+                on = (bpfattach.tcx_programs(i, hook) if attach == "TCX"
+                      else bpfattach.tc_filters(i, hook))
+                assert on, f"{n}: nothing attached on hook {hook}"
+    return len(ready)
+
+
+def snapshot(pin_root: str) -> dict[str, list[tuple[bytes, bytes]]]:
+    out: dict[str, list[tuple[bytes, bytes]]] = {}
+    for spec in maps.ALL_SPECS:
+        if spec.name not in SNAPSHOT:
+            continue
+        fd = sc.obj_get(os.path.join(pin_root, spec.name))
+        info = sc.map_info(fd)
+        m = maps.Map(spec.sized(info.max_entries), fd)
+        try:
+            size = m._raw_value_size()
+            rows = []
+            for k in list(m.raw_keys()):
+                v = sc.map_lookup(fd, k, size)
+                if v is not None:
+                    rows.append((k, v[: spec.value_size]))  # per-CPU: CPU 0's value (bpftool replicates it)
+            out[spec.name] = rows
+        finally:
+            m.close()
+    return out
+
+
+def preamble_ids(ns: str, idx: int, attach: str) -> dict[int, int]:
+    """Program id of the preamble on each hook of one interface."""
+    with netns.entered(ns):
+        if attach == "TCX":
+            return {h: bpfattach.tcx_programs(idx, h)[0] for h in (defs.HOOK_TC_INGRESS, defs.HOOK_TC_EGRESS)}
+    out = subprocess.run(["ip", "netns", "exec", ns, "bpftool", "-j", "net", "show"], check=True,
+                         capture_output=True, text=True).stdout
+    ids: dict[int, int] = {}
+    for dev in json.loads(out)[0].get("tc", []):
+        if dev.get("ifindex") == idx:
+            ids[defs.HOOK_TC_INGRESS if dev["kind"] == "clsact/ingress" else defs.HOOK_TC_EGRESS] = dev["id"]
+    return ids
+
+
+def hexb(b: bytes) -> str:
+    return " ".join(f"{x:02x}" for x in b)
+
+
+def raw_tools_run(names: list[str], snap: dict[str, list[tuple[bytes, bytes]]], pre: dict[int, int]) -> dict[str, float]:
+    with netns.netns("fpybt") as ns, maps.private_bpffs() as root:
+        make_veths(ns, names)
+        ms = maps.MapSet(root, sizes={"cali_iface4": max(1000, 2 * len(names))}).ensure()  # fresh maps (not timed)
+        ms.close()
+        pins = os.path.join(root, "progs")
+        os.makedirs(pins)
+        prog_ids = {int.from_bytes(v[:4], "little") for name in ("cali_jump_ing2", "cali_jump_egr2")
+                    for _k, v in snap[name]}
+        for pid in sorted(prog_ids | set(pre.values())):
+            subprocess.run(["bpftool", "prog", "pin", "id", str(pid), f"{pins}/p{pid}"], check=True)
+        lines = []
+        for name, rows in snap.items():
+            path = os.path.join(root, name)
+            for k, v in rows:
+                if name.startswith("cali_jump"):
+                    lines.append(f"map update pinned {path} key hex {hexb(k)} value pinned "
+                                 f"{pins}/p{int.from_bytes(v[:4], 'little')}")
+                else:
+                    lines.append(f"map update pinned {path} key hex {hexb(k)} value hex {hexb(v)}")
+        batch = Path(tempfile.mkstemp(prefix="bpftool-", suffix=".batch")[1])
+        batch.write_text("\n".join(lines) + "\n")
+        tc_lines = []
+        for n in names:
+            tc_lines += [f"qdisc add dev {n} clsact",
+                         f"filter add dev {n} ingress prio 1 handle 1 bpf da pinned {pins}/p{pre[defs.HOOK_TC_INGRESS]}",
+                         f"filter add dev {n} egress prio 1 handle 1 bpf da pinned {pins}/p{pre[defs.HOOK_TC_EGRESS]}"]
+        try:
+            t0 = time.perf_counter()
+            subprocess.run(["bpftool", "batch", "file", str(batch)], check=True, capture_output=True)
+            t1 = time.perf_counter()
+            subprocess.run(["ip", "netns", "exec", ns, "tc", "-batch", "-"], input="\n".join(tc_lines) + "\n",
+                           text=True, check=True)
+            t2 = time.perf_counter()
+        finally:
+            batch.unlink()
+        return {"bpftool_s": t1 - t0, "tc_s": t2 - t1, "total_s": t2 - t0, "map_entries": float(len(lines)),
+                "tc_commands": float(len(tc_lines))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", type=int, default=1000)
+    ap.add_argument("--policies", type=int, default=50)
+    ap.add_argument("--attach", default="TCX", choices=("TCX", "TC"))
+    ap.add_argument("--settle", type=float, default=15.0)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    os.environ["BCC_KERNEL_SOURCE"] = headers_dir()
+    names = iface_names(args.workloads)
+    out: dict[str, object] = {"workloads": args.workloads, "policies": args.policies, "attach": args.attach}
+    with tempfile.TemporaryDirectory(prefix="felixpy-bpfcache-") as cache:
+        for run in ("cold cache", "warm cache"):
+            with netns.netns("fpybs") as ns, maps.private_bpffs() as bpffs:
+                pin_root = os.path.join(bpffs, "globals")
+                make_veths(ns, names)
+                idx = ifindexes(ns, names)
+                res = daemon_run(ns, pin_root, cache, names, args.policies, args.attach, args.settle)
+                res["ready"] = check_ready(ns, pin_root, idx, args.attach)
+                out[run] = res
+                print(run, json.dumps(res), flush=True)
+                if run == "warm cache":
+                    snap = snapshot(pin_root)
+                    pre = preamble_ids(ns, idx[names[0]], args.attach)
+                    out["raw tools"] = raw_tools_run(names, snap, pre)
+                    print("raw tools", json.dumps(out["raw tools"]), flush=True)
+    warm, raw = out["warm cache"], out["raw tools"]
+    assert isinstance(warm, dict) and isinstance(raw, dict)
+    print(f"\n{args.workloads} workloads, {args.policies} policy sets, dual-stack, {args.attach}:\n")
+    print("| | seconds | ratio to tc+bpftool |")
+    print("|---|---|---|")
+    for name in ("cold cache", "warm cache"):
+        r = out[name]
+        assert isinstance(r, dict)
+        print(f"| daemon, InSync -> all READY ({name}) | {r['insync_to_ready_s']:.1f} | "
+              f"{r['insync_to_ready_s'] / raw['total_s']:.1f}x |")
+    print(f"| tc -batch + bpftool batch ({int(raw['tc_commands'])} tc commands, "
+          f"{int(raw['map_entries'])} map entries) | {raw['total_s']:.1f} | 1.0x |")
+    print(f"\nRSS after InSync {warm['rss_mib']:.0f} MiB, steady (10 s later) {warm['steady_rss_mib']:.0f} MiB, "
+          f"peak {warm['hwm_mib']:.0f} MiB")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The routes-map driver: one IP family's ``cali_v4_routes`` / ``cali_v6_routes`` kept equal to
+what the BPF route manager computed from the feed.
+
+What it owns: every entry of its family's routes map.  The map is felixpy's (created and pinned
+by :mod:`felixpy.bpf.maps`); nothing but this driver writes it.
+
+How a fresh process recognises them: the map is ours by pin path, kernel name and layout
+(:mod:`felixpy.bpf.maps`), so every entry in it is ours.  On the first apply (and after any
+failed write) the whole map is read back: entries equal to the desired value are kept (a
+restart rewrites nothing that is right, so the programs never see a route vanish and return),
+wrong ones are rewritten, entries nobody wants are deleted (mark-and-sweep).
+
+Apply contract: :meth:`set_route` / :meth:`remove_route` only record; :meth:`apply` writes the
+CIDRs that changed since the last apply (minimal delta, one map update or delete each).  A
+failed write is logged with its CIDR, kept dirty and schedules a read-back; the other CIDRs are
+written regardless, and the apply raises :class:`RoutesNotProgrammed` so the loop retries.  A
+CIDR that cannot be encoded (wrong family, bad next hop) is logged and skipped for good.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import structlog
+
+from felixpy.bpf import maptypes as mt
+from felixpy.bpf.errors import BPFError
+from felixpy.bpf.maps import BPFMap
+from felixpy.drivers.bpfroutes.api import RouteValue
+
+log = structlog.get_logger(__name__)
+
+
+class RoutesNotProgrammed(Exception):
+    def __init__(self, ip_version: int, failures: dict[str, Exception]) -> None:
+        self.failures = failures
+        detail = ", ".join(f"{c}: {e}" for c, e in sorted(failures.items()))
+        super().__init__(f"IPv{ip_version} BPF routes not written ({detail})")
+
+
+def _norm(cidr: str) -> str:
+    return str(ipaddress.ip_network(cidr, strict=False))
+
+
+class BPFRoutes:
+    """Desired routes of one family; delta writes, start-of-day read-back."""
+
+    def __init__(self, ip_version: int, routes_map: BPFMap) -> None:
+        self.ip_version = ip_version
+        self._map = routes_map
+        self._v6 = ip_version == 6
+        self._want: dict[str, bytes] = {}  # cidr -> encoded value
+        self._values: dict[str, RouteValue] = {}
+        self._dirty: set[str] = set()
+        self._resync = True
+        self.writes = 0  # map updates + deletes issued (tests, benchmarks)
+
+    # ------------------------------------------------------------------ desired state
+    def set_route(self, cidr: str, value: RouteValue) -> None:
+        try:
+            key = _norm(cidr)
+            if (ipaddress.ip_network(key).version == 6) != self._v6:
+                raise ValueError(f"not an IPv{self.ip_version} CIDR")
+            raw = bytes(mt.route_value(value.flags, ifindex=value.ifindex, next_hop=value.next_hop, v6=self._v6))
+        except (ValueError, OSError) as e:
+            log.error("BPF route skipped: cannot be encoded", cidr=cidr, value=value, error=str(e),
+                      ip_version=self.ip_version)
+            return
+        if self._want.get(key) != raw:
+            self._want[key] = raw
+            self._values[key] = value
+            self._dirty.add(key)
+
+    def remove_route(self, cidr: str) -> None:
+        try:
+            key = _norm(cidr)
+        except ValueError:
+            return
+        if self._want.pop(key, None) is not None:
+            self._values.pop(key, None)
+            self._dirty.add(key)
+
+    def desired(self) -> dict[str, RouteValue]:
+        return dict(self._values)
+
+    # ------------------------------------------------------------------------- apply
+    def queue_resync(self) -> None:
+        self._resync = True
+
+    def apply(self) -> None:
+        if self._resync:
+            self._read_back()
+            self._resync = False
+        failures: dict[str, Exception] = {}
+        for cidr in sorted(self._dirty):
+            want = self._want.get(cidr)
+            try:
+                if want is None:
+                    self._map.delete(mt.route_key(cidr))
+                else:
+                    self._map.set(mt.route_key(cidr), want)
+                self.writes += 1
+            except (OSError, BPFError) as e:
+                log.warning("BPF route not written; will retry", cidr=cidr, error=str(e), ip_version=self.ip_version)
+                failures[cidr] = e
+        self._dirty = set(failures)
+        if failures:
+            self._resync = True
+            raise RoutesNotProgrammed(self.ip_version, failures)
+
+    def _read_back(self) -> None:
+        """Mark-and-sweep against the kernel: only what differs stays dirty."""
+        self._dirty = set(self._want)
+        seen = 0
+        for key, value in self._map.items():
+            seen += 1
+            raw_addr = bytes(key.addr)
+            addr = ipaddress.ip_address(raw_addr)
+            cidr = f"{ipaddress.ip_network((addr, int(key.prefixlen)), strict=False)}"
+            if self._want.get(cidr) == bytes(value):
+                self._dirty.discard(cidr)
+            else:
+                self._dirty.add(cidr)  # wrong (rewritten) or unwanted (deleted)
+        log.info("BPF routes map read back", ip_version=self.ip_version, entries=seen, to_fix=len(self._dirty))
