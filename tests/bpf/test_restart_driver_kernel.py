@@ -18,6 +18,8 @@ from felixpy.bpf import syscall as sc
 from felixpy.bpf import maps
 from felixpy.bpf.policy_ir import ALLOW_ALL, DENY_ALL
 from felixpy.drivers.bpfendpoints import BPFEndpoints, BPFKernel, WorkloadPolicy, open_kernel
+from felixpy.drivers.bpfroutes.api import LOCAL_WORKLOAD, RouteValue
+from felixpy.drivers.bpfroutes.driver import BPFRoutes
 from felixpy.ifacemonitor.events import IfaceState
 from felixpy.testing import netns as nsutil
 
@@ -70,11 +72,17 @@ def world() -> Iterator[World]:
 
 
 def driver(kernel: BPFKernel, wanted: dict[str, str]) -> BPFEndpoints:
+    """The endpoint driver with *wanted*'s policies, after the routes driver wrote their routes (the
+    programs' source check needs them; in the daemon the routes driver is the device syncer before)."""
+    routes = BPFRoutes(4, kernel.maps.routes(False))
+    for name, ip in wanted.items():
+        routes.set_route(f"{ip}/32", RouteValue(LOCAL_WORKLOAD, ifindex=socket.if_nametoindex(name)))
+    routes.apply()
     d = BPFEndpoints(kernel)
     for name in IFACES:
         d.on_iface_state(name, IfaceState.UP, socket.if_nametoindex(name))
-    for name, ip in wanted.items():
-        d.set_workload(4, name, WorkloadPolicy(to_workload=DENY_ALL, from_workload=ALLOW_ALL, addresses=(ip,)))
+    for name in wanted:
+        d.set_workload(4, name, WorkloadPolicy(to_workload=DENY_ALL, from_workload=ALLOW_ALL))
     return d
 
 

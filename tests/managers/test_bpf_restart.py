@@ -7,6 +7,7 @@ what is in it, ``cali_iface`` and the jump maps' leftovers."""
 from __future__ import annotations
 
 import ctypes
+import time
 from dataclasses import replace
 
 from felixpy.bpf import defs
@@ -74,7 +75,9 @@ def test_restart_with_the_same_feed_reclaims_everything_and_reattaches_nothing()
     calls = fb1.attacher.attach_calls
     # Established flows live in the conntrack map: the new process must not touch it.
     ct = fb1.kernel.maps.ct(False)
-    ct.set(mt.CtKey4(), mt.CtValue4())
+    live = mt.CtValue4()
+    live.last_seen = time.monotonic_ns()  # seen just now: the conntrack scanner keeps it
+    ct.set(mt.CtKey4(), live)
     n2, fb2 = restart(n1, fb1, (4, 6))
     acquired = record_acquires(fb2)
     n2.apply()
