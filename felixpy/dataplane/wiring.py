@@ -577,6 +577,26 @@ def _default_bpf_kernel(config: Config) -> BPFKernel:
     return open_kernel(os.environ.get("FELIXPY_BPF_PIN_ROOT", DEFAULT_PIN_ROOT), config.BPFAttachType, sizes=sizes)
 
 
+BPF_HOLD_ATTACH = "FELIXPY_TEST_HOLD_BPF_ATTACH"  # FV test hook: a file naming interfaces not to attach yet
+
+
+def _attach_hold_hook() -> Callable[[str], bool] | None:
+    """The FV attach-gap test's hook: with ``FELIXPY_TEST_HOLD_BPF_ATTACH=<file>``, interfaces named
+    in that file (one per line, re-read on every apply) are programmed but not attached yet."""
+    path = os.environ.get(BPF_HOLD_ATTACH)
+    if not path:
+        return None
+
+    def held(iface: str) -> bool:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return iface in {line.strip() for line in f}
+        except FileNotFoundError:
+            return False
+
+    return held
+
+
 def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], tables_factory: TablesFactory,
                deps: KernelDeps, status: EndpointStatusCombiner) -> dict[int, FamilyParts]:
     """BPF mode (Felix's ``BPFEnabled``): policy in BPF programs per workload interface, IP sets in
@@ -590,7 +610,8 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
     from felixpy.rules import bpfmode
 
     kernel = (deps.bpf_kernel or _default_bpf_kernel)(config)
-    driver = BPFEndpoints(kernel, redirect_peer=config.BPFRedirectToPeer != "Disabled")
+    driver = BPFEndpoints(kernel, redirect_peer=config.BPFRedirectToPeer != "Disabled",
+                          hold_attach=_attach_hold_hook())
     parts: dict[int, FamilyParts] = {}
     for v in families:
         ft = tables_factory(config, v)

@@ -108,6 +108,10 @@ class BPFEndpointManager:
             ep = self._endpoints[key]
             if ep.name and ep.name not in winners:
                 winners[ep.name] = (key, ep)
+        # An admin-down endpoint passes nothing (the *tables modes' endpoint chains drop all): its
+        # interface is not programmed, so it is not READY, fib_approve refuses it and the *tables
+        # drop it both ways, host traffic included.
+        winners = {i: w for i, w in winners.items() if w[1].state == "active"}
         for iface in sorted(set(self._programmed) - set(winners)):
             self._driver.remove_workload(self.ip_version, iface)
             del self._programmed[iface]

@@ -210,6 +210,54 @@ def test_removal_closes_the_allow_list_before_detaching() -> None:
         fd for fd in fb.progs.live() if fb.progs.names[fd].startswith("calico_")}
 
 
+def test_admin_down_endpoint_is_not_programmed_until_active_again() -> None:
+    """An admin-down endpoint passes nothing (as its *tables chains would): its interface gets no
+    programs, no READY flag and no allow-list entry; active again, it is programmed."""
+    n, fb = node()
+    n.link_up("cali1")
+    n.link_up("cali2")
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]),
+           wep("b", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"], state="down"))
+    n.apply()
+    n.apply()
+    idx = n.ifindex("cali2")
+    assert programmed(n, fb, "cali1") and allowed(n) == ["cali1"]
+    assert ifstate(fb, idx) is None and not fb.attacher.is_attached("cali2", idx, ING)
+    n.send(wep("b", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"]))
+    n.apply()
+    assert programmed(n, fb, "cali2")
+    n.send(wep("b", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"], state="down"))
+    n.apply()
+    assert allowed(n) == ["cali1"]
+    st = ifstate(fb, idx)
+    assert st is None or not st.flags & defs.IFACE_STATE_V4_READY
+
+
+def test_attach_hold_hook_programs_but_does_not_attach(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: pytest.TempPathFactory) -> None:
+    """The FV attach-gap test's hook (FELIXPY_TEST_HOLD_BPF_ATTACH): a held interface is neither
+    attached, READY nor admitted, and is attached on the first apply after it is released."""
+    from felixpy.dataplane.wiring import BPF_HOLD_ATTACH
+
+    hold = tmp_path / "hold"  # type: ignore[operator]
+    hold.write_text("cali2\n")
+    monkeypatch.setenv(BPF_HOLD_ATTACH, str(hold))
+    n, fb = node()
+    n.link_up("cali1")
+    n.link_up("cali2")
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]),
+           wep("b", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"]))
+    n.apply()
+    idx = n.ifindex("cali2")
+    assert programmed(n, fb, "cali1") and allowed(n) == ["cali1"]
+    assert ifstate(fb, idx) is None and not fb.attacher.is_attached("cali2", idx, ING)
+    n.apply()
+    assert not fb.attacher.is_attached("cali2", idx, ING)  # still held: retried, not attached
+    hold.write_text("")
+    n.apply()
+    assert programmed(n, fb, "cali2")
+
+
 def test_ipv6_family_programmed_too() -> None:
     n, fb = node(families=(4, 6))
     n.link_up("cali1")

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import structlog
@@ -97,8 +97,12 @@ def _route_cidr(addr: str) -> str:
 class BPFEndpoints:
     """Desired state per workload interface and family; one ordered reconcile per apply."""
 
-    def __init__(self, kernel: BPFKernel, *, redirect_peer: bool = True) -> None:
+    def __init__(self, kernel: BPFKernel, *, redirect_peer: bool = True,
+                 hold_attach: Callable[[str], bool] | None = None) -> None:
         self.kernel = kernel
+        # Test hook (the FV attach-gap test): an interface it names is programmed up to, but not
+        # including, the attach (step 6), and retried on every apply until released.
+        self._hold_attach = hold_attach
         self._flags = defs.GLOBALS_REDIRECT_PEER if redirect_peer else 0
         self._want: dict[str, dict[int, WorkloadPolicy]] = {}
         self._ifaces: dict[str, tuple[int, bool]] = {}  # name -> (ifindex, oper up)
@@ -196,9 +200,13 @@ class BPFEndpoints:
             if not any(i == ifindex and n in self._want for n, (i, _up) in self._ifaces.items()):
                 ifstate.delete(ctypes.c_uint32(ifindex))
         for name, (ifindex, _up) in self._ifaces.items():
-            if name not in self._want and any(self._attached_any(name, ifindex)):
-                log.info("Detaching BPF programs from an interface that is no longer a workload", iface=name)
-                self.kernel.attacher.detach(name, ifindex)
+            try:
+                if name not in self._want and any(self._attached_any(name, ifindex)):
+                    log.info("Detaching BPF programs from an interface that is no longer a workload", iface=name)
+                    self.kernel.attacher.detach(name, ifindex)
+            except Exception as e:  # one interface must not keep every workload from being programmed
+                log.warning("Could not sweep BPF programs from an interface", iface=name, error=str(e),
+                            error_type=type(e).__name__)
 
     def _attached_any(self, name: str, ifindex: int) -> Iterable[bool]:
         for hook in HOOKS:
@@ -234,6 +242,10 @@ class BPFEndpoints:
         self._set_routes(done, [a for pol in want.values() for a in pol.addresses])  # 4
         for hook in HOOKS:                                                          # 5
             configure(self._attach_point(iface, done, hook), k.programs, k.maps)
+        if self._hold_attach is not None and self._hold_attach(iface) and not done.attached:
+            log.info("BPF attach held back (test hook)", iface=iface)
+            self._dirty.add(iface)
+            return
         if not done.attached or not all(self._attached_any(iface, ifindex)):         # 6
             for hook in HOOKS:
                 k.attacher.attach(iface, ifindex, hook, k.programs.preamble_fd(hook))
