@@ -23,14 +23,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import re
+import shutil
 import signal
+import os
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from felixpy.bpf import maps as bpfmaps
 from felixpy.feed.client import FeedClient, connect
 from felixpy.feed.scenario import scenario_from_dict
 from felixpy.proto import felixbackend_pb2 as pb
@@ -51,12 +57,15 @@ MODES: Mapping[str, Mapping[str, str]] = {
     "nftables": {"FELIX_NFTABLESMODE": "Enabled"},
 }
 
-# BPF mode (fv/test_bpf_mode.py): policy in the BPF programs, the attach-gap rules in iptables-legacy.
-# The daemon mounts its own bpffs inside `ip netns exec`'s private /sys, so its pins are unique to it.
+# BPF modes: policy in the BPF programs, the attach-gap rules in iptables-legacy.  Each node has its
+# own bpffs for its lifetime (mounted on a temp dir, FELIXPY_BPF_PIN_ROOT points into it), as a real
+# node's /sys/fs/bpf outlives the daemon: pinned maps and TCX links survive a stop and a restart.
 BPF_MODES: Mapping[str, Mapping[str, str]] = {
     # BPF mode is opt-in until its known ICMP fail-open is fixed (docs/bpf.md).
     "bpf-legacy": {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy", "FELIX_BPFATTACHTYPE": "TCX",
                    "FELIXPY_BPF_EXPERIMENTAL": "1"},
+    "bpf-nft": {"FELIX_BPFENABLED": "true", "FELIX_NFTABLESMODE": "Enabled", "FELIX_BPFATTACHTYPE": "TCX",
+                "FELIXPY_BPF_EXPERIMENTAL": "1"},
 }
 
 # Felix's default is DROP; ACCEPT makes workload → host traffic show what egress policy decided.
@@ -98,12 +107,21 @@ class FvNode:
         self.extra: dict[str, cc.Servers] = {}
         self.should_run = False
         self.timings: dict[str, list[float]] = TIMINGS.setdefault(mode, {})
+        # BPF modes: the daemon's attach-hold file (FELIXPY_TEST_HOLD_BPF_ATTACH; empty = hold nothing).
+        self.hold_file: str | None = None
+        self.bpffs: str | None = None
+        if mode in BPF_MODES:
+            fd, self.hold_file = tempfile.mkstemp(prefix="fpyhold-")
+            os.close(fd)
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     def create(cls, mode: str) -> FvNode:
         fv = cls(mode)
         try:
+            if mode in BPF_MODES:
+                fv.bpffs = tempfile.mkdtemp(prefix="fpybpffs-")
+                bpfmaps.mount_bpffs(fv.bpffs)
             fv.node = Node.create("fpyfv", workload_prefix="fpyfw")
             fv.servers.start(fv.node.netns)
             fv.endpoints[HOST] = cc.Endpoint(HOST, fv.node.netns, fv.node.host_ipv4, fv.node.host_ipv6)
@@ -146,6 +164,14 @@ class FvNode:
                 s.stop()
             if self.node is not None:
                 self.node.delete()
+            if self.hold_file is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.hold_file)
+            if self.bpffs is not None:
+                with contextlib.suppress(OSError):
+                    bpfmaps.unmount(self.bpffs)
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(self.bpffs)
 
     @property
     def netns(self) -> str:
@@ -154,7 +180,12 @@ class FvNode:
 
     # ------------------------------------------------------------------- daemon
     def start_daemon(self) -> None:
-        self.daemon = start_daemon(self.netns, env={**{**MODES, **BPF_MODES}[self.mode], "PYTHONFAULTHANDLER": "1"})
+        env = {**{**MODES, **BPF_MODES}[self.mode], "PYTHONFAULTHANDLER": "1"}
+        if self.hold_file is not None:
+            env["FELIXPY_TEST_HOLD_BPF_ATTACH"] = self.hold_file
+        if self.bpffs is not None:
+            env["FELIXPY_BPF_PIN_ROOT"] = os.path.join(self.bpffs, "tc", "globals")
+        self.daemon = start_daemon(self.netns, env=env)
         self.client = None
         self.should_run = True
 
@@ -423,12 +454,40 @@ class FvNode:
         if self.node is not None and name in self.node.workloads:
             self.node.remove_workload(name)
 
+    def hold_bpf_attach(self, ifaces: Sequence[str]) -> None:
+        """BPF modes: the daemon programs these interfaces but does not attach them (from its next
+        apply on; an empty list releases them)."""
+        assert self.hold_file is not None, f"{self.mode} is not a BPF mode"
+        with open(self.hold_file, "w", encoding="utf-8") as f:
+            f.write("".join(f"{i}\n" for i in ifaces))
+
+    def bpf_programs(self) -> dict[tuple[str, str], list[int]]:
+        """BPF modes: ids of the programs attached (TCX or clsact) per (interface, hook) in the
+        node namespace (TCX attachments: the FV BPF modes use TCX), for every interface that has any."""
+        code = ("import json, socket\n"
+                "from felixpy.bpf import attach, defs\n"
+                "out = {}\n"
+                "for _, name in socket.if_nameindex():\n"
+                "    i = socket.if_nametoindex(name)\n"
+                "    for hook, h in ((defs.HOOK_TC_INGRESS, 'ingress'), (defs.HOOK_TC_EGRESS, 'egress')):\n"
+                "        ids = attach.tcx_programs(i, hook)\n"
+                "        if ids:\n"
+                "            out[name + ' ' + h] = ids\n"
+                "print(json.dumps(out))\n")
+        res = nsmod.run_in(self.netns, sys.executable, "-c", code)
+        out: dict[tuple[str, str], list[int]] = {}
+        for key, ids in json.loads(res.stdout).items():
+            name, hook = key.split(" ")
+            out[(name, hook)] = list(ids)
+        return out
+
     def ruleset(self) -> str:
         """Everything programmed in the node namespace, with counters (nft: with handles)."""
-        if self.mode == "nftables":
+        env = {**MODES, **BPF_MODES}[self.mode]
+        if env.get("FELIX_NFTABLESMODE") == "Enabled":
             cmds = [["nft", "-a", "list", "ruleset"]]
         else:
-            b = self.mode.split("-")[1]
+            b = env.get("FELIX_IPTABLESBACKEND", "legacy")
             cmds = [[f"iptables-{b}-save", "-c"], [f"ip6tables-{b}-save", "-c"]]
         return "\n".join(nsmod.run_in(self.netns, *cmd).stdout for cmd in cmds)
 
@@ -437,7 +496,7 @@ class FvNode:
                          for v in (4, 6))
 
     def ipsets(self) -> str:
-        if self.mode == "nftables":
+        if {**MODES, **BPF_MODES}[self.mode].get("FELIX_NFTABLESMODE") == "Enabled":
             return ""
         out = nsmod.run_in(self.netns, "ipset", "save").stdout
         return "\n".join(sorted(out.splitlines()))

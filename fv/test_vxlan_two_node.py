@@ -24,7 +24,7 @@ from felixpy.testing import conncheck as cc
 from felixpy.testing.daemon import start_daemon
 from felixpy.testing.topology import node as single_node
 from felixpy.testing.topology import sh
-from fv.harness import MODES, Expect, compare_rulesets, parse_ruleset
+from fv.harness import BPF_MODES, MODES, Expect, compare_rulesets, parse_ruleset
 from fv.vxlan_helpers import (
     UNDERLAY,
     VTEP_MACS,
@@ -52,9 +52,11 @@ def policy() -> Expect:
     return Expect(True).block(dst="n2a").allow(src="n1a", dst="n2a", probe=TCP)
 
 
-@pytest.fixture(scope="module", params=list(MODES))
+@pytest.fixture(scope="module", params=[*MODES, *(pytest.param(m, marks=pytest.mark.bpf) for m in BPF_MODES)])
 def cluster(request: pytest.FixtureRequest) -> Iterator[TwoNodeCluster]:
-    with TwoNodeCluster.running(request.param, MODES[request.param]) as c:
+    if request.param in BPF_MODES:
+        pytest.importorskip("bcc")
+    with TwoNodeCluster.running(request.param, {**MODES, **BPF_MODES}[request.param]) as c:
         yield c
         for fn in c.nodes.values():
             assert fn.daemon is not None and fn.daemon.alive(), \

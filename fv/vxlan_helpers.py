@@ -34,6 +34,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from felixpy.bpf import maps as bpfmaps
 from felixpy.feed.client import FeedClient, connect
 from felixpy.feed.scenario import scenario_from_dict
 from felixpy.testing import conncheck as cc
@@ -70,6 +72,7 @@ POLICY = "allow-8080-from-n1a"
 PROBE_TIMEOUT = 0.5
 CONVERGE_TIMEOUT = 10.0
 SYNC_TIMEOUT = 30.0
+BPF_SYNC_TIMEOUT = 240.0  # BPF modes compile their variants (bcc, in the worker) at the first start of day
 STOP_TIMEOUT = 10.0
 
 
@@ -152,22 +155,41 @@ class VxlanNode:
     client: FeedClient | None = None
     logs: list[str] = field(default_factory=list)  # logs of earlier daemons of this node
     extra_config: dict[str, str] = field(default_factory=dict)
+    bpffs: str | None = None  # BPF modes: the node's bpffs, mounted for its lifetime (pins outlive daemons)
 
     @property
     def netns(self) -> str:
         return self.node.netns
 
+    @property
+    def bpf(self) -> bool:
+        return self.mode_env.get("FELIX_BPFENABLED") == "true"
+
+    def close_bpffs(self) -> None:
+        if self.bpffs is not None:
+            with contextlib.suppress(OSError):
+                bpfmaps.unmount(self.bpffs)
+            shutil.rmtree(self.bpffs, ignore_errors=True)
+            self.bpffs = None
+
     def start(self) -> float:
         """A fresh daemon and feed: the whole start of day; returns seconds to DataplaneInSync."""
         t0 = time.monotonic()
-        self.daemon = start_daemon(self.netns, env={"PYTHONFAULTHANDLER": "1", **self.mode_env})
+        env = {"PYTHONFAULTHANDLER": "1", **self.mode_env}
+        if self.bpf:
+            if self.bpffs is None:
+                self.bpffs = tempfile.mkdtemp(prefix="fpybpffs-")
+                bpfmaps.mount_bpffs(self.bpffs)
+            env["FELIXPY_BPF_PIN_ROOT"] = os.path.join(self.bpffs, "tc", "globals")
+        timeout = BPF_SYNC_TIMEOUT if self.bpf else SYNC_TIMEOUT
+        self.daemon = start_daemon(self.netns, env=env)
         self.client = connect(self.daemon.target)
         sc = scenario_from_dict(node_datastore(self.n, self.macs, extra_config=self.extra_config))
         self.client.send(sc.initial)
         try:
-            self.client.wait_in_sync(SYNC_TIMEOUT)
+            self.client.wait_in_sync(timeout)
         except TimeoutError as exc:
-            raise AssertionError(f"node{self.n}: no DataplaneInSync within {SYNC_TIMEOUT}s "
+            raise AssertionError(f"node{self.n}: no DataplaneInSync within {timeout}s "
                                  f"(alive={self.daemon.alive()}); log ends:\n{self.log_tail()}") from exc
         return time.monotonic() - t0
 
@@ -303,6 +325,7 @@ class TwoNodeCluster:
             self.servers.stop()  # sockets pin their namespaces: close them first
             for fn in self.nodes.values():
                 fn.node.delete()
+                fn.close_bpffs()
             self.nodes.clear()
 
     # ------------------------------------------------------------------ overlay state
