@@ -28,6 +28,11 @@ retried on the next apply, the others are programmed regardless):
 6. the preamble on both TC hooks -- only on interfaces that exist and are up;
 7. ``cali_iface`` with the WEP flag and each programmed family's READY flag.
 
+Non-workload interfaces (names outside ``InterfacePrefix``: the uplink, the VXLAN devices, ...)
+get a ``cali_iface`` entry flagged NOT_MANAGED, so ``fib_approve`` lets the programs forward to
+them (off-node and overlay traffic); every other interface without an entry -- a workload
+interface not attached yet, an unknown ``cali*`` -- is refused.
+
 Only after that does :meth:`ready_interfaces` list the interface, so the manager admits it to
 the *tables allow list after this driver's apply.  Removal runs the other way round: READY is
 cleared and the slots are set to default-deny first; the preamble is detached on the next
@@ -98,8 +103,11 @@ class BPFEndpoints:
     """Desired state per workload interface and family; one ordered reconcile per apply."""
 
     def __init__(self, kernel: BPFKernel, *, redirect_peer: bool = True,
-                 hold_attach: Callable[[str], bool] | None = None) -> None:
+                 hold_attach: Callable[[str], bool] | None = None,
+                 workload_prefixes: tuple[str, ...] = ("cali",)) -> None:
         self.kernel = kernel
+        self._wl_prefixes = workload_prefixes
+        self._host_ifstate: dict[str, int] = {}  # non-workload interface -> ifindex written NOT_MANAGED
         # Test hook (the FV attach-gap test): an interface it names is programmed up to, but not
         # including, the attach (step 6), and retried on every apply until released.
         self._hold_attach = hold_attach
@@ -154,6 +162,7 @@ class BPFEndpoints:
             self._sweep_ifstate()
             self._start_of_day = False
         self._sync_host_routes()
+        self._sync_host_ifstate()
         fams = sorted({v for fam in self._want.values() for v in fam})
         if fams:
             self.kernel.programs.prefetch_tc(EpType.WEP, [v == 6 for v in fams])  # one compile run
@@ -193,11 +202,28 @@ class BPFEndpoints:
             maps.routes(v6).set(mt.route_key(cidr), mt.route_value(flags, ifindex=ifindex, v6=v6))
             done.add(cidr)
 
+    def _is_host_iface(self, name: str) -> bool:
+        return not name.startswith(self._wl_prefixes)
+
+    def _sync_host_ifstate(self) -> None:
+        """NOT_MANAGED entries for exactly the existing non-workload interfaces (minimal delta)."""
+        want = {n: i for n, (i, _up) in self._ifaces.items() if self._is_host_iface(n)}
+        ifstate = self.kernel.maps.ifstate
+        for name, idx in list(self._host_ifstate.items()):
+            if want.get(name) != idx:
+                ifstate.delete(ctypes.c_uint32(idx))
+                del self._host_ifstate[name]
+        for name, idx in want.items():
+            if name not in self._host_ifstate:
+                ifstate.set(ctypes.c_uint32(idx), mt.ifstate_value(defs.IFACE_STATE_NOT_MANAGED, name))
+                self._host_ifstate[name] = idx
+
     def _sweep_ifstate(self) -> None:
         ifstate = self.kernel.maps.ifstate
         for key in list(ifstate.keys()):
             ifindex = int(key.value) if hasattr(key, "value") else int(key)
-            if not any(i == ifindex and n in self._want for n, (i, _up) in self._ifaces.items()):
+            if not any(i == ifindex and (n in self._want or self._is_host_iface(n))
+                       for n, (i, _up) in self._ifaces.items()):
                 ifstate.delete(ctypes.c_uint32(ifindex))
         for name, (ifindex, _up) in self._ifaces.items():
             try:
