@@ -38,16 +38,26 @@ _setup_times: dict[str, float] = {}
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "tables_only(reason): not run in BPF modes (reason says why)")
+    config.addinivalue_line("markers", "bpf_only: a BPF-mode scenario (deselected for the *tables modes)")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    keep, drop = [], []
     for item in items:
-        mark = item.get_closest_marker("tables_only")
         callspec = getattr(item, "callspec", None)
-        if mark is None or callspec is None or callspec.params.get("fvnode") not in BPF_MODES:
+        mode = callspec.params.get("fvnode") if callspec is not None else None
+        if mode is not None and mode not in BPF_MODES and item.get_closest_marker("bpf_only"):
+            drop.append(item)
+            continue
+        keep.append(item)
+        mark = item.get_closest_marker("tables_only")
+        if mark is None or mode not in BPF_MODES:
             continue
         reason = mark.args[0] if mark.args else mark.kwargs.get("reason", "")
         item.add_marker(pytest.mark.skip(reason=f"not a BPF-mode scenario: {reason}"))
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session", params=ALL_MODES)

@@ -19,10 +19,9 @@ import pytest
 
 from fv.datastore import EXTRA_WORKLOADS, HOST, WORKLOADS, datastore, iface, workload
 from fv.expect import ICMP, TCP, UDP, Expect
-from fv.harness import BPF_MODES, FamilyView
+from fv.harness import FamilyView
 
-pytestmark = [pytest.mark.fv, pytest.mark.bpf,
-              pytest.mark.parametrize("fvnode", list(BPF_MODES), indirect=True)]
+pytestmark = [pytest.mark.fv, pytest.mark.bpf, pytest.mark.bpf_only]
 
 
 def test_attach_gap_interface_receives_nothing(fv: FamilyView) -> None:
