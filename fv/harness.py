@@ -57,15 +57,12 @@ MODES: Mapping[str, Mapping[str, str]] = {
     "nftables": {"FELIX_NFTABLESMODE": "Enabled"},
 }
 
-# BPF modes: policy in the BPF programs, the attach-gap rules in iptables-legacy.  Each node has its
+# BPF modes: policy in the BPF programs, the attach-gap rules in iptables-legacy or nftables.  Each node has its
 # own bpffs for its lifetime (mounted on a temp dir, FELIXPY_BPF_PIN_ROOT points into it), as a real
 # node's /sys/fs/bpf outlives the daemon: pinned maps and TCX links survive a stop and a restart.
 BPF_MODES: Mapping[str, Mapping[str, str]] = {
-    # BPF mode is opt-in until its known ICMP fail-open is fixed (docs/bpf.md).
-    "bpf-legacy": {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy", "FELIX_BPFATTACHTYPE": "TCX",
-                   "FELIXPY_BPF_EXPERIMENTAL": "1"},
-    "bpf-nft": {"FELIX_BPFENABLED": "true", "FELIX_NFTABLESMODE": "Enabled", "FELIX_BPFATTACHTYPE": "TCX",
-                "FELIXPY_BPF_EXPERIMENTAL": "1"},
+    "bpf-legacy": {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy", "FELIX_BPFATTACHTYPE": "TCX"},
+    "bpf-nft": {"FELIX_BPFENABLED": "true", "FELIX_NFTABLESMODE": "Enabled", "FELIX_BPFATTACHTYPE": "TCX"},
 }
 
 # Felix's default is DROP; ACCEPT makes workload → host traffic show what egress policy decided.

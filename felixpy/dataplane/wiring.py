@@ -127,7 +127,6 @@ class FamilyTables:
 
 
 TablesFactory = Callable[[Config, int], FamilyTables]
-BPF_OPT_IN = "FELIXPY_BPF_EXPERIMENTAL"  # BPF mode is refused without it (see build_dataplane)
 # The cleanup-only drivers for the backends a family is not using, given the active one.
 CleanupFactory = Callable[[Config, int, str], list[NamedSyncer]]
 RouteTableFactory = Callable[[Config, int], RouteTableAPI]
@@ -259,9 +258,6 @@ def build_dataplane(config: Config, *, clock: Clock,
                     deps: KernelDeps | None = None) -> InternalDataplane:
     """The daemon's build function: :func:`build` with the real kernel (and Felix's MTU file), keeping
     only the loop."""
-    if config.BPFEnabled and os.environ.get(BPF_OPT_IN) != "1":
-        raise UnsupportedFeature("BPF dataplane mode", f"not fail-closed yet: ICMP echo passes between workloads "
-                                 f"with no policy (docs/bpf.md); {BPF_OPT_IN}=1 runs it anyway, for testing only")
     deps = deps or KernelDeps(mtu_file=mtu_file_path())
     return build(config, clock=clock, status_sink=status_sink, feed_sink=feed_sink, on_first_sync=on_first_sync,
                  metrics=metrics, deps=deps).dataplane
@@ -611,7 +607,7 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
 
     kernel = (deps.bpf_kernel or _default_bpf_kernel)(config)
     driver = BPFEndpoints(kernel, redirect_peer=config.BPFRedirectToPeer != "Disabled",
-                          hold_attach=_attach_hold_hook())
+                          hold_attach=_attach_hold_hook(), workload_prefixes=tuple(config.InterfacePrefix))
     parts: dict[int, FamilyParts] = {}
     for v in families:
         ft = tables_factory(config, v)

@@ -258,6 +258,20 @@ def test_attach_hold_hook_programs_but_does_not_attach(monkeypatch: pytest.Monke
     assert programmed(n, fb, "cali2")
 
 
+def test_host_interfaces_are_forwardable_and_unknown_workload_interfaces_are_not() -> None:
+    """fib_approve forwards to an interface only if cali_iface knows it: host interfaces (uplink,
+    VXLAN devices) get NOT_MANAGED entries; an unknown cali* interface gets none (refused)."""
+    n, fb = node()
+    n.link_up("eth0")
+    n.link_up("vxlan.calico")
+    n.link_up("cali99")
+    n.apply()
+    for name in ("eth0", "vxlan.calico"):
+        st = ifstate(fb, n.ifindex(name))
+        assert st is not None and st.flags == defs.IFACE_STATE_NOT_MANAGED and st.name == name.encode()
+    assert ifstate(fb, n.ifindex("cali99")) is None
+
+
 def test_ipv6_family_programmed_too() -> None:
     n, fb = node(families=(4, 6))
     n.link_up("cali1")
@@ -320,14 +334,3 @@ def test_host_addresses_become_local_host_routes() -> None:
     n.addrs("eth0", "fd00:99::1")
     n.apply()
     assert fb.kernel.maps.routes(False).get(mt.route_key("10.99.0.1/32")) is None
-
-
-def test_the_daemon_refuses_bpf_mode_without_the_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """BPF mode is not fail-closed for ICMP yet: an operator cannot turn it on by accident."""
-    from felixpy.dataplane.wiring import BPF_OPT_IN, build_dataplane
-    from felixpy.errors import UnsupportedFeature
-    from felixpy.testing.clock import FakeClock
-
-    monkeypatch.delenv(BPF_OPT_IN, raising=False)
-    with pytest.raises(UnsupportedFeature, match="ICMP"):
-        build_dataplane(BPF_CONFIG, clock=FakeClock())
