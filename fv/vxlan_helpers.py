@@ -28,6 +28,7 @@ namespace.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -444,6 +445,30 @@ def conntrack_has(netns: str, src: str, dst: str, dport: int) -> bool:
     out = subprocess.run(["ip", "netns", "exec", netns, "conntrack", "-L", "-f", fam, "-p", "tcp", "-s", src,
                           "-d", dst, "--dport", str(dport)], capture_output=True, text=True, timeout=10).stdout
     return "ESTABLISHED" in out
+
+
+def bpf_conntrack_has(fn: VxlanNode, src: str, dst: str, dport: int) -> bool:
+    """BPF modes: the node's BPF conntrack map (its pin, on the node's bpffs) tracks the TCP flow
+    (the programs forward it past Linux conntrack, so ``conntrack -L`` does not know it)."""
+    import ipaddress
+
+    from felixpy.bpf import maptypes as mt
+    from felixpy.bpf import syscall as bsc
+
+    assert fn.bpffs is not None
+    v6 = ":" in src
+    key_t = mt.CtKey6 if v6 else mt.CtKey4
+    want = {ipaddress.ip_address(src).packed, ipaddress.ip_address(dst).packed}
+    fd = bsc.obj_get(os.path.join(fn.bpffs, "tc", "globals", "cali_v6_ct4" if v6 else "cali_v4_ct4"))
+    try:
+        key = None
+        while (key := bsc.map_next_key(fd, key, ctypes.sizeof(key_t))) is not None:
+            k = key_t.from_buffer_copy(key)
+            if k.protocol == 6 and {bytes(k.addr_a), bytes(k.addr_b)} == want and dport in (k.port_a, k.port_b):
+                return True
+        return False
+    finally:
+        os.close(fd)
 
 
 def connect_held(src: cc.Endpoint, dst: cc.Endpoint, v: int, port: int) -> cc.Connection:
