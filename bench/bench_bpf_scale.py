@@ -75,7 +75,7 @@ def ifindexes(ns: str, names: list[str]) -> dict[str, int]:
 
 def daemon_run(ns: str, pin_root: str, cache: str, names: list[str], n_policies: int, attach: str,
                settle: float) -> dict[str, float]:
-    env = {"FELIX_BPFENABLED": "true", "FELIXPY_BPF_EXPERIMENTAL": "1", "FELIX_IPTABLESBACKEND": "legacy",
+    env = {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy",
            "FELIX_BPFATTACHTYPE": attach, "FELIXPY_BPF_PIN_ROOT": pin_root, "FELIXPY_BPF_CACHE_DIR": cache,
            "FELIX_BPFMAPSIZEIFSTATE": str(max(1000, 2 * len(names)))}
     batch = [to_dataplane(seq, m) for seq, m in enumerate(initial_batch(names, n_policies, "Felix", True))]

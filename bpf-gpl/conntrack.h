@@ -51,6 +51,36 @@ static CALI_BPF_INLINE void fill_ct_key(struct calico_ct_key *k, bool sltd, __u8
 	}
 }
 
+#ifdef IPVER6
+#define CALI_ICMP_ECHO_REQUEST	128
+#define CALI_ICMP_ECHO_REPLY	129
+#else
+#define CALI_ICMP_ECHO_REQUEST	8
+#define CALI_ICMP_ECHO_REPLY	0
+#endif
+
+static CALI_BPF_INLINE bool icmp_is_echo(struct cali_tc_state *s)
+{
+	return s->ip_proto == IPPROTO_ICMP_46 &&
+	       (s->icmp_type == CALI_ICMP_ECHO_REQUEST || s->icmp_type == CALI_ICMP_ECHO_REPLY);
+}
+
+/* The key's "ports": TCP/UDP ports; for an ICMP echo request/reply the echo
+ * identifier on both sides (Linux's tuple keys echoes by it too), so every ping
+ * is its own flow; other ICMP types have none. */
+static CALI_BPF_INLINE void ct_key_ports(struct cali_tc_state *s, __u16 *sport, __u16 *dport)
+{
+	if (s->ip_proto == IPPROTO_ICMP_46) {
+		__u16 id = icmp_is_echo(s) ? s->icmp_id : 0;
+
+		*sport = id;
+		*dport = id;
+		return;
+	}
+	*sport = s->sport;
+	*dport = s->dport;
+}
+
 /* "A TCP SYN on a flow we already track": the one spelling of the question,
  * shared by the force-policy path and the redirect-peer / bypass gates. */
 static CALI_BPF_INLINE bool is_tcp_syn(struct cali_tc_state *s)
@@ -89,9 +119,10 @@ static CALI_BPF_INLINE void calico_ct_lookup(struct cali_tc_ctx *ctx)
 	struct calico_ct_result *res = &s->ct_result;
 	bool tcp = s->ip_proto == IPPROTO_TCP;
 	bool syn = tcp && (s->tcp_flags & CALI_TCP_SYN) && !(s->tcp_flags & CALI_TCP_ACK);
-	__u16 sport = s->sport;
-	__u16 dport = s->ip_proto == IPPROTO_ICMP_46 ? 0 : s->dport;
+	__u16 sport, dport;
 	struct calico_ct_key k = {};
+
+	ct_key_ports(s, &sport, &dport);
 	bool sltd = src_lt_dest(&s->ip_src, &s->ip_dst, sport, dport);
 
 	__builtin_memset(res, 0, sizeof(*res));
@@ -130,9 +161,6 @@ static CALI_BPF_INLINE void calico_ct_lookup(struct cali_tc_ctx *ctx)
 		cali_ct.delete(&k);
 		goto out_new;
 	}
-	v->last_seen = now;
-	res->flags = ct_value_get_flags(v);
-
 	struct calico_ct_leg *src_to_dst, *dst_to_src;
 
 	if (sltd) {
@@ -142,6 +170,19 @@ static CALI_BPF_INLINE void calico_ct_lookup(struct cali_tc_ctx *ctx)
 		src_to_dst = &v->b_to_a;
 		dst_to_src = &v->a_to_b;
 	}
+
+	if (icmp_is_echo(s) &&
+	    (s->icmp_type == CALI_ICMP_ECHO_REQUEST) != (bool)src_to_dst->opener) {
+		/* A request continues only the flow it opened; a reply only travels
+		 * back.  Anything else (the host pinged a workload and the workload
+		 * now pings the host with the same identifier) is a new flow for
+		 * policy, as in Linux conntrack, whose reply tuple expects a reply. */
+		CALI_DEBUG("CT: ICMP echo against the entry's direction: NEW");
+		goto out_new;
+	}
+
+	v->last_seen = now;
+	res->flags = ct_value_get_flags(v);
 	if (src_to_dst->opener)
 		res->ifindex_created = src_to_dst->ifindex;
 	else if (dst_to_src->opener)
@@ -208,10 +249,11 @@ static CALI_BPF_INLINE void ct_approve_our_leg(struct calico_ct_value *v, bool s
 static CALI_BPF_INLINE int conntrack_create(struct cali_tc_ctx *ctx)
 {
 	struct cali_tc_state *s = ctx->state;
-	__u16 sport = s->sport;
-	__u16 dport = s->ip_proto == IPPROTO_ICMP_46 ? 0 : s->dport;
+	__u16 sport, dport;
 	bool syn = s->ip_proto == IPPROTO_TCP && (s->tcp_flags & CALI_TCP_SYN);
 	struct calico_ct_key k = {};
+
+	ct_key_ports(s, &sport, &dport);
 	bool sltd = src_lt_dest(&s->ip_src, &s->ip_dst, sport, dport);
 
 	if (s->flags & CALI_ST_SUPPRESS_CT_STATE)

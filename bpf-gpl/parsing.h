@@ -71,6 +71,8 @@ static CALI_BPF_INLINE int parse_l4(struct cali_tc_ctx *ctx)
 		s->sport = 0;
 		s->icmp_type = tc[0];
 		s->icmp_code = tc[1];
+		/* Echo request/reply: the identifier tells the flows apart (conntrack). */
+		s->icmp_id = ((__u16)tc[4] << 8) | tc[5];
 		break;
 	}
 	default:

@@ -26,7 +26,7 @@ struct cali_tc_state {
 	DECLARE_IP_ADDR(post_nat_ip_dst);	/* 56 */
 	DECLARE_IP_ADDR(tun_ip);	/* 72 */
 	__u16 ihl;			/* 88 IP header length incl. v6 extension headers */
-	__u16 unused;			/* 90 */
+	__u16 icmp_id;			/* 90 ICMP echo identifier, host order (felixpy; Felix: unused) */
 	__s32 pol_rc;			/* 92 enum calico_policy_result */
 	__u16 sport;			/* 96 */
 	union {

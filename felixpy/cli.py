@@ -97,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run a demo node in sandbox network namespaces",
                           description="Run a demo node in sandbox network namespaces.")
-    demo.add_argument("--mode", default="iptables-legacy", choices=["iptables-legacy", "iptables-nft", "nftables"],
+    demo.add_argument("--mode", default="iptables-legacy", choices=["iptables-legacy", "iptables-nft", "nftables", "bpf"],
                       help="dataplane mode (default iptables-legacy)")
     demo.add_argument("--scenario", default="demo", help="scenario YAML path, or 'demo' for the bundled one")
 

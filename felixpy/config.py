@@ -181,8 +181,8 @@ def _ct_timeouts(raw: str) -> tuple[tuple[str, str], ...]:
 FAILSAFE_IN = "tcp:22,udp:68,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667"
 FAILSAFE_OUT = "udp:53,udp:67,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667"
 _WHICH_DRIVER = "felixpy is the dataplane driver; which driver Felix runs is Felix's choice"
-_NO_BPF = "not read by the (opt-in) BPF mode yet"
-_BPF_OPT_IN = "in the opt-in BPF mode (FELIXPY_BPF_EXPERIMENTAL=1)"
+_NO_BPF = "not read by BPF mode yet"
+_BPF_OPT_IN = "in BPF mode (BPFEnabled)"
 _ALLOW = _choice("ACCEPT", "RETURN")
 _DENY = _choice("DROP", "REJECT")
 
@@ -195,8 +195,8 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     # Driver selection and modes.
     UseInternalDataplaneDriver: bool = _ignored(True, _bool, _WHICH_DRIVER, warn=False)
     DataplaneDriver: str = _ignored("calico-iptables-plugin", _str, _WHICH_DRIVER, warn=False)
-    BPFEnabled: bool = _p(False, _bool, UNSUPPORTED, "true: refused (exit 2) unless FELIXPY_BPF_EXPERIMENTAL=1; "
-                          "BPF mode is not fail-closed for ICMP yet (docs/bpf.md)")
+    BPFEnabled: bool = _p(False, _bool, HONOURED, "workload policy in BPF programs (docs/bpf.md); host "
+                          "endpoints are not attached in BPF mode yet")
     NFTablesMode: str = _p("Auto", _choice("Enabled", "Disabled", "Auto"))
     IptablesBackend: str = _p("auto", _choice("auto", "legacy", "nft"))
     Ipv6Support: bool = _p(True, _bool)

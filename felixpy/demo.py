@@ -7,7 +7,8 @@
    initial batch reaches ``DataplaneInSync``, and after each scripted step;
 4. plugs an "outside" namespace into the node's ``eth0`` and locks that host
    interface down with a deny-all host endpoint: only the failsafe ports
-   (SSH 22 here) still answer;
+   (SSH 22 here) still answer (not in ``--mode bpf``: host endpoints in BPF mode are not
+   attached yet, docs/bpf.md);
 5. prints what the daemon programmed (our chains, sets) and tears it all down,
    also on Ctrl-C or failure.
 """
@@ -31,6 +32,8 @@ MODES = {
     "iptables-legacy": {"FELIX_IPTABLESBACKEND": "legacy"},
     "iptables-nft": {"FELIX_IPTABLESBACKEND": "nft"},
     "nftables": {"FELIX_NFTABLESMODE": "Enabled"},
+    # Policy in BPF programs on the workload interfaces (TCX), the attach-gap rules in iptables-legacy.
+    "bpf": {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy", "FELIX_BPFATTACHTYPE": "TCX"},
 }
 
 
@@ -81,7 +84,7 @@ def _programmed(ns: str, mode: str) -> None:
     if mode == "nftables":
         cmds = [["nft", "list", "tables"]]
     else:
-        b = mode.split("-")[1]
+        b = MODES[mode].get("FELIX_IPTABLESBACKEND", "legacy")
         cmds = [[f"iptables-{b}-save"], [f"ip6tables-{b}-save"]]
     for cmd in cmds:
         out = subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True).stdout
@@ -163,7 +166,7 @@ def main(mode: str = "iptables-legacy", scenario: str = "demo") -> int:
                 client = connect(d.target)
                 client.send(sc.initial)
                 t0 = time.monotonic()
-                client.wait_in_sync(60)
+                client.wait_in_sync(240 if mode == "bpf" else 60)  # BPF: the first start compiles (bcc)
                 say(f"sent {len(sc.initial)} messages; DataplaneInSync after {time.monotonic() - t0:.2f}s")
                 _show("After the initial batch", eps)
                 for i, step in enumerate(sc.steps, 1):
@@ -172,7 +175,10 @@ def main(mode: str = "iptables-legacy", scenario: str = "demo") -> int:
                     time.sleep(1.0)
                     _show(f"After step {i}: {step.description}", eps)
                 last = sc.steps[-1].messages if sc.steps else sc.initial
-                _host_endpoint_step(n, client, last[-1].sequence_number + 1 if last else 0)
+                if mode == "bpf":
+                    say("\n(host endpoints are not attached in BPF mode yet: host endpoint step skipped)")
+                else:
+                    _host_endpoint_step(n, client, last[-1].sequence_number + 1 if last else 0)
                 _programmed(n.netns, mode)
                 statuses = [m for m in client.received if m.HasField("workload_endpoint_status_update")]
                 say(f"\nendpoint status reports received: {len(statuses)}")

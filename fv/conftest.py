@@ -1,6 +1,6 @@
 """FV fixtures: one node + daemon per dataplane mode, shared by every test of that mode.
 
-* ``fvnode`` (session scope, parametrised over the three modes): a node
+* ``fvnode`` (session scope, parametrised over the *tables modes and the BPF modes): a node
   namespace with workloads a, b and c plugged in as CNI would, echo servers in
   each (and in the node itself, "host"), and the real daemon in the node.
   pytest groups the tests by mode, so each mode's node is built once and torn
@@ -10,6 +10,11 @@
   one IP family.  Each test states the whole datastore it needs with
   ``fv.apply(...)``; the node sends the difference on its feed, so tests don't
   depend on each other's leftovers.
+
+BPF modes (``fv.harness.BPF_MODES``) run every scenario too; a test or module marked
+``tables_only(reason)`` is about *tables state itself (the explain CLI reads it) or a feature BPF
+mode leaves to another issue, and is skipped in BPF modes with that reason.  A check inside a
+scenario that reads *tables state is skipped by the scenario itself (``fv.mode in BPF_MODES``).
 
 A test that kills or stops the daemon leaves that to the node: the next
 ``apply`` starts a fresh one.  A daemon that *dies* during a test fails that
@@ -24,14 +29,41 @@ from typing import Any
 
 import pytest
 
-from fv.harness import MODES, TIMINGS, FamilyView, FvNode
+from fv.harness import BPF_MODES, MODES, TIMINGS, FamilyView, FvNode
 
 FAMILIES = (4, 6)
+ALL_MODES = [*MODES, *(pytest.param(m, marks=pytest.mark.bpf) for m in BPF_MODES)]
 _setup_times: dict[str, float] = {}
 
 
-@pytest.fixture(scope="session", params=list(MODES))
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "tables_only(reason): not run in BPF modes (reason says why)")
+    config.addinivalue_line("markers", "bpf_only: a BPF-mode scenario (deselected for the *tables modes)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        mode = callspec.params.get("fvnode") if callspec is not None else None
+        if mode is not None and mode not in BPF_MODES and item.get_closest_marker("bpf_only"):
+            drop.append(item)
+            continue
+        keep.append(item)
+        mark = item.get_closest_marker("tables_only")
+        if mark is None or mode not in BPF_MODES:
+            continue
+        reason = mark.args[0] if mark.args else mark.kwargs.get("reason", "")
+        item.add_marker(pytest.mark.skip(reason=f"not a BPF-mode scenario: {reason}"))
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(scope="session", params=ALL_MODES)
 def fvnode(request: pytest.FixtureRequest) -> Iterator[FvNode]:
+    if request.param in BPF_MODES:
+        pytest.importorskip("bcc")
     t0 = time.monotonic()
     node = FvNode.create(request.param)
     _setup_times[request.param] = time.monotonic() - t0

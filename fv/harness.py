@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import re
 import signal
+import os
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -55,9 +59,8 @@ MODES: Mapping[str, Mapping[str, str]] = {
 # Every node has its own bpffs (mounted by the test on a temp dir, FELIXPY_BPF_PIN_ROOT), so its pins are
 # unique to it and, as on a real node, outlive a stopped daemon; the *tables modes clean up there.
 BPF_MODES: Mapping[str, Mapping[str, str]] = {
-    # BPF mode is opt-in until its known ICMP fail-open is fixed (docs/bpf.md).
-    "bpf-legacy": {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy", "FELIX_BPFATTACHTYPE": "TCX",
-                   "FELIXPY_BPF_EXPERIMENTAL": "1"},
+    "bpf-legacy": {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy", "FELIX_BPFATTACHTYPE": "TCX"},
+    "bpf-nft": {"FELIX_BPFENABLED": "true", "FELIX_NFTABLESMODE": "Enabled", "FELIX_BPFATTACHTYPE": "TCX"},
 }
 
 # Felix's default is DROP; ACCEPT makes workload → host traffic show what egress policy decided.
@@ -101,6 +104,9 @@ class FvNode:
         self.timings: dict[str, list[float]] = TIMINGS.setdefault(mode, {})
         self._bpffs = contextlib.ExitStack()
         self.bpffs: str | None = None
+        # The daemon's BPF attach-hold file (FELIXPY_TEST_HOLD_BPF_ATTACH; empty = hold nothing).
+        fd, self.hold_file = tempfile.mkstemp(prefix="fpyhold-")
+        os.close(fd)
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -153,6 +159,8 @@ class FvNode:
             if self.node is not None:
                 self.node.delete()
             self._bpffs.close()  # after the interfaces (and so the links on them) are gone
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.hold_file)
 
     @property
     def netns(self) -> str:
@@ -162,6 +170,7 @@ class FvNode:
     # ------------------------------------------------------------------- daemon
     def start_daemon(self) -> None:
         env = {**{**MODES, **BPF_MODES}[self.mode], "PYTHONFAULTHANDLER": "1"}
+        env["FELIXPY_TEST_HOLD_BPF_ATTACH"] = self.hold_file
         if self.bpffs is not None:
             env["FELIXPY_BPF_PIN_ROOT"] = f"{self.bpffs}/tc/globals"
         self.daemon = start_daemon(self.netns, env=env)
@@ -433,12 +442,40 @@ class FvNode:
         if self.node is not None and name in self.node.workloads:
             self.node.remove_workload(name)
 
+    def hold_bpf_attach(self, ifaces: Sequence[str]) -> None:
+        """BPF modes: the daemon programs these interfaces but does not attach them (from its next
+        apply on; an empty list releases them)."""
+        assert self.hold_file is not None, f"{self.mode} is not a BPF mode"
+        with open(self.hold_file, "w", encoding="utf-8") as f:
+            f.write("".join(f"{i}\n" for i in ifaces))
+
+    def bpf_programs(self) -> dict[tuple[str, str], list[int]]:
+        """BPF modes: ids of the programs attached (TCX or clsact) per (interface, hook) in the
+        node namespace (TCX attachments: the FV BPF modes use TCX), for every interface that has any."""
+        code = ("import json, socket\n"
+                "from felixpy.bpf import attach, defs\n"
+                "out = {}\n"
+                "for _, name in socket.if_nameindex():\n"
+                "    i = socket.if_nametoindex(name)\n"
+                "    for hook, h in ((defs.HOOK_TC_INGRESS, 'ingress'), (defs.HOOK_TC_EGRESS, 'egress')):\n"
+                "        ids = attach.tcx_programs(i, hook)\n"
+                "        if ids:\n"
+                "            out[name + ' ' + h] = ids\n"
+                "print(json.dumps(out))\n")
+        res = nsmod.run_in(self.netns, sys.executable, "-c", code)
+        out: dict[tuple[str, str], list[int]] = {}
+        for key, ids in json.loads(res.stdout).items():
+            name, hook = key.split(" ")
+            out[(name, hook)] = list(ids)
+        return out
+
     def ruleset(self) -> str:
         """Everything programmed in the node namespace, with counters (nft: with handles)."""
-        if self.mode == "nftables":
+        env = {**MODES, **BPF_MODES}[self.mode]
+        if env.get("FELIX_NFTABLESMODE") == "Enabled":
             cmds = [["nft", "-a", "list", "ruleset"]]
         else:
-            b = self.mode.split("-")[1]
+            b = env.get("FELIX_IPTABLESBACKEND", "legacy")
             cmds = [[f"iptables-{b}-save", "-c"], [f"ip6tables-{b}-save", "-c"]]
         return "\n".join(nsmod.run_in(self.netns, *cmd).stdout for cmd in cmds)
 
@@ -447,7 +484,7 @@ class FvNode:
                          for v in (4, 6))
 
     def ipsets(self) -> str:
-        if self.mode == "nftables":
+        if {**MODES, **BPF_MODES}[self.mode].get("FELIX_NFTABLESMODE") == "Enabled":
             return ""
         out = nsmod.run_in(self.netns, "ipset", "save").stdout
         return "\n".join(sorted(out.splitlines()))

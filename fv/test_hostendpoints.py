@@ -26,7 +26,9 @@ from felixpy.testing.topology import Outside, sh
 from fv.datastore import HOST, WORKLOADS, datastore, policy, tier, workload
 from fv.harness import FamilyView, FvNode, Pinger, compare_rulesets, parse_ruleset
 
-pytestmark = pytest.mark.fv
+pytestmark = [pytest.mark.fv,
+              pytest.mark.tables_only("host endpoints in BPF mode (BPFDataIfacePattern attach) are the "
+                                      "host-endpoint issue's; BPF mode leaves that seam")]
 
 SSH, BGP, WEB, WEB2 = 22, 179, 8080, 8081
 PROBE_TIMEOUT, SLOW_TIMEOUT = 0.5, 2.0

@@ -61,7 +61,8 @@ def test_unknown_cali_interface_is_fail_closed(fv: FamilyView) -> None:
 def test_restart_with_same_feed_changes_no_rule_and_keeps_connections(fv: FamilyView) -> None:
     """Stop the daemon and start a new one fed the same datastore: no rule is rewritten (every
     counter keeps counting from where it was), an established TCP connection keeps working before,
-    during and after, and a 50 pps ping loses nothing."""
+    during and after, and a 50 pps ping loses nothing.  (BPF modes: the *tables rules checked are
+    the attach-gap rules; that no program is re-attached is fv/test_bpf_mode.py's.)"""
     node = fv.node
     state = datastore(
         ipsets=[{"id": "s:clients", "type": "net", "members": nets("a")}],

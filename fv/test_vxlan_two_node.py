@@ -24,13 +24,14 @@ from felixpy.testing import conncheck as cc
 from felixpy.testing.daemon import start_daemon
 from felixpy.testing.topology import node as single_node
 from felixpy.testing.topology import sh
-from fv.harness import MODES, Expect, compare_rulesets, parse_ruleset
+from fv.harness import BPF_MODES, MODES, Expect, compare_rulesets, parse_ruleset
 from fv.vxlan_helpers import (
     UNDERLAY,
     VTEP_MACS,
     VXLAN_DEVICES,
     WORKLOADS,
     FlowWatcher,
+    bpf_conntrack_has,
     TwoNodeCluster,
     connect_held,
     conntrack_has,
@@ -52,9 +53,11 @@ def policy() -> Expect:
     return Expect(True).block(dst="n2a").allow(src="n1a", dst="n2a", probe=TCP)
 
 
-@pytest.fixture(scope="module", params=list(MODES))
+@pytest.fixture(scope="module", params=[*MODES, *(pytest.param(m, marks=pytest.mark.bpf) for m in BPF_MODES)])
 def cluster(request: pytest.FixtureRequest) -> Iterator[TwoNodeCluster]:
-    with TwoNodeCluster.running(request.param, MODES[request.param]) as c:
+    if request.param in BPF_MODES:
+        pytest.importorskip("bcc")
+    with TwoNodeCluster.running(request.param, {**MODES, **BPF_MODES}[request.param]) as c:
         yield c
         for fn in c.nodes.values():
             assert fn.daemon is not None and fn.daemon.alive(), \
@@ -121,8 +124,12 @@ def test_restarted_node_keeps_established_cross_node_flows(cluster: TwoNodeClust
             assert conn.exchange(), f"{name}: flow broken after the restarts"
         _, n1a_v4, n1a_v6 = WORKLOADS["n1a"]
         _, n2a_v4, n2a_v6 = WORKLOADS["n2a"]
-        assert conntrack_has(cluster.nodes[2].netns, n1a_v4, n2a_v4, 8080)
-        assert conntrack_has(cluster.nodes[2].netns, n1a_v6, n2a_v6, 8080)
+        node2 = cluster.nodes[2]
+        for src, dst in ((n1a_v4, n2a_v4), (n1a_v6, n2a_v6)):
+            if node2.bpf:  # the programs track it (past Linux conntrack)
+                assert bpf_conntrack_has(node2, src, dst, 8080), f"{src} -> {dst}:8080 not in BPF conntrack"
+            else:
+                assert conntrack_has(node2.netns, src, dst, 8080)
     finally:
         for conn in held.values():
             conn.close()

@@ -28,12 +28,14 @@ namespace.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from felixpy.bpf import maps as bpfmaps
 from felixpy.feed.client import FeedClient, connect
 from felixpy.feed.scenario import scenario_from_dict
 from felixpy.testing import conncheck as cc
@@ -70,6 +73,7 @@ POLICY = "allow-8080-from-n1a"
 PROBE_TIMEOUT = 0.5
 CONVERGE_TIMEOUT = 10.0
 SYNC_TIMEOUT = 30.0
+BPF_SYNC_TIMEOUT = 240.0  # BPF modes compile their variants (bcc, in the worker) at the first start of day
 STOP_TIMEOUT = 10.0
 
 
@@ -152,22 +156,41 @@ class VxlanNode:
     client: FeedClient | None = None
     logs: list[str] = field(default_factory=list)  # logs of earlier daemons of this node
     extra_config: dict[str, str] = field(default_factory=dict)
+    bpffs: str | None = None  # BPF modes: the node's bpffs, mounted for its lifetime (pins outlive daemons)
 
     @property
     def netns(self) -> str:
         return self.node.netns
 
+    @property
+    def bpf(self) -> bool:
+        return self.mode_env.get("FELIX_BPFENABLED") == "true"
+
+    def close_bpffs(self) -> None:
+        if self.bpffs is not None:
+            with contextlib.suppress(OSError):
+                bpfmaps.unmount(self.bpffs)
+            shutil.rmtree(self.bpffs, ignore_errors=True)
+            self.bpffs = None
+
     def start(self) -> float:
         """A fresh daemon and feed: the whole start of day; returns seconds to DataplaneInSync."""
         t0 = time.monotonic()
-        self.daemon = start_daemon(self.netns, env={"PYTHONFAULTHANDLER": "1", **self.mode_env})
+        env = {"PYTHONFAULTHANDLER": "1", **self.mode_env}
+        if self.bpf:
+            if self.bpffs is None:
+                self.bpffs = tempfile.mkdtemp(prefix="fpybpffs-")
+                bpfmaps.mount_bpffs(self.bpffs)
+            env["FELIXPY_BPF_PIN_ROOT"] = os.path.join(self.bpffs, "tc", "globals")
+        timeout = BPF_SYNC_TIMEOUT if self.bpf else SYNC_TIMEOUT
+        self.daemon = start_daemon(self.netns, env=env)
         self.client = connect(self.daemon.target)
         sc = scenario_from_dict(node_datastore(self.n, self.macs, extra_config=self.extra_config))
         self.client.send(sc.initial)
         try:
-            self.client.wait_in_sync(SYNC_TIMEOUT)
+            self.client.wait_in_sync(timeout)
         except TimeoutError as exc:
-            raise AssertionError(f"node{self.n}: no DataplaneInSync within {SYNC_TIMEOUT}s "
+            raise AssertionError(f"node{self.n}: no DataplaneInSync within {timeout}s "
                                  f"(alive={self.daemon.alive()}); log ends:\n{self.log_tail()}") from exc
         return time.monotonic() - t0
 
@@ -303,6 +326,7 @@ class TwoNodeCluster:
             self.servers.stop()  # sockets pin their namespaces: close them first
             for fn in self.nodes.values():
                 fn.node.delete()
+                fn.close_bpffs()
             self.nodes.clear()
 
     # ------------------------------------------------------------------ overlay state
@@ -421,6 +445,30 @@ def conntrack_has(netns: str, src: str, dst: str, dport: int) -> bool:
     out = subprocess.run(["ip", "netns", "exec", netns, "conntrack", "-L", "-f", fam, "-p", "tcp", "-s", src,
                           "-d", dst, "--dport", str(dport)], capture_output=True, text=True, timeout=10).stdout
     return "ESTABLISHED" in out
+
+
+def bpf_conntrack_has(fn: VxlanNode, src: str, dst: str, dport: int) -> bool:
+    """BPF modes: the node's BPF conntrack map (its pin, on the node's bpffs) tracks the TCP flow
+    (the programs forward it past Linux conntrack, so ``conntrack -L`` does not know it)."""
+    import ipaddress
+
+    from felixpy.bpf import maptypes as mt
+    from felixpy.bpf import syscall as bsc
+
+    assert fn.bpffs is not None
+    v6 = ":" in src
+    key_t = mt.CtKey6 if v6 else mt.CtKey4
+    want = {ipaddress.ip_address(src).packed, ipaddress.ip_address(dst).packed}
+    fd = bsc.obj_get(os.path.join(fn.bpffs, "tc", "globals", "cali_v6_ct4" if v6 else "cali_v4_ct4"))
+    try:
+        key = None
+        while (key := bsc.map_next_key(fd, key, ctypes.sizeof(key_t))) is not None:
+            k = key_t.from_buffer_copy(key)
+            if k.protocol == 6 and {bytes(k.addr_a), bytes(k.addr_b)} == want and dport in (k.port_a, k.port_b):
+                return True
+        return False
+    finally:
+        os.close(fd)
 
 
 def connect_held(src: cc.Endpoint, dst: cc.Endpoint, v: int, port: int) -> cc.Connection:

@@ -45,7 +45,7 @@ def test_every_parameter_has_a_row_with_its_variable_default_and_status() -> Non
     assert rows["ChainInsertMode"].split(" | ")[2:4] == ["one of `insert`, `append`", "`insert`"]
     assert rows["VXLANEnabled"].split(" | ")[2:4] == ["boolean or `none` (auto)", "none (auto)"]
     assert rows["FailsafeInboundHostPorts"].split(" | ")[3].startswith("`tcp:22,udp:68,")
-    assert rows["BPFEnabled"].split(" | ")[4] == config.UNSUPPORTED
+    assert rows["BPFEnabled"].split(" | ")[4] == config.HONOURED
 
 
 def _reads_outside_config() -> dict[str, set[str]]:

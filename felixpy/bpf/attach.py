@@ -63,10 +63,16 @@ class AttachMode(enum.Enum):
 
 
 def iface_kind(ifname: str) -> str | None:
-    """IFLA_INFO_KIND of an interface in the caller's namespace ("veth", "netkit", ...)."""
+    """IFLA_INFO_KIND of an interface in the caller's namespace ("veth", "netkit", ...); None when
+    it has none or no longer exists (an interface monitor's view may lag its deletion)."""
 
     with _ipr() as ipr:
-        links = ipr.link("get", ifname=ifname)
+        try:
+            links = ipr.link("get", ifname=ifname)
+        except _netlink_error() as e:
+            if getattr(e, "code", None) == errno.ENODEV:
+                return None
+            raise
         for link in links:
             info = link.get_attr("IFLA_LINKINFO")
             if info is not None:

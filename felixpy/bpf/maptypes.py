@@ -464,7 +464,7 @@ def _tc_state(addr_len: int) -> type[ctypes.Structure]:
             ("post_nat_ip_dst", c_uint8 * 16),
             ("tun_ip", c_uint8 * 16),
             ("ihl", c_uint16),
-            ("unused", c_uint16),
+            ("icmp_id", c_uint16),  # ICMP echo identifier (felixpy; Felix: unused)
             ("pol_rc", c_int32),
             ("sport", c_uint16),
             ("dport", c_uint16),  # icmp_type = low byte, icmp_code = high byte

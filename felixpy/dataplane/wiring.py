@@ -131,7 +131,6 @@ class FamilyTables:
 
 
 TablesFactory = Callable[[Config, int], FamilyTables]
-BPF_OPT_IN = "FELIXPY_BPF_EXPERIMENTAL"  # BPF mode is refused without it (see build_dataplane)
 # The cleanup-only drivers for the backends a family is not using, given the active one.
 CleanupFactory = Callable[[Config, int, str], list[NamedSyncer]]
 RouteTableFactory = Callable[[Config, int], RouteTableAPI]
@@ -267,9 +266,6 @@ def build_dataplane(config: Config, *, clock: Clock,
                     deps: KernelDeps | None = None) -> InternalDataplane:
     """The daemon's build function: :func:`build` with the real kernel (and Felix's MTU file), keeping
     only the loop."""
-    if config.BPFEnabled and os.environ.get(BPF_OPT_IN) != "1":
-        raise UnsupportedFeature("BPF dataplane mode", f"not fail-closed yet: ICMP echo passes between workloads "
-                                 f"with no policy (docs/bpf.md); {BPF_OPT_IN}=1 runs it anyway, for testing only")
     deps = deps or KernelDeps(mtu_file=mtu_file_path())
     return build(config, clock=clock, status_sink=status_sink, feed_sink=feed_sink, on_first_sync=on_first_sync,
                  metrics=metrics, deps=deps).dataplane
@@ -591,6 +587,26 @@ def _default_bpf_kernel(config: Config) -> BPFKernel:
     return open_kernel(configured_pin_root(), config.BPFAttachType, sizes=sizes)
 
 
+BPF_HOLD_ATTACH = "FELIXPY_TEST_HOLD_BPF_ATTACH"  # FV test hook: a file naming interfaces not to attach yet
+
+
+def _attach_hold_hook() -> Callable[[str], bool] | None:
+    """The FV attach-gap test's hook: with ``FELIXPY_TEST_HOLD_BPF_ATTACH=<file>``, interfaces named
+    in that file (one per line, re-read on every apply) are programmed but not attached yet."""
+    path = os.environ.get(BPF_HOLD_ATTACH)
+    if not path:
+        return None
+
+    def held(iface: str) -> bool:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return iface in {line.strip() for line in f}
+        except FileNotFoundError:
+            return False
+
+    return held
+
+
 def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], tables_factory: TablesFactory,
                deps: KernelDeps, status: EndpointStatusCombiner) -> dict[int, FamilyParts]:
     """BPF mode (Felix's ``BPFEnabled``): policy in BPF programs per workload interface, IP sets in
@@ -609,7 +625,8 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
     from felixpy.rules import bpfmode
 
     kernel = (deps.bpf_kernel or _default_bpf_kernel)(config)
-    driver = BPFEndpoints(kernel, redirect_peer=config.BPFRedirectToPeer != "Disabled")
+    driver = BPFEndpoints(kernel, redirect_peer=config.BPFRedirectToPeer != "Disabled",
+                          hold_attach=_attach_hold_hook(), workload_prefixes=tuple(config.InterfacePrefix))
     parts: dict[int, FamilyParts] = {}
     for v in families:
         ft = tables_factory(config, v)

@@ -30,6 +30,7 @@ import structlog
 from felixpy.bpf import from_proto
 from felixpy.drivers.bpfendpoints.api import BPFEndpointsAPI, WorkloadPolicy
 from felixpy.drivers.generictables.table import Table
+from felixpy.errors import UnsupportedFeature
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import bpfmode
 from felixpy.rules.context import RenderContext
@@ -56,6 +57,7 @@ class BPFEndpointManager:
         self._policy_dirty = False
         self._programmed: dict[str, WorkloadPolicy] = {}  # iface -> what we gave the driver
         self._allowed: frozenset[str] | None = None
+        self._host_endpoints: set[str] = set()  # ids the feed sent; BPF mode does not attach them yet
 
     # ----------------------------------------------------------------------- updates
     def on_update(self, msg: Any) -> None:
@@ -77,9 +79,22 @@ class BPFEndpointManager:
         elif isinstance(msg, pb.ActiveProfileRemove):
             self._profiles.pop(msg.id.name, None)
             self._policy_dirty = True
+        elif isinstance(msg, pb.HostEndpointUpdate):
+            self._host_endpoints.add(msg.id.endpoint_id)
+        elif isinstance(msg, pb.HostEndpointRemove):
+            self._host_endpoints.discard(msg.id.endpoint_id)
 
     # ---------------------------------------------------------------------- programming
     def complete_deferred_work(self) -> None:
+        self._program_workloads()
+        if self._host_endpoints:
+            # Reported once by name (the loop's UnsupportedFeature path), never silently ignored.
+            raise UnsupportedFeature("host endpoints in BPF mode",
+                                     f"{len(self._host_endpoints)} host endpoint(s) sent (e.g. "
+                                     f"{min(self._host_endpoints)!r}): their policy is not enforced; "
+                                     "use an iptables or nftables mode for host endpoints")
+
+    def _program_workloads(self) -> None:
         if not (self._dirty_keys or self._policy_dirty):
             return
         winners: dict[str, tuple[WlKey, pb.WorkloadEndpoint]] = {}
@@ -87,6 +102,10 @@ class BPFEndpointManager:
             ep = self._endpoints[key]
             if ep.name and ep.name not in winners:
                 winners[ep.name] = (key, ep)
+        # An admin-down endpoint passes nothing (the *tables modes' endpoint chains drop all): its
+        # interface is not programmed, so it is not READY, fib_approve refuses it and the *tables
+        # drop it both ways, host traffic included.
+        winners = {i: w for i, w in winners.items() if w[1].state == "active"}
         for iface in sorted(set(self._programmed) - set(winners)):
             self._driver.remove_workload(self.ip_version, iface)
             del self._programmed[iface]

@@ -10,7 +10,12 @@ All policy runs in the BPF programs; *tables only guard the gaps (reference feli
   the rest from workloads (the programs approved it).
 * filter ``cali-INPUT``: mid-flow fall-through packets are accepted only if Linux conntrack
   knows the flow (TCP gets a reset, others are dropped); workload traffic the programs have seen
-  gets ``DefaultEndpointToHostAction``; workload traffic without SEEN is dropped (fail closed).
+  gets ``DefaultEndpointToHostAction`` -- for DROP/RETURN only new flows: replies to flows the
+  host opened (Linux conntrack RELATED/ESTABLISHED) are accepted first, as the *tables modes'
+  workload chains do before the action (Felix enforces DROP in the program, for new flows only),
+  and so is the ICMPv6 a workload needs to reach its router (MLD, RS, NS, NA: without it a v6
+  workload loses its neighbour entry for the host and with it all traffic); workload traffic
+  without SEEN is dropped (fail closed).
 * filter ``cali-OUTPUT``: mark Linux-established flows.
 
 Mark values are the programs' (``felixpy.bpf.defs`` mirrors ``bpf.h``); they sit inside
@@ -39,7 +44,9 @@ from felixpy.rules.names import (
     CHAIN_FILTER_OUTPUT,
     CHAIN_TO_WORKLOAD_DISPATCH,
 )
-from felixpy.rules.static import WILDCARD, KernelHook
+from felixpy.rules.static import PROTO_ICMPV6, WILDCARD, KernelHook
+
+ND_ICMPV6_TYPES = (130, 131, 132, 133, 135, 136)  # MLD query/report/done, RS, NS, NA (rules/static.py)
 
 # enum calico_skb_mark (bpf-gpl/bpf.h), as masks and values.
 MARK_SEEN = 0x01000000
@@ -81,6 +88,13 @@ def input_chain(ctx: RenderContext) -> Chain:
         Rule(fall.protocol("tcp"), Reject(REJECT_WITH_TCP_RESET), ("Fall-through: unknown TCP flow",)),
         Rule(fall, Drop(), ("Fall-through: unknown flow",)),
     ]
+    if not isinstance(ctx.input_accept, Accept):
+        rules += [Rule(m.mark_matches_with_mask(MARK_SEEN, MARK_SEEN).conntrack_state("RELATED,ESTABLISHED"),
+                       Accept(), ("Workload reply to a flow the host opened",)) for m in _wl_in(ctx)]
+        if ctx.ip_version == 6:
+            rules += [Rule(m.mark_matches_with_mask(MARK_SEEN, MARK_SEEN).protocol_num(PROTO_ICMPV6).icmpv6_type(t),
+                           Accept(), ("Workload ICMPv6 to reach its router",))
+                      for m in _wl_in(ctx) for t in ND_ICMPV6_TYPES]
     rules += [Rule(m.mark_matches_with_mask(MARK_SEEN, MARK_SEEN), ctx.input_accept,
                    ("Configured DefaultEndpointToHostAction",)) for m in _wl_in(ctx)]
     rules += [Rule(m, Drop(), ("From workload without BPF seen mark",)) for m in _wl_in(ctx)]

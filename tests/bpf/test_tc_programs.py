@@ -224,6 +224,37 @@ def test_host_to_local_workload_skips_policy(env: BPFTestEnv, v6: bool) -> None:
     assert ap.run(pg.udp_pkt(host, 5000, wl, 80)).verdict == UNSPEC
 
 
+def _echo(src: str, dst: str, *, reply: bool = False, ident: int = 1) -> bytes:
+    v6 = ":" in src
+    t = (129 if reply else 128) if v6 else (0 if reply else 8)
+    return pg.packet(src, dst, pg.icmp(t, 0, ident=ident, v6=v6))
+
+
+@pytest.mark.parametrize("v6", FAMS)
+def test_host_ping_does_not_open_pings_from_the_workload(env: BPFTestEnv, v6: bool) -> None:
+    """Regression (issue 12, found by the FV): the host pinging a workload created a conntrack
+    entry keyed without the echo identifier or direction, with the workload's leg approved; the
+    workload's own echo *request* to the host then hit it as ESTABLISHED and skipped its
+    (deny-all) egress policy.  Like Linux conntrack, an echo request only continues a flow in the
+    direction that opened it, and each echo identifier is its own flow; the reply still passes."""
+    wl, _, _ = ips(v6)
+    host = "fd00:10::1" if v6 else "10.10.0.1"
+    env.add_local_host(host)
+    to_wl = env.attach_point(EGR, EpType.WEP, v6=v6, policy=DENY_ALL)   # workload ingress
+    from_wl = wep_egress(env, v6, DENY_ALL)                              # workload egress
+    assert to_wl.run(_echo(host, wl, ident=7)).verdict == UNSPEC        # host -> wl: never policed
+    assert from_wl.run(_echo(wl, host, reply=True, ident=7)).verdict != SHOT  # its reply: established
+    assert from_wl.run(_echo(wl, host, ident=7)).verdict == SHOT        # wl's own request: policy
+    assert from_wl.run(_echo(wl, host, ident=8)).verdict == SHOT        # another id: a new flow
+    assert from_wl.run(_echo(wl, host, reply=True, ident=9)).verdict == SHOT  # unsolicited reply
+    # Allowed by policy, the workload's request is tracked as its own flow (and then established).
+    from_wl.set_policy(ALLOW_ALL)
+    assert from_wl.run(_echo(wl, host, ident=8)).verdict != SHOT
+    from_wl.set_policy(DENY_ALL)
+    assert from_wl.run(_echo(wl, host, ident=8)).verdict != SHOT
+    assert len(env.ct_entries(v6)) == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # policy matching through the whole chain
 

@@ -210,6 +210,68 @@ def test_removal_closes_the_allow_list_before_detaching() -> None:
         fd for fd in fb.progs.live() if fb.progs.names[fd].startswith("calico_")}
 
 
+def test_admin_down_endpoint_is_not_programmed_until_active_again() -> None:
+    """An admin-down endpoint passes nothing (as its *tables chains would): its interface gets no
+    programs, no READY flag and no allow-list entry; active again, it is programmed."""
+    n, fb = node()
+    n.link_up("cali1")
+    n.link_up("cali2")
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]),
+           wep("b", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"], state="down"))
+    n.apply()
+    n.apply()
+    idx = n.ifindex("cali2")
+    assert programmed(n, fb, "cali1") and allowed(n) == ["cali1"]
+    assert ifstate(fb, idx) is None and not fb.attacher.is_attached("cali2", idx, ING)
+    n.send(wep("b", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"]))
+    n.apply()
+    assert programmed(n, fb, "cali2")
+    n.send(wep("b", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"], state="down"))
+    n.apply()
+    assert allowed(n) == ["cali1"]
+    st = ifstate(fb, idx)
+    assert st is None or not st.flags & defs.IFACE_STATE_V4_READY
+
+
+def test_attach_hold_hook_programs_but_does_not_attach(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: pytest.TempPathFactory) -> None:
+    """The FV attach-gap test's hook (FELIXPY_TEST_HOLD_BPF_ATTACH): a held interface is neither
+    attached, READY nor admitted, and is attached on the first apply after it is released."""
+    from felixpy.dataplane.wiring import BPF_HOLD_ATTACH
+
+    hold = tmp_path / "hold"  # type: ignore[operator]
+    hold.write_text("cali2\n")
+    monkeypatch.setenv(BPF_HOLD_ATTACH, str(hold))
+    n, fb = node()
+    n.link_up("cali1")
+    n.link_up("cali2")
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]),
+           wep("b", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"]))
+    n.apply()
+    idx = n.ifindex("cali2")
+    assert programmed(n, fb, "cali1") and allowed(n) == ["cali1"]
+    assert ifstate(fb, idx) is None and not fb.attacher.is_attached("cali2", idx, ING)
+    n.apply()
+    assert not fb.attacher.is_attached("cali2", idx, ING)  # still held: retried, not attached
+    hold.write_text("")
+    n.apply()
+    assert programmed(n, fb, "cali2")
+
+
+def test_host_interfaces_are_forwardable_and_unknown_workload_interfaces_are_not() -> None:
+    """fib_approve forwards to an interface only if cali_iface knows it: host interfaces (uplink,
+    VXLAN devices) get NOT_MANAGED entries; an unknown cali* interface gets none (refused)."""
+    n, fb = node()
+    n.link_up("eth0")
+    n.link_up("vxlan.calico")
+    n.link_up("cali99")
+    n.apply()
+    for name in ("eth0", "vxlan.calico"):
+        st = ifstate(fb, n.ifindex(name))
+        assert st is not None and st.flags == defs.IFACE_STATE_NOT_MANAGED and st.name == name.encode()
+    assert ifstate(fb, n.ifindex("cali99")) is None
+
+
 def test_ipv6_family_programmed_too() -> None:
     n, fb = node(families=(4, 6))
     n.link_up("cali1")
@@ -274,12 +336,18 @@ def test_host_addresses_become_local_host_routes() -> None:
     assert fb.kernel.maps.routes(False).get(mt.route_key("10.99.0.1/32")) is None
 
 
-def test_the_daemon_refuses_bpf_mode_without_the_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """BPF mode is not fail-closed for ICMP yet: an operator cannot turn it on by accident."""
-    from felixpy.dataplane.wiring import BPF_OPT_IN, build_dataplane
-    from felixpy.errors import UnsupportedFeature
-    from felixpy.testing.clock import FakeClock
+def test_host_endpoints_are_reported_unsupported_in_bpf_mode_and_workloads_still_programmed() -> None:
+    from felixpy.proto import felixbackend_pb2 as pb
 
-    monkeypatch.delenv(BPF_OPT_IN, raising=False)
-    with pytest.raises(UnsupportedFeature, match="ICMP"):
-        build_dataplane(BPF_CONFIG, clock=FakeClock())
+    n, fb = node()
+    n.link_up("cali1")
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]),
+           pb.HostEndpointUpdate(id=pb.HostEndpointID(endpoint_id="eth0-hep"),
+                                 endpoint=pb.HostEndpoint(name="eth0")))
+    n.apply()  # unsupported is not a failure: the apply succeeds
+    assert programmed(n, fb, "cali1")
+    assert "host endpoints in BPF mode" in n.dp.unsupported
+    assert "eth0-hep" in n.dp.unsupported["host endpoints in BPF mode"]
+    n.send(pb.HostEndpointRemove(id=pb.HostEndpointID(endpoint_id="eth0-hep")))
+    n.apply()
+    assert programmed(n, fb, "cali1")

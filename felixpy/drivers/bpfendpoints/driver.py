@@ -40,6 +40,11 @@ retried on the next apply, the others are programmed regardless):
 check needs -- is the routes driver's, :mod:`felixpy.drivers.bpfroutes`, a device syncer that
 runs before this one.)
 
+Non-workload interfaces (names outside ``InterfacePrefix``: the uplink, the VXLAN devices, ...)
+get a ``cali_iface`` entry flagged NOT_MANAGED, so ``fib_approve`` lets the programs forward to
+them (off-node and overlay traffic); every other interface without an entry -- a workload
+interface not attached yet, an unknown ``cali*`` -- is refused.
+
 Only after that does :meth:`ready_interfaces` list the interface, so the manager admits it to
 the *tables allow list after this driver's apply.  Removal runs the other way round: READY is
 cleared and the slots are set to default-deny first; the preamble is detached on the next
@@ -51,7 +56,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import structlog
@@ -105,8 +110,15 @@ def _hook_policy(want: WorkloadPolicy, hook: int) -> PolicySet:
 class BPFEndpoints:
     """Desired state per workload interface and family; one ordered reconcile per apply."""
 
-    def __init__(self, kernel: BPFKernel, *, redirect_peer: bool = True) -> None:
+    def __init__(self, kernel: BPFKernel, *, redirect_peer: bool = True,
+                 hold_attach: Callable[[str], bool] | None = None,
+                 workload_prefixes: tuple[str, ...] = ("cali",)) -> None:
         self.kernel = kernel
+        self._wl_prefixes = workload_prefixes
+        self._host_ifstate: dict[str, int] = {}  # non-workload interface -> ifindex written NOT_MANAGED
+        # Test hook (the FV attach-gap test): an interface it names is programmed up to, but not
+        # including, the attach (step 6), and retried on every apply until released.
+        self._hold_attach = hold_attach
         self._flags = defs.GLOBALS_REDIRECT_PEER if redirect_peer else 0
         self._want: dict[str, dict[int, WorkloadPolicy]] = {}
         self._ifaces: dict[str, tuple[int, bool]] = {}  # name -> (ifindex, oper up)
@@ -152,6 +164,7 @@ class BPFEndpoints:
         if self._start_of_day:
             self._restart_sync()
             self._start_of_day = False
+        self._sync_host_ifstate()
         fams = sorted({v for fam in self._want.values() for v in fam})
         if fams:
             self.kernel.programs.prefetch_tc(EpType.WEP, [v == 6 for v in fams])  # one compile run
@@ -184,14 +197,21 @@ class BPFEndpoints:
             name = bytes(val.name).split(b"\0", 1)[0].decode(errors="replace")
             if by_index.get(ifindex) == name and name in self._want and name not in self._done:
                 self._reclaim(name, ifindex, val)
+            elif by_index.get(ifindex) == name and self._is_host_iface(name) and \
+                    val.flags == defs.IFACE_STATE_NOT_MANAGED:
+                self._host_ifstate[name] = ifindex  # still right: kept, so forwarding never pauses
             else:
                 log.info("Deleting a stale cali_iface entry", ifindex=ifindex, iface=name,
                          now=by_index.get(ifindex))
                 ifstate.delete(ctypes.c_uint32(ifindex))
         for name, (ifindex, _up) in self._ifaces.items():
-            if name not in self._want and any(self._attached_any(name, ifindex)):
-                log.info("Detaching BPF programs from an interface that is no longer a workload", iface=name)
-                k.attacher.detach(name, ifindex)
+            try:
+                if name not in self._want and any(self._attached_any(name, ifindex)):
+                    log.info("Detaching BPF programs from an interface that is no longer a workload", iface=name)
+                    k.attacher.detach(name, ifindex)
+            except Exception as e:  # one interface must not keep every workload from being programmed
+                log.warning("Could not sweep BPF programs from an interface", iface=name, error=str(e),
+                            error_type=type(e).__name__)
         k.attacher.sweep({n: i for n, (i, _up) in self._ifaces.items()})
         self._free_unowned_entries()
 
@@ -232,6 +252,22 @@ class BPFEndpoints:
             if freed:
                 log.info("Freed policy entries left by an earlier run", hook=hook, entries=freed)
 
+    def _is_host_iface(self, name: str) -> bool:
+        return not name.startswith(self._wl_prefixes)
+
+    def _sync_host_ifstate(self) -> None:
+        """NOT_MANAGED entries for exactly the existing non-workload interfaces (minimal delta)."""
+        want = {n: i for n, (i, _up) in self._ifaces.items() if self._is_host_iface(n)}
+        ifstate = self.kernel.maps.ifstate
+        for name, idx in list(self._host_ifstate.items()):
+            if want.get(name) != idx:
+                ifstate.delete(ctypes.c_uint32(idx))
+                del self._host_ifstate[name]
+        for name, idx in want.items():
+            if name not in self._host_ifstate:
+                ifstate.set(ctypes.c_uint32(idx), mt.ifstate_value(defs.IFACE_STATE_NOT_MANAGED, name))
+                self._host_ifstate[name] = idx
+
     def _attached_any(self, name: str, ifindex: int) -> Iterable[bool]:
         for hook in HOOKS:
             try:
@@ -265,6 +301,10 @@ class BPFEndpoints:
                     self._release_slot(done, hook, v)
         for hook in HOOKS:                                                          # 4
             configure(self._attach_point(iface, done, hook), k.programs, k.maps)
+        if self._hold_attach is not None and self._hold_attach(iface) and not done.attached:
+            log.info("BPF attach held back (test hook)", iface=iface)
+            self._dirty.add(iface)
+            return
         if not done.attached or not all(self._attached_any(iface, ifindex)):         # 5
             for hook in HOOKS:
                 fd = k.programs.preamble_fd(hook)
