@@ -1,7 +1,7 @@
 """BPF mode over time with the real daemon: restarts, a stopped daemon, and switches between BPF mode and the
 *tables modes (each a restart with the new config).
 
-Probed with TCP and UDP (ICMP echo is not yet enforced in BPF mode, docs/bpf.md).  A secured workload
+Probed with TCP and UDP (the ICMP side of BPF mode is the FV suite's).  A secured workload
 (b denies everything from a) is probed *continuously* from a, IPv4 and IPv6, across every restart and
 switch: not one denied connection may get through at any moment.  The node's bpffs is the test's own
 (``FvNode.bpffs``), so pins outlive a stopped daemon as they do on a real node.

@@ -11,8 +11,7 @@ One trial, on an :class:`~fv.harness.FvNode` already holding datastore A (``ipta
    equal the dump of a clean start with B on a fresh kernel — nothing leaked, nothing missing.
 
 Throughout every trial a workload ``a`` probes workload ``b``, whose policy denies ``a`` in A and in B
-(ICMP at 50 pps and TCP connects in a loop, both families; TCP only in BPF mode, whose ICMP echo is not
-yet enforced, docs/bpf.md): not one probe may get through, at any moment — during the change, after the
+(ICMP at 50 pps and TCP connects in a loop, both families): not one probe may get through, at any moment — during the change, after the
 kill, during the restart.  A control flow ``a → c`` (allowed)
 runs beside it.
 
@@ -188,8 +187,7 @@ class Probes:
     @classmethod
     def start(cls, node: FvNode) -> Probes:
         a = node.endpoints["a"]
-        icmp = node.mode not in BPF_MODES  # BPF mode does not enforce ICMP echo yet (docs/bpf.md)
-        p = cls([Pinger(a.netns, node.endpoints["b"].ip(v)) for v in (4, 6)] if icmp else [],
+        p = cls([Pinger(a.netns, node.endpoints["b"].ip(v)) for v in (4, 6)],
                 [Pinger(a.netns, node.endpoints["c"].ip(v)) for v in (4, 6)],
                 [TCPProber(a.netns, node.endpoints["b"].ip(v)) for v in (4, 6)])
         for t in p.tcp:
