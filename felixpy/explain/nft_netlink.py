@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -115,12 +116,29 @@ class NftNetlink:
     """One pyroute2 nftables socket in the namespace, for dumps of the ``calico`` table of one family."""
 
     def __init__(self, netns: str | None, ip_version: int, table: str = "calico") -> None:
+        self.netns = netns
         self.ip_version = ip_version
         self.table = table
-        self.sock = call_in_netns(netns, lambda: NFTSocket(nfgen_family=NFPROTO[ip_version]))
+        self._local = threading.local()
+        self._opened: list[Any] = []
+        self._socket()       # fails here (OSError) if the namespace cannot be entered
+
+    def _socket(self) -> Any:
+        """This thread's NFTSocket.  pyroute2 keeps the kernel socket per thread (``threading.local``)
+        and silently opens a new one — in the *calling thread's* namespace — when another thread uses
+        the object; explain reads on a worker thread and evaluates on the main one, so each thread
+        gets its own NFTSocket, opened inside the target namespace."""
+        sock = getattr(self._local, "sock", None)
+        if sock is None:
+            sock = call_in_netns(self.netns, lambda: NFTSocket(nfgen_family=NFPROTO[self.ip_version]))
+            self._local.sock = sock
+            self._opened.append(sock)
+        return sock
 
     def close(self) -> None:
-        self.sock.close()
+        for sock in self._opened:
+            sock.close()
+        self._opened.clear()
 
     def request(self, msg_class: Any, msg_type: int, attrs: list[tuple[str, Any]], dump: bool) -> list[Any] | None:
         """The decoded replies; None when the kernel says the object is missing.
@@ -132,7 +150,7 @@ class NftNetlink:
             msg = msg_class()
             msg["attrs"] = attrs
             try:
-                got = self.sock.request_get(msg, msg_type, flags)
+                got = self._socket().request_get(msg, msg_type, flags)
             except NetlinkError as exc:
                 if exc.code == errno.ENOENT:
                     return None

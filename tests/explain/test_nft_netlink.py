@@ -9,15 +9,18 @@ that chain with nft) rather than guessed.
 from __future__ import annotations
 
 import ipaddress
+import os
 import struct
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from pyroute2.netlink.nfnetlink.nftsocket import nft_rule_msg  # type: ignore[import-untyped]
 
 from felixpy.drivers.generictables import model as m
-from felixpy.explain.nft_netlink import NFT_SET_ELEM_INTERVAL_END, Undecodable, _intervals, decode_rule
+from felixpy.explain.nft_netlink import NFT_SET_ELEM_INTERVAL_END, NftNetlink, Undecodable, _intervals, decode_rule
+from felixpy.testing import netns as nsmod
 
 HOST = sys.byteorder
 Attrs = dict[str, Any]
@@ -130,3 +133,16 @@ def test_intervals_adjacent_open_ended_and_the_zero_end() -> None:
 def test_a_start_inside_an_open_interval_is_undecodable() -> None:
     with pytest.raises(Undecodable):
         _intervals([(k("10.0.0.0"), 0), (k("10.0.0.5"), 0), (k("10.0.0.9"), NFT_SET_ELEM_INTERVAL_END)], 4)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a throwaway namespace)")
+def test_a_reader_opened_on_one_thread_reads_the_namespace_from_another(netns: str) -> None:
+    """explain opens the reader on a worker thread and evaluates on the main one; pyroute2 keeps a
+    socket per thread, and one opened implicitly on the main thread would read the *root* namespace."""
+    nsmod.run_in(netns, "nft", "-f", "-", input="table ip calico { chain filter-x { accept; }; }\n")
+    nl = ThreadPoolExecutor(1).submit(lambda: NftNetlink(netns, 4)).result()
+    try:
+        got = nl.chain("filter-x")
+    finally:
+        nl.close()
+    assert got is not None and [r.action for r in got[1]] == [m.Accept()]
