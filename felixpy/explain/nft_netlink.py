@@ -98,14 +98,20 @@ def _raw_int(nla: Any, name: str) -> int | None:
     return None if slot is None else int(slot.nla["value"])
 
 
-def _reg(nla: Any, name: str) -> int | None:
-    value = nla.get_attr(name)
+def _attrs(nla: Any) -> dict[str, Any]:
+    """An attribute set decoded by pyroute2, by name, in one pass (pyroute2's ``get_attr`` scans and
+    re-links the whole list on every call)."""
+    return {slot.name: slot.get_value() for slot in nla["attrs"]} if nla is not None else {}
+
+
+def _reg(d: dict[str, Any], name: str) -> int | None:
+    value = d.get(name)
     return None if value is None else int(Regs[value])
 
 
-def _value(nla: Any, name: str) -> bytes:
+def _value(d: dict[str, Any], name: str) -> bytes:
     """The bytes of an NFTA_DATA_VALUE nested in attribute ``name``."""
-    data = nla.get_attr(name)
+    data = d.get(name)
     value = None if data is None else data.get_attr("NFTA_DATA_VALUE")
     if value is None:
         raise Undecodable("data without a value")
@@ -144,7 +150,8 @@ class NftNetlink:
         """The decoded replies; None when the kernel says the object is missing.
 
         A dump the ruleset changed under (``NLM_F_DUMP_INTR`` on a reply, the daemon is running) is
-        asked again; pyroute2 keeps the flag on the messages it returns but does not act on it."""
+        asked again.  pyroute2 keeps the flag on the messages it returns but does not act on it, and
+        does not return the final NLMSG_DONE: a change noticed only on that last message goes unseen."""
         flags = NLM_F_REQUEST | (NLM_F_DUMP if dump else NLM_F_ACK)
         for _ in range(5):
             msg = msg_class()
@@ -310,13 +317,14 @@ def _summarize(lo: int, hi: int, alen: int) -> list[ipaddress.IPv4Network | ipad
     return list(ipaddress.summarize_address_range(cls(lo), cls(hi)))
 
 
-def _verdict(v: Any) -> tuple[str, ...]:
+def _verdict(nla: Any) -> tuple[str, ...]:
     """An NFTA_DATA_VERDICT as (kind,) or (jump|goto, chain)."""
-    code = v.get_attr("NFTA_VERDICT_CODE")
+    v = _attrs(nla)
+    code = v.get("NFTA_VERDICT_CODE")
     if code not in VERDICTS:
         raise Undecodable(f"verdict code {code}")
     kind = VERDICTS[code]
-    return (kind[0], v.get_attr("NFTA_VERDICT_CHAIN") or "") if code in ("NFT_JUMP", "NFT_GOTO") else kind
+    return (kind[0], v.get("NFTA_VERDICT_CHAIN") or "") if code in ("NFT_JUMP", "NFT_GOTO") else kind
 
 
 # ------------------------------------------------------------------------------ rule decompiler
@@ -339,7 +347,7 @@ def _reg_offset(reg: int) -> int:
     raise Undecodable(f"register {reg}")
 
 
-def _loaded(regs: dict[int, _Load], d: Any, name: str) -> _Load | None:
+def _loaded(regs: dict[int, _Load], d: dict[str, Any], name: str) -> _Load | None:
     """What the register named by attribute ``name`` holds, if a load this rule made is there."""
     reg = _reg(d, name)
     return None if reg is None else regs.get(reg)
@@ -357,16 +365,18 @@ def decode_rule(msg: Any, ip_version: int, position: int) -> KRule:  # noqa: C90
     crit: list[AnyCriterion] = []
     action: AnyAction | None = None
     for e in msg.get_attr("NFTA_RULE_EXPRESSIONS") or []:
-        name = e.get_attr("NFTA_EXPR_NAME")
+        expr = _attrs(e)
+        name = expr.get("NFTA_EXPR_NAME")
         if action is not None and name != "counter":
             raise Undecodable(f"{name} after the verdict")
         if name == "counter":
             continue
-        d = e.get_attr("NFTA_EXPR_DATA")
+        data_nla = expr.get("NFTA_EXPR_DATA")
+        d = _attrs(data_nla)
         if name == "meta":
-            key = META_KEYS.get(d.get_attr("NFTA_META_KEY"))
+            key = META_KEYS.get(d.get("NFTA_META_KEY", ""))
             if key is None:
-                raise Undecodable(f"meta key {d.get_attr('NFTA_META_KEY')}")
+                raise Undecodable(f"meta key {d.get('NFTA_META_KEY')}")
             dreg, sreg = _reg(d, "NFTA_META_DREG"), _reg(d, "NFTA_META_SREG")
             if dreg is not None:
                 regs[dreg] = _Load(("meta", key), byteorder=_HOST if key == "mark" else "big")
@@ -381,25 +391,25 @@ def decode_rule(msg: Any, ip_version: int, position: int) -> KRule:  # noqa: C90
             else:
                 raise Undecodable("meta set")
         elif name == "ct":
-            key = CT_KEYS.get(d.get_attr("NFTA_CT_KEY"))
+            key = CT_KEYS.get(d.get("NFTA_CT_KEY", ""))
             dreg = _reg(d, "NFTA_CT_DREG")
-            if key is None or dreg is None or d.get_attr("NFTA_CT_SREG") is not None:
+            if key is None or dreg is None or d.get("NFTA_CT_SREG") is not None:
                 raise Undecodable("ct expression")
             regs[dreg] = _Load(("ct", key), byteorder=_HOST)
         elif name == "payload":
             dreg = _reg(d, "NFTA_PAYLOAD_DREG")
-            base = PAYLOAD_BASES.get(d.get_attr("NFTA_PAYLOAD_BASE"))
+            base = PAYLOAD_BASES.get(d.get("NFTA_PAYLOAD_BASE", ""))
             if dreg is None or base is None:
                 raise Undecodable("payload set")
-            regs[dreg] = _Load(("payload", base, d.get_attr("NFTA_PAYLOAD_OFFSET"), d.get_attr("NFTA_PAYLOAD_LEN")))
+            regs[dreg] = _Load(("payload", base, d.get("NFTA_PAYLOAD_OFFSET"), d.get("NFTA_PAYLOAD_LEN")))
         elif name == "fib":
             dreg = _reg(d, "NFTA_FIB_DREG")
             if dreg is None:
                 raise Undecodable("fib")
-            regs[dreg] = _Load(("fib", _raw_int(d, "NFTA_FIB_RESULT"), _raw_int(d, "NFTA_FIB_FLAGS") or 0),
+            regs[dreg] = _Load(("fib", _raw_int(data_nla, "NFTA_FIB_RESULT"), _raw_int(data_nla, "NFTA_FIB_FLAGS") or 0),
                                byteorder=_HOST)
         elif name == "bitwise":
-            if d.get_attr("NFTA_BITWISE_OP") not in (None, "NFT_BITWISE_BOOL"):
+            if d.get("NFTA_BITWISE_OP") not in (None, "NFT_BITWISE_BOOL"):
                 raise Undecodable("bitwise shift")
             src = _loaded(regs, d, "NFTA_BITWISE_SREG")
             dreg = _reg(d, "NFTA_BITWISE_DREG")
@@ -410,19 +420,19 @@ def decode_rule(msg: Any, ip_version: int, position: int) -> KRule:  # noqa: C90
             regs[dreg] = _Load(src.src, mask, xor, src.byteorder)
         elif name == "immediate":
             dreg = _reg(d, "NFTA_IMMEDIATE_DREG")
-            data = d.get_attr("NFTA_IMMEDIATE_DATA")
-            verdict = None if data is None else data.get_attr("NFTA_DATA_VERDICT")
+            data = _attrs(d.get("NFTA_IMMEDIATE_DATA"))
+            verdict = data.get("NFTA_DATA_VERDICT")
             if dreg == Regs.NFT_REG_VERDICT and verdict is not None:
                 action = _verdict_action(_verdict(verdict))
-            elif dreg is not None and data is not None and data.get_attr("NFTA_DATA_VALUE") is not None:
-                regs[dreg] = _Load(("imm",), xor=int.from_bytes(data.get_attr("NFTA_DATA_VALUE"), _HOST))
+            elif dreg is not None and data.get("NFTA_DATA_VALUE") is not None:
+                regs[dreg] = _Load(("imm",), xor=int.from_bytes(data["NFTA_DATA_VALUE"], _HOST))
             else:
                 raise Undecodable("immediate")
         elif name == "cmp":
             src = _loaded(regs, d, "NFTA_CMP_SREG")
             if src is None:
                 raise Undecodable("cmp of an unknown register")
-            op_name = d.get_attr("NFTA_CMP_OP")
+            op_name = d.get("NFTA_CMP_OP")
             if op_name is None:
                 raise Undecodable("cmp op")
             op = int(Cmp[op_name])
@@ -434,14 +444,14 @@ def decode_rule(msg: Any, ip_version: int, position: int) -> KRule:  # noqa: C90
                 crit.append(c)
         elif name == "range":
             src = _loaded(regs, d, "NFTA_RANGE_SREG")
-            op = d.get_attr("NFTA_RANGE_OP")
-            if src is None or src.mask is not None or op not in ("NFT_RANGE_EQ", "NFT_RANGE_NEQ") \
+            range_op = d.get("NFTA_RANGE_OP")
+            if src is None or src.mask is not None or range_op not in ("NFT_RANGE_EQ", "NFT_RANGE_NEQ") \
                     or src.src[0] != "payload" or src.src[1:] not in ((2, 0, 2), (2, 2, 2)):
                 raise Undecodable("range")
             lo = int.from_bytes(_value(d, "NFTA_RANGE_FROM_DATA"), "big")
             hi = int.from_bytes(_value(d, "NFTA_RANGE_TO_DATA"), "big")
             cls = m.SourcePorts if src.src[2] == 0 else m.DestPorts
-            crit.append(cls((m.PortRange(lo, hi),), op == "NFT_RANGE_NEQ"))
+            crit.append(cls((m.PortRange(lo, hi),), range_op == "NFT_RANGE_NEQ"))
         elif name == "lookup":
             crit_or_action = _lookup(d, regs, ip_version)
             if isinstance(crit_or_action, VerdictMapAction):
@@ -555,14 +565,14 @@ def _cmp(src: _Load, neg: bool, data: bytes, ip_version: int,  # noqa: C901
     raise Undecodable(f"cmp on {kind}")
 
 
-def _lookup(d: Any, regs: dict[int, _Load], ip_version: int) -> Any:
-    set_name = d.get_attr("NFTA_LOOKUP_SET") or ""
+def _lookup(d: dict[str, Any], regs: dict[int, _Load], ip_version: int) -> Any:
+    set_name = d.get("NFTA_LOOKUP_SET") or ""
     sreg = _reg(d, "NFTA_LOOKUP_SREG")
-    inv = "NFT_LOOKUP_F_INV" in (d.get_attr("NFTA_LOOKUP_FLAGS") or ())
+    inv = "NFT_LOOKUP_F_INV" in (d.get("NFTA_LOOKUP_FLAGS") or ())
     src = _loaded(regs, d, "NFTA_LOOKUP_SREG")
     if sreg is None or src is None or src.mask is not None:
         raise Undecodable("lookup of an unknown register")
-    dreg = d.get_attr("NFTA_LOOKUP_DREG")
+    dreg = d.get("NFTA_LOOKUP_DREG")
     if dreg is not None:                               # a map: the verdict register
         if dreg != "NFT_REG_VERDICT" or inv or src.src not in (("meta", "iifname"), ("meta", "oifname")):
             raise Undecodable("map lookup")
