@@ -5,7 +5,7 @@ Why: nft 1.0.6 fills its cache with the elements of *every* set in the table for
 one process), and a packet meets ~30 chains.  The kernel answers a rule dump filtered by
 table and chain (``NFT_MSG_GETRULE`` with ``NFTA_RULE_TABLE``/``NFTA_RULE_CHAIN``) in about a
 millisecond, so this module asks it for just that, and for one set's elements at a time.
-pyroute2's :class:`NFTSocket` builds, sends and decodes every request; what is ours is below
+pyroute2's ``NFTSocket`` builds, sends and decodes every request; what is ours is below
 the plumbing: turning the decoded messages into explain's model.
 
 Rules come back as the kernel holds them — register programs (``payload``/``meta``/``ct``
@@ -25,35 +25,16 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pyroute2.netlink import (  # type: ignore[import-untyped]  # untyped; only explain reads nftables this way
-    NLM_F_ACK,
-    NLM_F_DUMP,
-    NLM_F_DUMP_INTR,
-    NLM_F_REQUEST,
-)
+# pyroute2 is untyped (pyproject.toml: imported with a commented ignore where used); only explain reads nftables.
+from pyroute2.netlink import NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST  # type: ignore[import-untyped]
 from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]
-from pyroute2.netlink.nfnetlink.nftsocket import (  # type: ignore[import-untyped]
-    NFT_MSG_GETCHAIN,
-    NFT_MSG_GETRULE,
-    NFT_MSG_GETSET,
-    NFT_MSG_GETSETELEM,
-    NFPROTO_IPV4,
-    NFPROTO_IPV6,
-    Cmp,
-    NFTSocket,
-    Regs,
-    nft_chain_msg,
-    nft_rule_msg,
-    nft_set_elem_list_msg,
-    nft_set_msg,
-    nftnl_udata,
-)
+from pyroute2.netlink.nfnetlink import nftsocket as nft  # type: ignore[import-untyped]
 
 from felixpy.drivers.generictables import model as m
 from felixpy.drivers.netlink.nsutil import call_in_netns
 from felixpy.explain.ruleset import AnyAction, AnyCriterion, HookEntry, IPSetContents, KRule, VerdictMapAction
 
-NFPROTO = {4: NFPROTO_IPV4, 6: NFPROTO_IPV6}
+NFPROTO = {4: nft.NFPROTO_IPV4, 6: nft.NFPROTO_IPV6}
 HOOKS = {0: "prerouting", 1: "input", 2: "forward", 3: "output", 4: "postrouting"}
 _HOST: Literal["little", "big"] = sys.byteorder
 _MASK32 = 0xFFFFFFFF
@@ -76,7 +57,7 @@ class Undecodable(Exception):
     """A rule, set or map outside what this decoder knows: read it with the nft CLI instead."""
 
 
-class _RuleUdata(nftnl_udata):  # type: ignore[misc]
+class _RuleUdata(nft.nftnl_udata):  # type: ignore[misc]
     """A rule's user data as libnftnl writes it (type/length TLVs).  pyroute2's ``nft_rule_msg`` reads
     NFTA_RULE_USERDATA as a length-prefixed string, which only works while the comment is the first TLV."""
 
@@ -106,7 +87,7 @@ def _attrs(nla: Any) -> dict[str, Any]:
 
 def _reg(d: dict[str, Any], name: str) -> int | None:
     value = d.get(name)
-    return None if value is None else int(Regs[value])
+    return None if value is None else int(nft.Regs[value])
 
 
 def _value(d: dict[str, Any], name: str) -> bytes:
@@ -136,7 +117,7 @@ class NftNetlink:
         gets its own NFTSocket, opened inside the target namespace."""
         sock = getattr(self._local, "sock", None)
         if sock is None:
-            sock = call_in_netns(self.netns, lambda: NFTSocket(nfgen_family=NFPROTO[self.ip_version]))
+            sock = call_in_netns(self.netns, lambda: nft.NFTSocket(nfgen_family=NFPROTO[self.ip_version]))
             self._local.sock = sock
             self._opened.append(sock)
         return sock
@@ -171,7 +152,7 @@ class NftNetlink:
     # -------------------------------------------------------------------------- objects
     def chain(self, name: str) -> tuple[HookEntry | None, list[KRule]] | None:
         """(hook entry if a base chain, its rules) — None if there is no such chain."""
-        got = self.request(nft_chain_msg, NFT_MSG_GETCHAIN,
+        got = self.request(nft.nft_chain_msg, nft.NFT_MSG_GETCHAIN,
                            [("NFTA_CHAIN_TABLE", self.table), ("NFTA_CHAIN_NAME", name)], dump=False)
         if not got:
             return None
@@ -183,13 +164,13 @@ class NftNetlink:
             hooknum = h.get_attr("NFTA_HOOK_HOOKNUM")
             if hooknum is not None and hooknum not in HOOKS:
                 raise Undecodable(f"chain {name}: hook {hooknum}")
-        msgs = self.request(nft_rule_msg, NFT_MSG_GETRULE,
+        msgs = self.request(nft.nft_rule_msg, nft.NFT_MSG_GETRULE,
                             [("NFTA_RULE_TABLE", self.table), ("NFTA_RULE_CHAIN", name)], dump=True) or []
         rules = [decode_rule(msg, self.ip_version, i + 1) for i, msg in enumerate(msgs)]
         return hook, rules
 
     def _set_info(self, name: str) -> Any:
-        got = self.request(nft_set_msg, NFT_MSG_GETSET, [("NFTA_SET_TABLE", self.table), ("NFTA_SET_NAME", name)],
+        got = self.request(nft.nft_set_msg, nft.NFT_MSG_GETSET, [("NFTA_SET_TABLE", self.table), ("NFTA_SET_NAME", name)],
                            dump=False)
         return got[0] if got else None
 
@@ -198,7 +179,7 @@ class NftNetlink:
         if key is not None:     # one element, by key (a non-dump GETSETELEM)
             attrs.append(("NFTA_SET_ELEM_LIST_ELEMENTS",
                           [{"attrs": [("NFTA_SET_ELEM_KEY", {"attrs": [("NFTA_DATA_VALUE", key)]})]}]))
-        msgs = self.request(nft_set_elem_list_msg, NFT_MSG_GETSETELEM, attrs, dump=key is None) or []
+        msgs = self.request(nft.nft_set_elem_list_msg, nft.NFT_MSG_GETSETELEM, attrs, dump=key is None) or []
         return [e for msg in msgs for e in msg.get_attr("NFTA_SET_ELEM_LIST_ELEMENTS") or []]
 
     def set_contents(self, name: str) -> IPSetContents | None:
@@ -422,7 +403,7 @@ def decode_rule(msg: Any, ip_version: int, position: int) -> KRule:  # noqa: C90
             dreg = _reg(d, "NFTA_IMMEDIATE_DREG")
             data = _attrs(d.get("NFTA_IMMEDIATE_DATA"))
             verdict = data.get("NFTA_DATA_VERDICT")
-            if dreg == Regs.NFT_REG_VERDICT and verdict is not None:
+            if dreg == nft.Regs.NFT_REG_VERDICT and verdict is not None:
                 action = _verdict_action(_verdict(verdict))
             elif dreg is not None and data.get("NFTA_DATA_VALUE") is not None:
                 regs[dreg] = _Load(("imm",), xor=int.from_bytes(data["NFTA_DATA_VALUE"], _HOST))
@@ -435,11 +416,11 @@ def decode_rule(msg: Any, ip_version: int, position: int) -> KRule:  # noqa: C90
             op_name = d.get("NFTA_CMP_OP")
             if op_name is None:
                 raise Undecodable("cmp op")
-            op = int(Cmp[op_name])
+            op = int(nft.Cmp[op_name])
             if op in _BOUNDS:
                 crit.append(_port_bound(src, op, _value(d, "NFTA_CMP_DATA")))
                 continue
-            c = _cmp(src, op == Cmp.NFT_CMP_NEQ, _value(d, "NFTA_CMP_DATA"), ip_version, crit)
+            c = _cmp(src, op == nft.Cmp.NFT_CMP_NEQ, _value(d, "NFTA_CMP_DATA"), ip_version, crit)
             if c is not None:
                 crit.append(c)
         elif name == "range":
