@@ -5,6 +5,8 @@ Why: nft 1.0.6 fills its cache with the elements of *every* set in the table for
 one process), and a packet meets ~30 chains.  The kernel answers a rule dump filtered by
 table and chain (``NFT_MSG_GETRULE`` with ``NFTA_RULE_TABLE``/``NFTA_RULE_CHAIN``) in about a
 millisecond, so this module asks it for just that, and for one set's elements at a time.
+pyroute2's ``NFTSocket`` builds, sends and decodes every request; what is ours is below
+the plumbing: turning the decoded messages into explain's model.
 
 Rules come back as the kernel holds them — register programs (``payload``/``meta``/``ct``
 loads, ``bitwise``, ``cmp``, ``lookup``, ``immediate`` verdicts …) — and are decompiled into
@@ -15,38 +17,39 @@ that chain or set with the nft CLI instead: an unusual rule costs time, never a 
 
 from __future__ import annotations
 
+import errno
 import ipaddress
-import os
-import socket
-import struct
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+# pyroute2 is untyped (pyproject.toml: imported with a commented ignore where used); only explain reads nftables.
+from pyroute2.netlink import NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST  # type: ignore[import-untyped]
+from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]
+from pyroute2.netlink.nfnetlink import nftsocket as nft  # type: ignore[import-untyped]
 
 from felixpy.drivers.generictables import model as m
 from felixpy.drivers.netlink.nsutil import call_in_netns
 from felixpy.explain.ruleset import AnyAction, AnyCriterion, HookEntry, IPSetContents, KRule, VerdictMapAction
 
-NETLINK_NETFILTER = 12
-NFNL_SUBSYS_NFTABLES = 10
-NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM = 4, 7, 10, 13
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR = 0x1, 0x4, 0x300, 0x10
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-NFPROTO = {4: 2, 6: 10}
+NFPROTO = {4: nft.NFPROTO_IPV4, 6: nft.NFPROTO_IPV6}
 HOOKS = {0: "prerouting", 1: "input", 2: "forward", 3: "output", 4: "postrouting"}
 _HOST: Literal["little", "big"] = sys.byteorder
 _MASK32 = 0xFFFFFFFF
-# Verdict codes (include/uapi/linux/netfilter/nf_tables.h, netfilter.h).
-NF_DROP, NF_ACCEPT, NFT_CONTINUE, NFT_JUMP, NFT_GOTO, NFT_RETURN = 0, 1, -1, -3, -4, -5
+NF_DROP = 0
 CT_STATE_BITS = {1: "INVALID", 2: "ESTABLISHED", 4: "RELATED", 8: "NEW", 64: "UNTRACKED"}
 CT_STATUS_BITS = {1: "EXPECTED", 2: "SEEN-REPLY", 4: "ASSURED", 8: "CONFIRMED", 16: "SNAT", 32: "DNAT"}
 TCP_FLAG_BITS = {1: "FIN", 2: "SYN", 4: "RST", 8: "PSH", 16: "ACK", 32: "URG"}
-META_KEYS = {3: "mark", 6: "iifname", 7: "oifname", 16: "l4proto"}
-CT_KEYS = {0: "state", 2: "status", 3: "mark"}
+META_KEYS = {"NFT_META_MARK": "mark", "NFT_META_IIFNAME": "iifname", "NFT_META_OIFNAME": "oifname",
+             "NFT_META_L4PROTO": "l4proto"}
+CT_KEYS = {"NFT_CT_STATE": "state", "NFT_CT_STATUS": "status", "NFT_CT_MARK": "mark"}
+PAYLOAD_BASES = {"NFT_PAYLOAD_LL_HEADER": 0, "NFT_PAYLOAD_NETWORK_HEADER": 1, "NFT_PAYLOAD_TRANSPORT_HEADER": 2}
+VERDICTS = {"NF_ACCEPT": ("accept",), "NF_DROP": ("drop",), "NFT_RETURN": ("return",),
+            "NFT_CONTINUE": ("continue",), "NFT_JUMP": ("jump",), "NFT_GOTO": ("goto",)}
 # nft's datatype ids: ipv4_addr, ipv6_addr, inet_proto, inet_service (concatenations pack them 6 bits each).
 TYPE_IPADDR, TYPE_IP6ADDR, TYPE_PROTO, TYPE_SERVICE = 7, 8, 12, 13
-NFT_SET_INTERVAL, NFT_SET_MAP = 0x4, 0x8
 NFT_SET_ELEM_INTERVAL_END = 0x1
 
 
@@ -54,163 +57,158 @@ class Undecodable(Exception):
     """A rule, set or map outside what this decoder knows: read it with the nft CLI instead."""
 
 
-# ------------------------------------------------------------------------------ netlink plumbing
-def attrs(data: bytes, start: int = 0, end: int | None = None) -> dict[int, bytes]:
-    """Netlink attributes (type without the nested/byte-order flags → payload); repeated types: last."""
-    out: dict[int, bytes] = {}
-    for typ, val in attr_list(data, start, end):
-        out[typ] = val
-    return out
+class _RuleUdata(nft.nftnl_udata):  # type: ignore[misc]
+    """A rule's user data as libnftnl writes it (type/length TLVs).  pyroute2's ``nft_rule_msg`` reads
+    NFTA_RULE_USERDATA as a length-prefixed string, which only works while the comment is the first TLV."""
+
+    udata_types = ("NFTNL_UDATA_RULE_COMMENT", "NFTNL_UDATA_RULE_EBTABLES_POLICY")
 
 
-def attr_list(data: bytes, start: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes]]:
-    end = len(data) if end is None else end
-    pos = start
-    while pos + 4 <= end:
-        ln, typ = struct.unpack_from("=HH", data, pos)
-        if ln < 4:
-            break
-        yield typ & 0x3FFF, data[pos + 4:pos + ln]
-        pos += (ln + 3) & ~3
+def _slot(nla: Any, name: str) -> Any:
+    for slot in nla["attrs"]:
+        if slot.name == name:
+            return slot
+    return None
 
 
-def _attr(typ: int, payload: bytes) -> bytes:
-    raw = struct.pack("=HH", 4 + len(payload), typ) + payload
-    return raw + b"\0" * (-len(raw) % 4)
+def _raw_int(nla: Any, name: str) -> int | None:
+    """An integer attribute as the kernel sent it, for the fields pyroute2 0.9.7 decodes into wrong
+    names: NFTA_FIB_RESULT (an enum, decoded as a bit set), NFTA_FIB_FLAGS (bits, decoded as an
+    enum) and NFTA_SET_ELEM_FLAGS (its flag names are a dict, enumerated by key)."""
+    slot = _slot(nla, name)
+    return None if slot is None else int(slot.nla["value"])
 
 
-def _be32(b: bytes) -> int:
-    return int(struct.unpack(">I", b[:4])[0])
+def _attrs(nla: Any) -> dict[str, Any]:
+    """An attribute set decoded by pyroute2, by name, in one pass (pyroute2's ``get_attr`` scans and
+    re-links the whole list on every call)."""
+    return {slot.name: slot.get_value() for slot in nla["attrs"]} if nla is not None else {}
 
 
-def _sbe32(b: bytes) -> int:
-    return int(struct.unpack(">i", b[:4])[0])
+def _reg(d: dict[str, Any], name: str) -> int | None:
+    value = d.get(name)
+    return None if value is None else int(nft.Regs[value])
 
 
-def _str(b: bytes) -> str:
-    return b.split(b"\0", 1)[0].decode()
+def _value(d: dict[str, Any], name: str) -> bytes:
+    """The bytes of an NFTA_DATA_VALUE nested in attribute ``name``."""
+    data = d.get(name)
+    value = None if data is None else data.get_attr("NFTA_DATA_VALUE")
+    if value is None:
+        raise Undecodable("data without a value")
+    return bytes(value)
 
 
 class NftNetlink:
-    """One netlink socket in the namespace, for dumps of the ``calico`` table of one family."""
+    """One pyroute2 nftables socket in the namespace, for dumps of the ``calico`` table of one family."""
 
     def __init__(self, netns: str | None, ip_version: int, table: str = "calico") -> None:
-        self.family = NFPROTO[ip_version]
+        self.netns = netns
         self.ip_version = ip_version
         self.table = table
-        self.sock = call_in_netns(netns, lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW,
-                                                               NETLINK_NETFILTER))
-        self.sock.bind((0, 0))
-        self.sock.settimeout(30)
-        self.seq = 0
+        self._local = threading.local()
+        self._opened: list[Any] = []
+        self._socket()       # fails here (OSError) if the namespace cannot be entered
+
+    def _socket(self) -> Any:
+        """This thread's NFTSocket.  pyroute2 keeps the kernel socket per thread (``threading.local``)
+        and silently opens a new one — in the *calling thread's* namespace — when another thread uses
+        the object; explain reads on a worker thread and evaluates on the main one, so each thread
+        gets its own NFTSocket, opened inside the target namespace."""
+        sock = getattr(self._local, "sock", None)
+        if sock is None:
+            sock = call_in_netns(self.netns, lambda: nft.NFTSocket(nfgen_family=NFPROTO[self.ip_version]))
+            self._local.sock = sock
+            self._opened.append(sock)
+        return sock
 
     def close(self) -> None:
-        self.sock.close()
+        for sock in self._opened:
+            sock.close()
+        self._opened.clear()
 
-    def request(self, msg_type: int, payload: bytes, dump: bool) -> list[bytes] | None:
-        """The messages' attribute bytes (after nfgenmsg); None when the kernel says the object is missing.
+    def request(self, msg_class: Any, msg_type: int, attrs: list[tuple[str, Any]], dump: bool) -> list[Any] | None:
+        """The decoded replies; None when the kernel says the object is missing.
 
-        A dump the ruleset changed under (``NLM_F_DUMP_INTR``, the daemon is running) is asked again."""
-        for _ in range(5):
-            try:
-                got, interrupted = self._request_once(msg_type, payload, dump)
-            except OSError as exc:    # a timeout, a full buffer: the CLI instead
-                raise Undecodable(f"netlink: {exc}") from exc
-            if not interrupted:
-                return got
-        raise Undecodable("the ruleset kept changing during the dump")
-
-    def _request_once(self, msg_type: int, payload: bytes, dump: bool) -> tuple[list[bytes] | None, bool]:
-        self.seq += 1
+        A dump the ruleset changed under (``NLM_F_DUMP_INTR`` on a reply, the daemon is running) is
+        asked again.  pyroute2 keeps the flag on the messages it returns but does not act on it, and
+        does not return the final NLMSG_DONE: a change noticed only on that last message goes unseen."""
         flags = NLM_F_REQUEST | (NLM_F_DUMP if dump else NLM_F_ACK)
-        body = struct.pack("=BBH", self.family, 0, 0) + payload
-        hdr = struct.pack("=IHHII", 16 + len(body), (NFNL_SUBSYS_NFTABLES << 8) | msg_type, flags, self.seq, 0)
-        self.sock.send(hdr + body)
-        out: list[bytes] = []
-        interrupted = False
-        while True:
-            data = self.sock.recv(1 << 20)
-            pos = 0
-            while pos + 16 <= len(data):
-                ln, typ, mflags, seq, _pid = struct.unpack_from("=IHHII", data, pos)
-                if ln < 16:
-                    raise Undecodable("short netlink message")
-                if seq == self.seq:
-                    interrupted = interrupted or bool(mflags & NLM_F_DUMP_INTR)
-                    if typ == NLMSG_ERROR:
-                        err = struct.unpack_from("=i", data, pos + 16)[0]
-                        if err == 0:          # the ACK of a non-dump GET
-                            return out, interrupted
-                        if -err == 2:         # ENOENT
-                            return None, False
-                        raise Undecodable(f"netlink error {os.strerror(-err)}")
-                    if typ == NLMSG_DONE:
-                        return out, interrupted
-                    out.append(data[pos + 20:pos + ln])   # after nlmsghdr (16) + nfgenmsg (4)
-                pos += (ln + 3) & ~3
+        for _ in range(5):
+            msg = msg_class()
+            msg["attrs"] = attrs
+            try:
+                got = self._socket().request_get(msg, msg_type, flags)
+            except NetlinkError as exc:
+                if exc.code == errno.ENOENT:
+                    return None
+                raise Undecodable(f"netlink error {exc}") from exc
+            except OSError as exc:    # a full buffer: the CLI instead
+                raise Undecodable(f"netlink: {exc}") from exc
+            if not any(r["header"]["flags"] & NLM_F_DUMP_INTR for r in got):
+                return list(got)
+        raise Undecodable("the ruleset kept changing during the dump")
 
     # -------------------------------------------------------------------------- objects
     def chain(self, name: str) -> tuple[HookEntry | None, list[KRule]] | None:
         """(hook entry if a base chain, its rules) — None if there is no such chain."""
-        q = _attr(1, self.table.encode() + b"\0") + _attr(3, name.encode() + b"\0")
-        got = self.request(NFT_MSG_GETCHAIN, q, dump=False)
+        got = self.request(nft.nft_chain_msg, nft.NFT_MSG_GETCHAIN,
+                           [("NFTA_CHAIN_TABLE", self.table), ("NFTA_CHAIN_NAME", name)], dump=False)
         if not got:
             return None
-        a = attrs(got[0])
         hook = None
-        if 4 in a:
-            h = attrs(a[4])
-            policy = "drop" if 5 in a and _be32(a[5]) == NF_DROP else "accept"
-            hook = HookEntry(name, name, _sbe32(h[2]) if 2 in h else 0, policy)
-            if 1 in h and _be32(h[1]) not in HOOKS:
-                raise Undecodable(f"chain {name}: hook {_be32(h[1])}")
-        q = _attr(1, self.table.encode() + b"\0") + _attr(2, name.encode() + b"\0")
-        msgs = self.request(NFT_MSG_GETRULE, q, dump=True) or []
-        rules = [decode_rule(attrs(msg), self.ip_version, i + 1) for i, msg in enumerate(msgs)]
+        h = got[0].get_attr("NFTA_CHAIN_HOOK")
+        if h is not None:
+            policy = "drop" if got[0].get_attr("NFTA_CHAIN_POLICY") == NF_DROP else "accept"
+            hook = HookEntry(name, name, int(h.get_attr("NFTA_HOOK_PRIORITY") or 0), policy)
+            hooknum = h.get_attr("NFTA_HOOK_HOOKNUM")
+            if hooknum is not None and hooknum not in HOOKS:
+                raise Undecodable(f"chain {name}: hook {hooknum}")
+        msgs = self.request(nft.nft_rule_msg, nft.NFT_MSG_GETRULE,
+                            [("NFTA_RULE_TABLE", self.table), ("NFTA_RULE_CHAIN", name)], dump=True) or []
+        rules = [decode_rule(msg, self.ip_version, i + 1) for i, msg in enumerate(msgs)]
         return hook, rules
 
-    def _set_info(self, name: str) -> dict[int, bytes] | None:
-        got = self.request(NFT_MSG_GETSET, _attr(1, self.table.encode() + b"\0") + _attr(2, name.encode() + b"\0"),
+    def _set_info(self, name: str) -> Any:
+        got = self.request(nft.nft_set_msg, nft.NFT_MSG_GETSET, [("NFTA_SET_TABLE", self.table), ("NFTA_SET_NAME", name)],
                            dump=False)
-        return attrs(got[0]) if got else None
+        return got[0] if got else None
 
-    def _elements(self, name: str) -> list[dict[int, bytes]]:
-        q = _attr(1, self.table.encode() + b"\0") + _attr(2, name.encode() + b"\0")
-        out = []
-        for msg in self.request(NFT_MSG_GETSETELEM, q, dump=True) or []:
-            a = attrs(msg)
-            for typ, elem in attr_list(a.get(3, b"")):   # NFTA_SET_ELEM_LIST_ELEMENTS → NFTA_LIST_ELEM
-                if typ == 1:
-                    out.append(attrs(elem))
-        return out
+    def _elements(self, name: str, key: bytes | None = None) -> list[Any]:
+        attrs: list[tuple[str, Any]] = [("NFTA_SET_ELEM_LIST_TABLE", self.table), ("NFTA_SET_ELEM_LIST_SET", name)]
+        if key is not None:     # one element, by key (a non-dump GETSETELEM)
+            attrs.append(("NFTA_SET_ELEM_LIST_ELEMENTS",
+                          [{"attrs": [("NFTA_SET_ELEM_KEY", {"attrs": [("NFTA_DATA_VALUE", key)]})]}]))
+        msgs = self.request(nft.nft_set_elem_list_msg, nft.NFT_MSG_GETSETELEM, attrs, dump=key is None) or []
+        return [e for msg in msgs for e in msg.get_attr("NFTA_SET_ELEM_LIST_ELEMENTS") or []]
 
     def set_contents(self, name: str) -> IPSetContents | None:
         info = self._set_info(name)
         if info is None:
             return None
-        flags = _be32(info[3]) if 3 in info else 0
-        ktype, klen = _be32(info.get(4, b"\0" * 4)), _be32(info.get(5, b"\0" * 4))
-        if flags & NFT_SET_MAP:
+        flags = info.get_attr("NFTA_SET_FLAGS") or frozenset()
+        ktype, klen = info.get_attr("NFTA_SET_KEY_TYPE") or 0, info.get_attr("NFTA_SET_KEY_LEN") or 0
+        if "NFT_SET_MAP" in flags:
             raise Undecodable(f"{name} is a map")
+        interval = "NFT_SET_INTERVAL" in flags
         alen = 4 if self.ip_version == 4 else 16
         ip_type = TYPE_IPADDR if self.ip_version == 4 else TYPE_IP6ADDR
         elems = self._elements(name)
         if ktype == ip_type and klen == alen:
             s = IPSetContents(name, "net")
-            keys = [(_key(e), _be32(e[3]) if 3 in e else 0) for e in elems]
-            if flags & NFT_SET_INTERVAL:
+            keys = [(_key(e), _raw_int(e, "NFTA_SET_ELEM_FLAGS") or 0) for e in elems]
+            if interval:
                 s.nets.extend(_intervals(keys, alen))
             else:
                 s.nets.extend(ipaddress.ip_network(_addr(k, alen)) for k, _ in keys)
             return s
-        if ktype == (ip_type << 12) | (TYPE_PROTO << 6) | TYPE_SERVICE and klen == alen + 8 \
-                and not flags & NFT_SET_INTERVAL:
+        if ktype == (ip_type << 12) | (TYPE_PROTO << 6) | TYPE_SERVICE and klen == alen + 8 and not interval:
             s = IPSetContents(name, "ipport")
             for e in elems:
                 k = _key(e)
                 s.ipports.add((_addr(k[:alen], alen).compressed, k[alen], int.from_bytes(k[alen + 4:alen + 6], "big")))
             return s
-        raise Undecodable(f"set {name}: key type {ktype} len {klen} flags {flags:#x}")
+        raise Undecodable(f"set {name}: key type {ktype} len {klen} flags {sorted(flags)}")
 
     def map_elements(self, name: str) -> Mapping[str, tuple[str, ...]] | None:
         """A verdict map keyed by interface name, looked up one key at a time (a dispatch map holds an
@@ -218,9 +216,8 @@ class NftNetlink:
         info = self._set_info(name)
         if info is None:
             return None
-        flags = _be32(info[3]) if 3 in info else 0
-        klen = _be32(info.get(5, b"\0" * 4))
-        if not flags & NFT_SET_MAP or flags & NFT_SET_INTERVAL or klen != 16:
+        flags = info.get_attr("NFTA_SET_FLAGS") or frozenset()
+        if "NFT_SET_MAP" not in flags or "NFT_SET_INTERVAL" in flags or info.get_attr("NFTA_SET_KEY_LEN") != 16:
             raise Undecodable(f"{name} is not a map keyed by interface name")
         return _MapLookup(self, name)
 
@@ -228,19 +225,12 @@ class NftNetlink:
         raw = key.encode()
         if len(raw) >= 16:
             return None
-        elem = _attr(1 | 0x8000, _attr(1 | 0x8000, _attr(1, raw.ljust(16, b"\0"))))   # LIST_ELEM{KEY{VALUE}}
-        q = _attr(1, self.table.encode() + b"\0") + _attr(2, name.encode() + b"\0") + _attr(3 | 0x8000, elem)
-        got = self.request(NFT_MSG_GETSETELEM, q, dump=False)
-        if not got:
-            return None
-        for msg in got:
-            for typ, e in attr_list(attrs(msg).get(3, b"")):
-                if typ != 1:
-                    continue
-                data = attrs(attrs(e).get(2, b""))       # NFTA_SET_ELEM_DATA → NFTA_DATA_VERDICT
-                if 2 not in data:
-                    raise Undecodable(f"map {name}: element without a verdict")
-                return _verdict(attrs(data[2]))
+        for e in self._elements(name, raw.ljust(16, b"\0")):
+            data = e.get_attr("NFTA_SET_ELEM_DATA")
+            verdict = None if data is None else data.get_attr("NFTA_DATA_VERDICT")
+            if verdict is None:
+                raise Undecodable(f"map {name}: element without a verdict")
+            return _verdict(verdict)
         return None
 
 
@@ -266,11 +256,12 @@ class _MapLookup(Mapping[str, tuple[str, ...]]):
         return sum(1 for v in self._got.values() if v is not None)
 
 
-def _key(e: dict[int, bytes]) -> bytes:
-    k = attrs(e.get(1, b""))                      # NFTA_SET_ELEM_KEY → NFTA_DATA_VALUE
-    if 1 not in k:
+def _key(e: Any) -> bytes:
+    key = e.get_attr("NFTA_SET_ELEM_KEY")
+    value = None if key is None else key.get_attr("NFTA_DATA_VALUE")
+    if value is None:
         raise Undecodable("set element without a key")
-    return k[1]
+    return bytes(value)
 
 
 def _addr(b: bytes, alen: int) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -307,15 +298,14 @@ def _summarize(lo: int, hi: int, alen: int) -> list[ipaddress.IPv4Network | ipad
     return list(ipaddress.summarize_address_range(cls(lo), cls(hi)))
 
 
-def _verdict(v: dict[int, bytes]) -> tuple[str, ...]:
-    code = _sbe32(v[1])
-    chain = _str(v[2]) if 2 in v else ""
-    names = {NF_ACCEPT: "accept", NF_DROP: "drop", NFT_RETURN: "return", NFT_CONTINUE: "continue"}
-    if code in (NFT_JUMP, NFT_GOTO):
-        return ("jump" if code == NFT_JUMP else "goto", chain)
-    if code in names:
-        return (names[code],)
-    raise Undecodable(f"verdict code {code}")
+def _verdict(nla: Any) -> tuple[str, ...]:
+    """An NFTA_DATA_VERDICT as (kind,) or (jump|goto, chain)."""
+    v = _attrs(nla)
+    code = v.get("NFTA_VERDICT_CODE")
+    if code not in VERDICTS:
+        raise Undecodable(f"verdict code {code}")
+    kind = VERDICTS[code]
+    return (kind[0], v.get("NFTA_VERDICT_CHAIN") or "") if code in ("NFT_JUMP", "NFT_GOTO") else kind
 
 
 # ------------------------------------------------------------------------------ rule decompiler
@@ -338,11 +328,10 @@ def _reg_offset(reg: int) -> int:
     raise Undecodable(f"register {reg}")
 
 
-def _data_value(b: bytes) -> bytes:
-    d = attrs(b)
-    if 1 not in d:
-        raise Undecodable("data without a value")
-    return d[1]
+def _loaded(regs: dict[int, _Load], d: dict[str, Any], name: str) -> _Load | None:
+    """What the register named by attribute ``name`` holds, if a load this rule made is there."""
+    reg = _reg(d, name)
+    return None if reg is None else regs.get(reg)
 
 
 def _bits(value: int, names: dict[int, str]) -> str:
@@ -351,28 +340,29 @@ def _bits(value: int, names: dict[int, str]) -> str:
     return ",".join(n for b, n in names.items() if value & b)
 
 
-def decode_rule(a: dict[int, bytes], ip_version: int, position: int) -> KRule:  # noqa: C901
+def decode_rule(msg: Any, ip_version: int, position: int) -> KRule:  # noqa: C901
+    """A rule message (pyroute2's decoded ``nft_rule_msg``) → the criteria and action it implements."""
     regs: dict[int, _Load] = {}
     crit: list[AnyCriterion] = []
     action: AnyAction | None = None
-    for typ, elem in attr_list(a.get(4, b"")):
-        if typ != 1:
-            continue
-        e = attrs(elem)
-        name = _str(e.get(1, b""))
-        d = attrs(e.get(2, b""))
+    for e in msg.get_attr("NFTA_RULE_EXPRESSIONS") or []:
+        expr = _attrs(e)
+        name = expr.get("NFTA_EXPR_NAME")
         if action is not None and name != "counter":
             raise Undecodable(f"{name} after the verdict")
         if name == "counter":
             continue
+        data_nla = expr.get("NFTA_EXPR_DATA")
+        d = _attrs(data_nla)
         if name == "meta":
-            key = META_KEYS.get(_be32(d[2]))
+            key = META_KEYS.get(d.get("NFTA_META_KEY", ""))
             if key is None:
-                raise Undecodable(f"meta key {_be32(d[2])}")
-            if 1 in d:
-                regs[_be32(d[1])] = _Load(("meta", key), byteorder=_HOST if key == "mark" else "big")
-            elif 3 in d and key == "mark":        # meta mark set <reg>
-                src = regs.get(_be32(d[3]))
+                raise Undecodable(f"meta key {d.get('NFTA_META_KEY')}")
+            dreg, sreg = _reg(d, "NFTA_META_DREG"), _reg(d, "NFTA_META_SREG")
+            if dreg is not None:
+                regs[dreg] = _Load(("meta", key), byteorder=_HOST if key == "mark" else "big")
+            elif sreg is not None and key == "mark":        # meta mark set <reg>
+                src = regs.get(sreg)
                 if src is not None and src.src == ("meta", "mark") and src.mask is not None:
                     action = m.SetMaskedMark(src.xor, src.mask ^ _MASK32)
                 elif src is not None and src.src == ("imm",):
@@ -382,57 +372,67 @@ def decode_rule(a: dict[int, bytes], ip_version: int, position: int) -> KRule:  
             else:
                 raise Undecodable("meta set")
         elif name == "ct":
-            key = CT_KEYS.get(_be32(d[2]))
-            if key is None or 1 not in d or 3 in d:
+            key = CT_KEYS.get(d.get("NFTA_CT_KEY", ""))
+            dreg = _reg(d, "NFTA_CT_DREG")
+            if key is None or dreg is None or d.get("NFTA_CT_SREG") is not None:
                 raise Undecodable("ct expression")
-            regs[_be32(d[1])] = _Load(("ct", key), byteorder=_HOST)
+            regs[dreg] = _Load(("ct", key), byteorder=_HOST)
         elif name == "payload":
-            if 1 not in d:
+            dreg = _reg(d, "NFTA_PAYLOAD_DREG")
+            base = PAYLOAD_BASES.get(d.get("NFTA_PAYLOAD_BASE", ""))
+            if dreg is None or base is None:
                 raise Undecodable("payload set")
-            regs[_be32(d[1])] = _Load(("payload", _be32(d[2]), _be32(d[3]), _be32(d[4])))
+            regs[dreg] = _Load(("payload", base, d.get("NFTA_PAYLOAD_OFFSET"), d.get("NFTA_PAYLOAD_LEN")))
         elif name == "fib":
-            regs[_be32(d[1])] = _Load(("fib", _be32(d[2]), _be32(d[3])), byteorder=_HOST)
+            dreg = _reg(d, "NFTA_FIB_DREG")
+            if dreg is None:
+                raise Undecodable("fib")
+            regs[dreg] = _Load(("fib", _raw_int(data_nla, "NFTA_FIB_RESULT"), _raw_int(data_nla, "NFTA_FIB_FLAGS") or 0),
+                               byteorder=_HOST)
         elif name == "bitwise":
-            if 6 in d and _be32(d[6]) != 0:
+            if d.get("NFTA_BITWISE_OP") not in (None, "NFT_BITWISE_BOOL"):
                 raise Undecodable("bitwise shift")
-            src = regs.get(_be32(d[1]))
-            if src is None or src.mask is not None:
+            src = _loaded(regs, d, "NFTA_BITWISE_SREG")
+            dreg = _reg(d, "NFTA_BITWISE_DREG")
+            if src is None or src.mask is not None or dreg is None:
                 raise Undecodable("bitwise of an unknown register")
-            mask = int.from_bytes(_data_value(d[4]), src.byteorder)
-            xor = int.from_bytes(_data_value(d[5]), src.byteorder)
-            regs[_be32(d[2])] = _Load(src.src, mask, xor, src.byteorder)
+            mask = int.from_bytes(_value(d, "NFTA_BITWISE_MASK"), src.byteorder)
+            xor = int.from_bytes(_value(d, "NFTA_BITWISE_XOR"), src.byteorder)
+            regs[dreg] = _Load(src.src, mask, xor, src.byteorder)
         elif name == "immediate":
-            dreg = _be32(d[1])
-            data = attrs(d[2])
-            if dreg == 0 and 2 in data:
-                action = _verdict_action(_verdict(attrs(data[2])))
-            elif 1 in data:
-                regs[dreg] = _Load(("imm",), xor=int.from_bytes(data[1], _HOST))
+            dreg = _reg(d, "NFTA_IMMEDIATE_DREG")
+            data = _attrs(d.get("NFTA_IMMEDIATE_DATA"))
+            verdict = data.get("NFTA_DATA_VERDICT")
+            if dreg == nft.Regs.NFT_REG_VERDICT and verdict is not None:
+                action = _verdict_action(_verdict(verdict))
+            elif dreg is not None and data.get("NFTA_DATA_VALUE") is not None:
+                regs[dreg] = _Load(("imm",), xor=int.from_bytes(data["NFTA_DATA_VALUE"], _HOST))
             else:
                 raise Undecodable("immediate")
         elif name == "cmp":
-            src = regs.get(_be32(d[1]))
+            src = _loaded(regs, d, "NFTA_CMP_SREG")
             if src is None:
                 raise Undecodable("cmp of an unknown register")
-            op = _be32(d[2])
+            op_name = d.get("NFTA_CMP_OP")
+            if op_name is None:
+                raise Undecodable("cmp op")
+            op = int(nft.Cmp[op_name])
             if op in _BOUNDS:
-                crit.append(_port_bound(src, op, _data_value(d[3])))
+                crit.append(_port_bound(src, op, _value(d, "NFTA_CMP_DATA")))
                 continue
-            if op not in (0, 1):
-                raise Undecodable(f"cmp op {op}")
-            c = _cmp(src, op == 1, _data_value(d[3]), ip_version, crit)
+            c = _cmp(src, op == nft.Cmp.NFT_CMP_NEQ, _value(d, "NFTA_CMP_DATA"), ip_version, crit)
             if c is not None:
                 crit.append(c)
         elif name == "range":
-            src = regs.get(_be32(d[1]))
-            op = _be32(d[2])
-            if src is None or src.mask is not None or op not in (0, 1) or src.src[0] != "payload" \
-                    or src.src[1:] not in ((2, 0, 2), (2, 2, 2)):
+            src = _loaded(regs, d, "NFTA_RANGE_SREG")
+            range_op = d.get("NFTA_RANGE_OP")
+            if src is None or src.mask is not None or range_op not in ("NFT_RANGE_EQ", "NFT_RANGE_NEQ") \
+                    or src.src[0] != "payload" or src.src[1:] not in ((2, 0, 2), (2, 2, 2)):
                 raise Undecodable("range")
-            lo = int.from_bytes(_data_value(d[3]), "big")
-            hi = int.from_bytes(_data_value(d[4]), "big")
+            lo = int.from_bytes(_value(d, "NFTA_RANGE_FROM_DATA"), "big")
+            hi = int.from_bytes(_value(d, "NFTA_RANGE_TO_DATA"), "big")
             cls = m.SourcePorts if src.src[2] == 0 else m.DestPorts
-            crit.append(cls((m.PortRange(lo, hi),), op == 1))
+            crit.append(cls((m.PortRange(lo, hi),), range_op == "NFT_RANGE_NEQ"))
         elif name == "lookup":
             crit_or_action = _lookup(d, regs, ip_version)
             if isinstance(crit_or_action, VerdictMapAction):
@@ -441,7 +441,7 @@ def decode_rule(a: dict[int, bytes], ip_version: int, position: int) -> KRule:  
                 crit.append(crit_or_action)
         else:
             raise Undecodable(f"expression {name}")
-    hash_, comments = _comment(a.get(7, b""))
+    hash_, comments = _comment(msg)
     return KRule(position, tuple(crit), action, hash_, comments)
 
 
@@ -546,15 +546,16 @@ def _cmp(src: _Load, neg: bool, data: bytes, ip_version: int,  # noqa: C901
     raise Undecodable(f"cmp on {kind}")
 
 
-def _lookup(d: dict[int, bytes], regs: dict[int, _Load], ip_version: int) -> Any:
-    set_name = _str(d[1])
-    sreg = _be32(d[2])
-    inv = bool(_be32(d[5]) & 1) if 5 in d else False
-    src = regs.get(sreg)
-    if src is None or src.mask is not None:
+def _lookup(d: dict[str, Any], regs: dict[int, _Load], ip_version: int) -> Any:
+    set_name = d.get("NFTA_LOOKUP_SET") or ""
+    sreg = _reg(d, "NFTA_LOOKUP_SREG")
+    inv = "NFT_LOOKUP_F_INV" in (d.get("NFTA_LOOKUP_FLAGS") or ())
+    src = _loaded(regs, d, "NFTA_LOOKUP_SREG")
+    if sreg is None or src is None or src.mask is not None:
         raise Undecodable("lookup of an unknown register")
-    if 3 in d:                                     # a map: the verdict register
-        if _be32(d[3]) != 0 or inv or src.src not in (("meta", "iifname"), ("meta", "oifname")):
+    dreg = d.get("NFTA_LOOKUP_DREG")
+    if dreg is not None:                               # a map: the verdict register
+        if dreg != "NFT_REG_VERDICT" or inv or src.src not in (("meta", "iifname"), ("meta", "oifname")):
             raise Undecodable("map lookup")
         return VerdictMapAction(src.src[1], set_name)
     if set_name.startswith("__"):
@@ -575,14 +576,16 @@ def _lookup(d: dict[int, bytes], regs: dict[int, _Load], ip_version: int) -> Any
     raise Undecodable(f"lookup on {src.src}")
 
 
-def _comment(udata: bytes) -> tuple[str, tuple[str, ...]]:
+
+
+def _comment(msg: Any) -> tuple[str, tuple[str, ...]]:
+    slot = _slot(msg, "NFTA_RULE_USERDATA")
     comment = None
-    pos = 0
-    while pos + 2 <= len(udata):
-        typ, ln = udata[pos], udata[pos + 1]
-        if typ == 0:                               # NFTNL_UDATA_RULE_COMMENT
-            comment = udata[pos + 2:pos + 2 + ln].split(b"\0", 1)[0].decode()
-        pos += 2 + ln
+    if slot is not None:
+        raw = slot.cell[1]           # undecoded: pyroute2's own decoding of this attribute is the wrong format
+        for typ, value in _RuleUdata.udata_decode(bytes(raw.data[raw.offset + 4:raw.offset + raw.length])) or ():
+            if typ == "NFTNL_UDATA_RULE_COMMENT":
+                comment = value.split(b"\0", 1)[0].decode()
     if not comment:
         return "", ()
     head, sep, rest = comment.partition(";")

@@ -1,62 +1,72 @@
-"""The netlink decompiler on messages built byte by byte (the kernel round trip is in test_roundtrip_kernel).
+"""The netlink decompiler on rule messages built by hand (the kernel round trip is in test_roundtrip_kernel).
 
 Each rule is the register program nft writes for a felixpy criterion (as ``nft --debug=netlink``
-shows it); decoding must give the criterion nft's JSON gives, and anything else must be declared
-undecodable (so explain lists that chain with nft) rather than guessed.
+shows it), encoded and decoded by pyroute2 as the kernel's answer is; decoding must give the
+criterion nft's JSON gives, and anything else must be declared undecodable (so explain lists
+that chain with nft) rather than guessed.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import struct
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
+from pyroute2.netlink.nfnetlink.nftsocket import nft_rule_msg  # type: ignore[import-untyped]
 
 from felixpy.drivers.generictables import model as m
-from felixpy.explain.nft_netlink import NFT_SET_ELEM_INTERVAL_END, Undecodable, _attr, _intervals, attrs, decode_rule
+from felixpy.explain.nft_netlink import NFT_SET_ELEM_INTERVAL_END, NftNetlink, Undecodable, _intervals, decode_rule
+from felixpy.testing import netns as nsmod
 
-NESTED = 0x8000
 HOST = sys.byteorder
+Attrs = dict[str, Any]
 
 
-def be32(v: int) -> bytes:
-    return struct.pack(">I", v & 0xFFFFFFFF)
+def data(value: bytes) -> Attrs:
+    return {"attrs": [("NFTA_DATA_VALUE", value)]}
 
 
-def data(value: bytes) -> bytes:
-    return _attr(1, value)                                # NFTA_DATA_VALUE
+def expr(name: str, *fields: tuple[str, Any]) -> Attrs:
+    body = [("NFTA_EXPR_DATA", {"attrs": list(fields)})] if fields else []   # notrack has no data at all
+    return {"attrs": [("NFTA_EXPR_NAME", name), *body]}
 
 
-def expr(name: str, *fields: tuple[int, bytes]) -> bytes:
-    body = b"".join(_attr(t, v) for t, v in fields)
-    return _attr(1 | NESTED, _attr(1, name.encode() + b"\0") + _attr(2 | NESTED, body))
+def meta_load(key: int, reg: int = 1) -> Attrs:
+    return expr("meta", ("NFTA_META_DREG", reg), ("NFTA_META_KEY", key))
 
 
-def meta_load(key: int, reg: int = 1) -> bytes:
-    return expr("meta", (1, be32(reg)), (2, be32(key)))
+def cmp(value: bytes, op: int = 0, reg: int = 1) -> Attrs:
+    return expr("cmp", ("NFTA_CMP_SREG", reg), ("NFTA_CMP_OP", op), ("NFTA_CMP_DATA", data(value)))
 
 
-def cmp(value: bytes, op: int = 0, reg: int = 1) -> bytes:
-    return expr("cmp", (1, be32(reg)), (2, be32(op)), (3 | NESTED, data(value)))
+def bitwise(mask: bytes, xor: bytes, reg: int = 1) -> Attrs:
+    return expr("bitwise", ("NFTA_BITWISE_SREG", reg), ("NFTA_BITWISE_DREG", reg), ("NFTA_BITWISE_LEN", len(mask)),
+                ("NFTA_BITWISE_MASK", data(mask)), ("NFTA_BITWISE_XOR", data(xor)))
 
 
-def bitwise(mask: bytes, xor: bytes, reg: int = 1) -> bytes:
-    return expr("bitwise", (1, be32(reg)), (2, be32(reg)), (3, be32(len(mask))),
-                (4 | NESTED, data(mask)), (5 | NESTED, data(xor)))
+def payload(base: int, offset: int, ln: int, reg: int = 1) -> Attrs:
+    return expr("payload", ("NFTA_PAYLOAD_DREG", reg), ("NFTA_PAYLOAD_BASE", base), ("NFTA_PAYLOAD_OFFSET", offset),
+                ("NFTA_PAYLOAD_LEN", ln))
 
 
-def verdict(code: int, chain: str = "") -> bytes:
-    v = _attr(1, be32(code)) + (_attr(2, chain.encode() + b"\0") if chain else b"")
-    return expr("immediate", (1, be32(0)), (2 | NESTED, _attr(2 | NESTED, v)))
+def verdict(code: int, chain: str = "") -> Attrs:
+    v: list[tuple[str, Any]] = [("NFTA_VERDICT_CODE", code)] + ([("NFTA_VERDICT_CHAIN", chain)] if chain else [])
+    return expr("immediate", ("NFTA_IMMEDIATE_DREG", 0),
+                ("NFTA_IMMEDIATE_DATA", {"attrs": [("NFTA_DATA_VERDICT", {"attrs": v})]}))
 
 
-def rule(*exprs: bytes, comment: str = "") -> dict[int, bytes]:
-    msg = _attr(4 | NESTED, b"".join(exprs))
-    if comment:
-        raw = comment.encode() + b"\0"
-        msg += _attr(7, bytes([0, len(raw)]) + raw)
-    return attrs(msg)
+def rule(*exprs: Attrs, comment: str = "") -> Any:
+    """The message as the kernel would send it: encoded by pyroute2, then decoded from the bytes."""
+    out = nft_rule_msg()
+    out["attrs"] = [("NFTA_RULE_EXPRESSIONS", list(exprs))] + ([("NFTA_RULE_USERDATA", comment)] if comment else [])
+    out.encode()
+    msg = nft_rule_msg(bytes(out.data))
+    msg.decode()
+    return msg
 
 
 def host32(v: int) -> bytes:
@@ -80,15 +90,15 @@ def test_interface_prefix_and_exact_name() -> None:
 
 
 def test_mark_set_is_a_masked_set() -> None:
-    set_bits = expr("meta", (2, be32(3)), (3, be32(1)))   # meta mark set reg 1
+    set_bits = expr("meta", ("NFTA_META_KEY", 3), ("NFTA_META_SREG", 1))   # meta mark set reg 1
     r = decode_rule(rule(meta_load(3), bitwise(host32(~0x10000 & 0xFFFFFFFF), host32(0x10000)), set_bits), 4, 1)
     assert r.action == m.SetMaskedMark(0x10000, 0x10000)
 
 
 def test_address_prefix_loaded_as_its_bytes_and_port_range_as_two_compares() -> None:
-    payload = expr("payload", (1, be32(1)), (2, be32(1)), (3, be32(12)), (4, be32(2)))   # 2 bytes of saddr
-    dport = expr("payload", (1, be32(1)), (2, be32(2)), (3, be32(2)), (4, be32(2)))
-    r = decode_rule(rule(payload, cmp(bytes([10, 65])), meta_load(16), cmp(bytes([6])),
+    saddr = payload(1, 12, 2)   # 2 bytes of saddr
+    dport = payload(2, 2, 2)
+    r = decode_rule(rule(saddr, cmp(bytes([10, 65])), meta_load(16), cmp(bytes([6])),
                          dport, cmp(struct.pack(">H", 8000), op=5), cmp(struct.pack(">H", 8010), op=3),
                          verdict(1)), 4, 1)
     assert r.criteria == (m.SourceNet("10.65.0.0/16", False), m.ProtocolNum(6, False),
@@ -97,16 +107,15 @@ def test_address_prefix_loaded_as_its_bytes_and_port_range_as_two_compares() -> 
 
 
 @pytest.mark.parametrize("statement", [expr("log"), expr("reject"), expr("limit"), expr("notrack")])
-def test_statements_it_does_not_know_are_undecodable(statement: bytes) -> None:
+def test_statements_it_does_not_know_are_undecodable(statement: Attrs) -> None:
     with pytest.raises(Undecodable):
         decode_rule(rule(statement, verdict(1)), 4, 1)
 
 
 def test_lookup_in_an_anonymous_set_is_undecodable() -> None:
-    payload = expr("payload", (1, be32(1)), (2, be32(2)), (3, be32(2)), (4, be32(2)))
-    lookup = expr("lookup", (1, b"__set0\0"), (2, be32(1)))
+    lookup = expr("lookup", ("NFTA_LOOKUP_SET", "__set0"), ("NFTA_LOOKUP_SREG", 1))
     with pytest.raises(Undecodable):
-        decode_rule(rule(meta_load(16), cmp(bytes([6])), payload, lookup, verdict(1)), 4, 1)
+        decode_rule(rule(meta_load(16), cmp(bytes([6])), payload(2, 2, 2), lookup, verdict(1)), 4, 1)
 
 
 def k(ip: str) -> bytes:
@@ -124,3 +133,16 @@ def test_intervals_adjacent_open_ended_and_the_zero_end() -> None:
 def test_a_start_inside_an_open_interval_is_undecodable() -> None:
     with pytest.raises(Undecodable):
         _intervals([(k("10.0.0.0"), 0), (k("10.0.0.5"), 0), (k("10.0.0.9"), NFT_SET_ELEM_INTERVAL_END)], 4)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a throwaway namespace)")
+def test_a_reader_opened_on_one_thread_reads_the_namespace_from_another(netns: str) -> None:
+    """explain opens the reader on a worker thread and evaluates on the main one; pyroute2 keeps a
+    socket per thread, and one opened implicitly on the main thread would read the *root* namespace."""
+    nsmod.run_in(netns, "nft", "-f", "-", input="table ip calico { chain filter-x { accept; }; }\n")
+    nl = ThreadPoolExecutor(1).submit(lambda: NftNetlink(netns, 4)).result()
+    try:
+        got = nl.chain("filter-x")
+    finally:
+        nl.close()
+    assert got is not None and [r.action for r in got[1]] == [m.Accept()]
