@@ -23,6 +23,8 @@ test (at teardown) with its log.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -34,6 +36,23 @@ from fv.harness import BPF_MODES, MODES, TIMINGS, FamilyView, FvNode
 FAMILIES = (4, 6)
 ALL_MODES = [*MODES, *(pytest.param(m, marks=pytest.mark.bpf) for m in BPF_MODES)]
 _setup_times: dict[str, float] = {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bpf_compile_cache() -> Iterator[str]:
+    """FV daemons share one on-disk BPF compile cache for the session (a node keeps its cache across
+    restarts too), in a temp dir: never the machine's /var/lib/felixpy.  Only the FV session's
+    daemons see it (tests/ run with the cache off)."""
+    before = os.environ.get("FELIXPY_BPF_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="fpy-bpfcache-") as d:
+        os.environ["FELIXPY_BPF_CACHE_DIR"] = d
+        try:
+            yield d
+        finally:
+            if before is None:
+                del os.environ["FELIXPY_BPF_CACHE_DIR"]
+            else:
+                os.environ["FELIXPY_BPF_CACHE_DIR"] = before
 
 
 def pytest_configure(config: pytest.Config) -> None:
