@@ -225,3 +225,24 @@ def test_restart_after_an_interface_was_recreated_programs_it_afresh() -> None:
     for hook, entry in zip((ING, EGR), old_entries):
         if entry not in entries(fb2, new_idx):
             assert slot_fd(fb2, hook, entry) is None
+
+
+def test_restart_logs_render_as_the_daemons_json() -> None:
+    """The daemon logs JSON; a reclaim log with tuple keys once failed the whole device step (FV found it)."""
+    import io
+    import json
+
+    from felixpy import logs
+
+    buf = io.StringIO()
+    logs.configure("DEBUG", stream=buf, json=True)
+    try:
+        n1, fb1 = first_run((4, 6))
+        n2, fb2 = restart(n1, fb1, (4, 6))
+        n2.apply()  # expect_ok: no step failed
+    finally:
+        logs.configure("INFO", stream=io.StringIO(), json=False)
+    lines = [json.loads(ln) for ln in buf.getvalue().splitlines() if ln.strip()]
+    assert any(ln["event"] == "Reclaimed a BPF endpoint from the previous run" for ln in lines)
+    for i in ("cali1", "cali2", "cali3"):
+        assert programmed(n2, fb2, i) and programmed(n2, fb2, i, 6)

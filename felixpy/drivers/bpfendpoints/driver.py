@@ -102,6 +102,12 @@ class _Programmed:
     reclaimed: set[tuple[int, int]] = field(default_factory=set)  # slots taken over from an earlier run
 
 
+def _slots_for_log(done: _Programmed) -> dict[str, int]:
+    """The policy entries with string keys: the daemon's JSON log renderer refuses tuple keys (and a
+    log call that raises would fail the whole step)."""
+    return {f"hook{h}/v{v}": e for (h, v), e in sorted(done.slots.items())}
+
+
 def _hook_policy(want: WorkloadPolicy, hook: int) -> PolicySet:
     # TC ingress of the host-side interface sees packets *from* the workload.
     return want.from_workload if hook == defs.HOOK_TC_INGRESS else want.to_workload
@@ -233,7 +239,8 @@ class BPFEndpoints:
         done.attached = False  # checked against this process's preamble in _reconcile
         self._done[iface] = done
         self._dirty.add(iface)
-        log.info("Reclaimed a BPF endpoint from the previous run", iface=iface, ifindex=ifindex, slots=done.slots)
+        log.info("Reclaimed a BPF endpoint from the previous run", iface=iface, ifindex=ifindex,
+                 slots=_slots_for_log(done))
 
     def _free_unowned_entries(self) -> None:
         """Clear every policy entry (all its parts) that no interface of this run owns."""
@@ -317,7 +324,7 @@ class BPFEndpoints:
         self._write_ifstate(iface, done, ready)                                     # 6
         done.ready = ready
         log.debug("BPF endpoint programmed", iface=iface, ifindex=ifindex, families=sorted(ready),
-                  slots={f"hook{h}/v{v}": e for (h, v), e in sorted(done.slots.items())})
+                  slots=_slots_for_log(done))
 
     # ------------------------------------------------------------------------------ steps
     def _ensure_counters(self, ifindex: int, hook: int) -> None:
