@@ -68,6 +68,13 @@ class NftSetsShim(NftShim, Protocol):
     def list_sets(self, family: str, name: str) -> list[dict[str, Any]] | None: ...
 
 
+@runtime_checkable
+class NftListerFactory(NftShim, Protocol):
+    """A shim that can hand out a second one for listing on another thread while this one writes."""
+
+    def lister(self) -> NftShim: ...
+
+
 def _sets_of(objs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     # ``list sets table F T`` lists every table's sets of family F (nft 1.0.6): keep table T's.
     return [o for o in objs if "set" in o and o["set"].get("table") == name]
@@ -168,6 +175,10 @@ class NftChildProcess:
         if res.returncode != 0:
             raise NftError(res.returncode, res.stderr, excerpt, argv=argv)
         return res.stdout
+
+    def lister(self) -> NftChildProcess:
+        """Itself: every call is a child of its own, so a listing thread may share it."""
+        return self
 
     def run(self, commands: Sequence[dict[str, Any]]) -> None:
         if not commands:
