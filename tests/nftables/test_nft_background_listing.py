@@ -11,9 +11,12 @@ own in the meantime, is never merged.
 from __future__ import annotations
 
 import copy
+import json
 import time
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 import nft_helpers as hp
 from nft_helpers import Harness, program_typical
@@ -21,7 +24,7 @@ from nft_helpers import Harness, program_typical
 from felixpy.drivers.generictables.model import Accept, Chain, Drop, Match, Rule
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 from felixpy.drivers.nftables.fake import FakeNft
-from felixpy.drivers.nftables.shim import NftChildProcess, NftListerFactory
+from felixpy.drivers.nftables.shim import NftChildProcess, NftListerFactory, nft_objects_yielding
 from felixpy.drivers.nftables.table import LISTING_POLL, new_nftables_tables
 from felixpy.errors import DataplaneError
 
@@ -181,20 +184,36 @@ def test_set_resync_lists_sets_in_the_background(make: Callable[..., Harness], f
     assert lister.calls == 1
 
 
-def test_child_shim_gets_background_listings_and_libnftables_does_not() -> None:
+def test_child_shim_gets_background_listings_and_the_fake_does_not() -> None:
     child = NftChildProcess()
-    assert isinstance(child, NftListerFactory) and child.lister() is child
+    assert isinstance(child, NftListerFactory)
     root, _ = new_nftables_tables(4, child)
-    assert root._lister is child
+    assert isinstance(root._lister, NftChildProcess) and root._lister is not child
+    assert root._lister._loads is nft_objects_yielding and child._loads is not nft_objects_yielding
     root2, _ = new_nftables_tables(4, FakeNft())
     assert root2._lister is None
+
+
+@pytest.mark.parametrize("text", [
+    '{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}}, '
+    '{"table": {"family": "ip", "name": "calico", "handle": 3}}, {"rule": {"expr": [{"accept": null}], '
+    '"comment": "a ] , [ { in a string"}}]}',
+    '{"nftables":[]}', '  {"nftables": [ {"a": 1} ,\n {"b": [1, 2]} ] }\n', ""])
+def test_yielding_decode_equals_json_loads(text: str) -> None:
+    want = json.loads(text)["nftables"] if text.strip() else []
+    assert nft_objects_yielding(text) == want
+
+
+def test_yielding_decode_of_malformed_output_fails_as_json_loads_does() -> None:
+    for bad in ('{"nftables": [{"a": 1}, {"b": ', '{"nftables": [{"a": 1} {"b": 2}]}'):
+        with pytest.raises(ValueError):
+            nft_objects_yielding(bad)
 
 
 def test_kernel_refresh_off_the_apply_path_repairs_drift(in_netns: str, make: Callable[..., Harness]) -> None:
     """The real thread and the real ``nft`` child: the listing runs while applies go on, then repairs."""
     import os
 
-    import pytest
     if os.geteuid() != 0:
         pytest.skip("needs root")
     assert hp.inside_netns(in_netns)
