@@ -482,11 +482,13 @@ def run_mode(mode: str, p: Profile, *, ipv6: bool, settle: float, churn_s: float
                 res.rss_after_idle = mib(d.proc.pid)[0]
             c.close()
         finally:
-            rc = d.stop()
-            if rc not in (0, None, -15):
-                print(d.logs()[-3000:], file=sys.stderr)
-            if raw_ns is not None:
-                nsmod.delete(raw_ns)
+            try:
+                rc = d.stop()
+                if rc not in (0, None, -15):
+                    print(d.logs()[-3000:], file=sys.stderr)
+            finally:
+                if raw_ns is not None:
+                    nsmod.delete(raw_ns)
     return res
 
 
