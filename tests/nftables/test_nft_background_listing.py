@@ -184,6 +184,23 @@ def test_set_resync_lists_sets_in_the_background(make: Callable[..., Harness], f
     assert lister.calls == 1
 
 
+def test_a_refresh_due_during_a_sets_listing_waits_for_it_off_the_apply_path(make: Callable[..., Harness],
+                                                                            fake: FakeNft) -> None:
+    h, lister, jobs = _prog(make, fake)
+    h.root.queue_resync()
+    h.root.apply()
+    assert len(jobs) == 1                       # the sets listing
+    h.clock.advance(181)
+    lists = fake.list_calls
+    h.root.apply()                              # the table refresh is due: no listing here, no second job
+    assert fake.list_calls == lists and len(jobs) == 1
+    lister.read()
+    lists = fake.list_calls
+    jobs.pop()()
+    h.root.apply()                              # sets merged; the table listing starts now
+    assert fake.list_calls == lists and len(jobs) == 1
+
+
 def test_child_shim_gets_background_listings_and_the_fake_does_not() -> None:
     child = NftChildProcess()
     assert isinstance(child, NftListerFactory)

@@ -36,8 +36,10 @@ Apply contract
     first apply after the listing ends merges it — every chain, set and map no
     transaction wrote while it ran is taken from the listing (drift found there
     is repaired in that apply); those written meanwhile keep what the
-    transaction left, which is newer than anything the listing can have seen.  A transaction is retried up to 11 times with 1 ms doubling
-    backoff, re-listing before each retry; from the 6th consecutive failure the
+    transaction left, which is newer than anything the listing can have seen.
+
+    A transaction is retried up to 11 times with 1 ms doubling backoff,
+    re-listing before each retry; from the 6th consecutive failure the
     transaction starts ``add table; delete table; add table`` followed by a full
     rewrite of everything, so an incompatible table is rebuilt in one atomic
     step (a failure of that still leaves the old table and its base chains in
@@ -426,7 +428,7 @@ class NftablesTable:
         if self._lister is None or (kind == "sets" and not isinstance(self._lister, NftSetsShim)):
             return False
         if self._listing is not None:
-            return kind == "sets" or self._listing.kind == "table"
+            return True
         job = _Listing(kind, self._generation)
         if kind == "table":
             self._last_read = self._now()
