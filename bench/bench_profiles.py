@@ -365,6 +365,9 @@ class ModeResult:
     churn_p99: float | None = None
     churn_n: int = 0
     churn_lost: int = 0
+    apply_p50: float | None = None
+    apply_p99: float | None = None
+    applies_n: int = 0
     rss_before_churn: float = 0.0
     rss_after_churn: float = 0.0
     rss_after_idle: float = 0.0
@@ -377,8 +380,10 @@ def mib(pid_: int) -> tuple[float, float]:
 
 
 def churn(d: DaemonProcess, c: FeedClient, p: Profile, names: list[str], ipv6: bool, seconds: float,
-          seq0: int) -> tuple[list[float], int]:
-    """100 endpoint updates/s and 10 policy updates/s; per-message send → applied latencies."""
+          seq0: int) -> tuple[list[float], int, list[float]]:
+    """100 endpoint updates/s and 10 policy updates/s; per-message send → applied latencies, the number of
+    messages no apply was seen for, and the durations of the applies that started during the churn (the
+    figure Felix's ``felix_int_dataplane_apply_time_seconds`` reports)."""
     sent: list[float] = []
     seq = seq0
     tick = 0.01
@@ -403,7 +408,8 @@ def churn(d: DaemonProcess, c: FeedClient, p: Profile, names: list[str], ipv6: b
     wait_quiet(d, quiet=3.0, limit=600)
     spans = applies(d)
     lats = [lat for s in sent if (lat := latency(s, spans)) is not None]
-    return lats, len(sent) - len(lats)
+    durations = [end - start for start, end in spans if sent and start >= sent[0]]
+    return lats, len(sent) - len(lats), durations
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -464,20 +470,25 @@ def run_mode(mode: str, p: Profile, *, ipv6: bool, settle: float, churn_s: float
             res.rss_before_churn, res.hwm_restart = mib(d.proc.pid)
 
             if churn_s > 0:
-                lats, lost = churn(d, c, p, names, ipv6, churn_s, len(batch) + 2)
+                lats, lost, durations = churn(d, c, p, names, ipv6, churn_s, len(batch) + 2)
                 res.churn_n, res.churn_lost = len(lats), lost
                 if lats:
                     res.churn_p50, res.churn_p99 = pct(lats, 0.5), pct(lats, 0.99)
+                if durations:
+                    res.applies_n = len(durations)
+                    res.apply_p50, res.apply_p99 = pct(durations, 0.5), pct(durations, 0.99)
                 res.rss_after_churn, res.hwm_churn = mib(d.proc.pid)
                 time.sleep(15)
                 res.rss_after_idle = mib(d.proc.pid)[0]
             c.close()
         finally:
-            rc = d.stop()
-            if rc not in (0, None, -15):
-                print(d.logs()[-3000:], file=sys.stderr)
-            if raw_ns is not None:
-                nsmod.delete(raw_ns)
+            try:
+                rc = d.stop()
+                if rc not in (0, None, -15):
+                    print(d.logs()[-3000:], file=sys.stderr)
+            finally:
+                if raw_ns is not None:
+                    nsmod.delete(raw_ns)
     return res
 
 
@@ -505,10 +516,12 @@ def report(p: Profile, results: list[ModeResult], ipv6: bool, churn_s: float, wa
               f"{'yes' if r.restart_same else 'NO'} | {r.hwm_cold:.0f} / {r.hwm_restart:.0f} MiB |")
     if churn_s > 0:
         print(f"\nChurn: 100 endpoint + 10 policy updates/s for {churn_s:.0f} s (after the restart).\n")
-        print("| mode | messages timed | p50 | p99 | RSS before / right after / 15 s after | peak RSS |")
-        print("|---|---|---|---|---|---|")
+        print("| mode | messages timed | p50 | p99 | applies: n, duration p50 / p99 | "
+              "RSS before / right after / 15 s after | peak RSS |")
+        print("|---|---|---|---|---|---|---|")
         for r in results:
             print(f"| {r.mode} | {r.churn_n} (+{r.churn_lost} untimed) | {ms(r.churn_p50)} | {ms(r.churn_p99)} | "
+                  f"{r.applies_n}, {ms(r.apply_p50)} / {ms(r.apply_p99)} | "
                   f"{r.rss_before_churn:.0f} / {r.rss_after_churn:.0f} / {r.rss_after_idle:.0f} MiB | "
                   f"{r.hwm_churn:.0f} MiB |")
     print("\nOne-rule samples: " + "; ".join(

@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_profiles import (HOSTNAME, MODES, PROFILES, feed, iface_names, initial_batch, mib, policy,  # noqa: E402
-                            prepare_node, wait_applied_after, wait_quiet)
+from bench_profiles import (HOSTNAME, MODES, PROFILES, churn, feed, iface_names, initial_batch, mib, pct,  # noqa: E402
+                            policy, prepare_node, wait_applied_after, wait_quiet)
 
 from felixpy.messages import to_dataplane  # noqa: E402
 from felixpy.testing import topology  # noqa: E402
@@ -85,6 +85,9 @@ def main() -> None:
     ap.add_argument("--what", default="cpu", choices=("cpu", "mem"))
     ap.add_argument("--out", default="/tmp/felixpy-profile")
     ap.add_argument("--settle", type=float, default=5.0)
+    ap.add_argument("--churn", type=float, default=0.0,
+                    help="seconds of bench_profiles' churn (100 endpoint + 10 policy updates/s) to profile "
+                         "after the restart")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -138,10 +141,20 @@ def main() -> None:
                               before_insync=lambda: spy_box.append(Spy(d.proc.pid, out / f"{tag}-restart.txt")))
             spy_box[0].stop()
             print(f"restart {restart:.2f} s, RSS/HWM {mib(d.proc.pid)}")
+            if args.churn > 0:  # after the restart, as in bench_profiles.py
+                wait_quiet(d)
+                spy = Spy(d.proc.pid, out / f"{tag}-churn.txt")
+                lats, lost, durations = churn(d, c, p, names, False, args.churn, len(batch) + 10)
+                spy.stop()
+                if lats and durations:
+                    print(f"churn: {len(lats)} timed (+{lost}), p50 {pct(lats, 0.5) * 1000:.0f} ms, "
+                          f"p99 {pct(lats, 0.99) * 1000:.0f} ms; {len(durations)} applies, duration p50 "
+                          f"{pct(durations, 0.5) * 1000:.0f} ms, p99 {pct(durations, 0.99) * 1000:.0f} ms; "
+                          f"RSS/HWM {mib(d.proc.pid)}")
             c.close()
         finally:
             d.stop()
-    for phase in ("cold", "onerule", "restart"):
+    for phase in ("cold", "onerule", "restart", "churn"):
         f = out / f"{tag}-{phase}.txt"
         if f.exists():
             print(f"\n## {tag} {phase}\n{summarise(f)}")

@@ -586,3 +586,14 @@ def test_unrenderable_rule_still_raises_from_apply(make_table: Callable[..., Ipt
     t.apply()
     assert fake.chain_specs("filter", "cali-bad") == [
         f'-m comment --comment "cali:{render.rule_hashes("cali-bad", [Rule(action=Drop())], FEATURES)[0]}" -j DROP']
+
+
+def test_restore_input_is_not_kept_after_a_successful_write(make_table: Callable[..., IptablesTable],
+                                                          fake: FakeIptables) -> None:
+    """Issue #17 (memory): the input is kept for the failure path only (a start of day's is MiBs); the
+    give-up log still carries it (test_failure_scenarios)."""
+    t = make_table()
+    program(t)
+    t.apply()
+    assert fake.restore_count() >= 1 and t.last_restore_input == ""
+    assert_converged(fake, foreign_in_forward=0)

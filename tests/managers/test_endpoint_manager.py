@@ -275,6 +275,49 @@ def test_dispatch_with_one_endpoint(node: Node, v: int) -> None:
     assert dispatched(f, "calib") == (Drop(), Drop())
 
 
+def test_dispatch_is_rendered_again_only_when_the_interface_names_change(node: Node, v: int,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatch chains are a function of the set of interface names alone: an endpoint update that
+    keeps its interface (churn: new policies, new addresses) must not re-render them, while one that adds,
+    renames or removes an interface must — and what is programmed stays right either way."""
+    from felixpy.rules.renderer import RuleRenderer
+    calls: list[list[str]] = []
+    real = RuleRenderer.workload_dispatch_chains
+
+    def counting(self: RuleRenderer, names: list[str]) -> list[Chain]:
+        calls.append(list(names))
+        return real(self, names)
+
+    monkeypatch.setattr(RuleRenderer, "workload_dispatch_chains", counting)
+    base(node)
+    f = node.f(v).filter
+    calls.clear()
+    # Same interface, different policies and addresses: no re-render, still dispatched.
+    node.send(policy("p2", inbound=[rule("allow")]),
+              wep("a", mac=MAC, profiles=["kns.default"], tiers=[tier(ingress=("p2",))], **addrs(7)))
+    node.apply()
+    assert calls == []
+    assert dispatched(f, "calia") == (Goto("cali-fw-calia"), Goto("cali-tw-calia"))
+    # A second interface: rendered again, both dispatched.
+    node.send(wep("b", profiles=["kns.default"], **addrs(2)))
+    node.apply()
+    assert calls == [["calia", "calib"]] * len(node.fam)
+    assert dispatched(f, "calib") == (Goto("cali-fw-calib"), Goto("cali-tw-calib"))
+    # Renamed interface (same endpoint): rendered again, the old name falls through to the drop.
+    calls.clear()
+    node.send(wep("b", "calic", profiles=["kns.default"], **addrs(2)))
+    node.apply()
+    assert calls == [["calia", "calic"]] * len(node.fam)
+    assert dispatched(f, "calib") == (Drop(), Drop())
+    assert dispatched(f, "calic") == (Goto("cali-fw-calic"), Goto("cali-tw-calic"))
+    # Removal: rendered again, fails closed.
+    calls.clear()
+    node.send(wep_remove("a"))
+    node.apply()
+    assert calls == [["calic"]] * len(node.fam)
+    assert dispatched(f, "calia") == (Drop(), Drop())
+
+
 @pytest.mark.parametrize("mode", ["Felix", "TwoLevel"])
 def test_dispatch_with_many_endpoints_reaches_each_and_fails_closed(v: int, mode: str) -> None:
     node = Node(families=(4, 6), config=Config(Ipv6Support=True, DispatchChainMode=mode))

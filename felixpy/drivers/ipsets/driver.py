@@ -72,7 +72,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from felixpy.deltatracker import DeltaTracker
+from felixpy.deltatracker import DeltaTracker, MemberTracker
 from felixpy.drivers.cmdshim import CommandResult, CommandRunner
 from felixpy.drivers.ipsets import metrics
 from felixpy.drivers.ipsets.members import BadMembers, canonicalise_members
@@ -150,8 +150,8 @@ class IPSets:
         # Desired: main sets we want.  Dataplane: every owned set we believe the
         # kernel holds (main, temporary and unwanted ones).
         self._sets: DeltaTracker[str, DataplaneMeta] = DeltaTracker()
-        # Members of each main set that is desired or still in the kernel.
-        self._members: dict[str, DeltaTracker[str, bool]] = {}
+        # Members of each main set that is desired or still in the kernel (desired keys + the difference only).
+        self._members: dict[str, MemberTracker[str]] = {}
         # Main sets whose member trackers are out of sync.
         self._dirty: dict[str, None] = {}
         self._oversized: set[str] = set()
@@ -186,7 +186,7 @@ class IPSets:
         self._sets.set_desired(name, desired)
         tracker = self._members.get(name)
         if tracker is None:
-            tracker = self._members[name] = DeltaTracker()
+            tracker = self._members[name] = MemberTracker()
             if dp is not None:
                 # In the kernel but its members were never read (it was unwanted):
                 # read them before writing, or every add would be a duplicate.
@@ -539,7 +539,7 @@ class IPSets:
         lines: list[str] = []
         new_temps: list[str] = []
         new_renames: dict[str, str] = {}
-        written: list[tuple[DeltaTracker[str, bool], list[str], list[str]]] = []
+        written: list[tuple[MemberTracker[str], list[str], list[str]]] = []
         for name in names:
             self._write_set(name, lines, new_temps, new_renames, written)
         if not lines:
@@ -576,7 +576,7 @@ class IPSets:
                         secs=round(self._clock() - start, 4))
 
     def _write_set(self, name: str, lines: list[str], new_temps: list[str], new_renames: dict[str, str],
-                   written: list[tuple[DeltaTracker[str, bool], list[str], list[str]]]) -> None:
+                   written: list[tuple[MemberTracker[str], list[str], list[str]]]) -> None:
         desired = self._sets.get_desired(name)
         assert desired is not None
         dp = self._sets.get_dataplane(name)
@@ -626,7 +626,7 @@ class IPSets:
             written.append((tracker, dels, adds))
 
     @staticmethod
-    def _mark_written(tracker: DeltaTracker[str, bool], dels: list[str], adds: list[str]) -> None:
+    def _mark_written(tracker: MemberTracker[str], dels: list[str], adds: list[str]) -> None:
         if not dels and tracker.dataplane_len() == 0:
             tracker.replace_dataplane_keys(adds, True)
         else:

@@ -735,6 +735,8 @@ class IptablesTable:
             self._log.warning("ip(6)tables-restore failed", rc=res.returncode, stderr=res.stderr.strip(),
                               stdout=res.stdout[-2000:], input=text[:65536])
             res.check(stdin_excerpt=text[:4096])
+        # Kept only for the failure path above (retries, give-up log): a start of day's input is MiBs.
+        self.last_restore_input = ""
 
     # ------------------------------------------------------------------ introspection
     @property

@@ -331,6 +331,17 @@ class FakeNetlink:
         self.fdb = {k: v for k, v in self.fdb.items() if not (k[0] == entry.ifindex and k[1] == entry.mac)}
         self.fdb[(entry.ifindex, entry.mac, entry.dst)] = entry
 
+    def fdbs_replace(self, entries: Sequence[FDBEntry]) -> list[int]:
+        out = []
+        for e in entries:
+            try:
+                self.fdb_replace(e)
+            except NetlinkCallError as exc:
+                out.append(exc.errno or _errno.EIO)
+            else:
+                out.append(0)
+        return out
+
     def fdb_del(self, entry: FDBEntry) -> None:
         self._check(FailFlags.FDB_DEL, f"fdb del {entry.mac}")
         keys = [k for k in self.fdb if k[0] == entry.ifindex and k[1] == entry.mac and

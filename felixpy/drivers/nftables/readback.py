@@ -10,7 +10,7 @@ the comment is the identity of a rule.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ class ChainSnapshot:
 @dataclass(slots=True)
 class SetSnapshot:
     kind: SetKind | None            # None: flags or type we never write
-    members: set[str]
+    members: AbstractSet[str]       # never mutated in place (a written set's is the desired frozenset)
     unparsed: int = 0               # elements we could not read back
 
 

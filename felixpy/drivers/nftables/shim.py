@@ -68,6 +68,13 @@ class NftSetsShim(NftShim, Protocol):
     def list_sets(self, family: str, name: str) -> list[dict[str, Any]] | None: ...
 
 
+@runtime_checkable
+class NftListerFactory(NftShim, Protocol):
+    """A shim that can hand out a second one for listing on another thread while this one writes."""
+
+    def lister(self) -> NftShim: ...
+
+
 def _sets_of(objs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     # ``list sets table F T`` lists every table's sets of family F (nft 1.0.6): keep table T's.
     return [o for o in objs if "set" in o and o["set"].get("table") == name]
@@ -154,13 +161,15 @@ class NftChildProcess:
     thread, so they act on its network namespace like libnftables does.
     """
 
-    def __init__(self, runner: CommandRunner | None = None, nft: str = "nft") -> None:
+    def __init__(self, runner: CommandRunner | None = None, nft: str = "nft", *, yielding: bool = False) -> None:
         if runner is None:
             from felixpy.drivers.cmdshim import SubprocessRunner
 
             runner = SubprocessRunner()
         self._runner = runner
         self._nft = nft
+        # Listings decoded one object at a time (nft_objects_yielding): the lister for background listings.
+        self._loads: Callable[[str], list[dict[str, Any]]] = nft_objects_yielding if yielding else _whole
 
     def _call(self, args: Sequence[str], stdin: str | None, excerpt: str) -> str:
         argv = [self._nft, *args]
@@ -168,6 +177,11 @@ class NftChildProcess:
         if res.returncode != 0:
             raise NftError(res.returncode, res.stderr, excerpt, argv=argv)
         return res.stdout
+
+    def lister(self) -> NftChildProcess:
+        """A twin for a listing thread (every call is a child of its own, nothing is shared) that decodes
+        its listings without holding the GIL for the whole of one."""
+        return NftChildProcess(self._runner, self._nft, yielding=True)
 
     def run(self, commands: Sequence[dict[str, Any]]) -> None:
         if not commands:
@@ -185,15 +199,56 @@ class NftChildProcess:
             if error.not_found:
                 return None
             raise
-        objs: list[dict[str, Any]] = json.loads(out)["nftables"] if out else []
-        return objs
+        return self._loads(out)
 
     def list_sets(self, family: str, name: str) -> list[dict[str, Any]] | None:
         tables = self._call(["-j", "list", "tables", family], None, "")
-        if not _has_table(json.loads(tables)["nftables"] if tables else [], name):
+        if not _has_table(_whole(tables), name):
             return None
         out = self._call(["-j", "list", "sets", "table", family, name], None, "")
-        return _sets_of(json.loads(out)["nftables"] if out else [], name)
+        return _sets_of(self._loads(out), name)
+
+
+_DECODER = json.JSONDecoder()
+_BLANK = " \t\r\n"
+
+
+def nft_objects_yielding(out: str) -> list[dict[str, Any]]:
+    """The ``nftables`` array of nft's JSON output, decoded one object at a time.
+
+    For listings off the apply path: one ``json.loads`` of a big listing holds the GIL throughout (measured
+    4 s for 27 MB, 100k rules, on the 2-vCPU VM), stalling the apply thread that the background listing
+    exists to keep free; between two objects here the interpreter can switch threads.  About 1.3x the
+    CPU of one ``json.loads``; anything unexpected falls back to it.
+    """
+    start = out.find("[", out.find('"nftables"'))
+    if start < 0 or not out.lstrip().startswith("{"):
+        return _whole(out)
+    objs: list[dict[str, Any]] = []
+    i, n = start + 1, len(out)
+    decode = _DECODER.raw_decode
+    try:
+        while True:
+            while i < n and out[i] in _BLANK:
+                i += 1
+            if i < n and out[i] == "]" and not objs:
+                return objs
+            obj, i = decode(out, i)
+            objs.append(obj)
+            while i < n and out[i] in _BLANK:
+                i += 1
+            if i < n and out[i] == "]":
+                return objs
+            if i >= n or out[i] != ",":
+                return _whole(out)      # not what nft prints: let json.loads judge (and raise)
+            i += 1
+    except ValueError:
+        return _whole(out)
+
+
+def _whole(out: str) -> list[dict[str, Any]]:
+    objs: list[dict[str, Any]] = json.loads(out)["nftables"] if out.strip() else []
+    return objs
 
 
 @functools.cache

