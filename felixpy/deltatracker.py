@@ -314,6 +314,15 @@ class MemberTracker(Generic[K]):
         return len(self._desired)
 
     # -- dataplane side ---------------------------------------------------
+    def dataplane_items(self) -> Iterator[tuple[K, bool]]:
+        """What the dataplane holds as far as the tracker believes (the implied set, never stored)."""
+        pu = self._pending_updates
+        for k in self._desired:
+            if k not in pu:
+                yield k, True
+        for k in self._pending_deletions:
+            yield k, True
+
     # (A key that stays pending moves to the end of its list, as DeltaTracker's recompute does.)
     def set_dataplane(self, key: K, value: object = True) -> None:
         if key in self._desired:

@@ -46,7 +46,8 @@ def _view(t: Any) -> tuple[object, ...]:
     keys = [f"10.0.0.{i}" for i in range(12)]
     return (t.desired_keys(), list(t.desired_items()), t.desired_len(), t.pending_update_keys(),
             t.pending_updates(), t.pending_deletions(), t.num_pending_updates(), t.num_pending_deletions(),
-            t.in_sync(), t.dataplane_len(), [t.get_dataplane(k) for k in keys], [t.get_desired(k) for k in keys])
+            t.in_sync(), t.dataplane_len(), [t.get_dataplane(k) for k in keys], [t.get_desired(k) for k in keys],
+            sorted(t.dataplane_items()))
 
 
 @settings(max_examples=400)
