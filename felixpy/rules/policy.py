@@ -45,6 +45,7 @@ from felixpy.drivers.generictables.model import (
     SetMaskedMark,
 )
 from felixpy.rules import nflog
+from felixpy.rules.ipset_names import SET_ID_RE
 from felixpy.rules.names import (
     POLICY_INBOUND_PFX,
     POLICY_OUTBOUND_PFX,
@@ -82,8 +83,7 @@ MULTIPORT_SLOTS = 15
 PORT_PROTOCOL_NAMES = frozenset({"tcp", "udp", "sctp", "udplite", "dccp"})
 PORT_PROTOCOL_NUMBERS = frozenset({6, 17, 132, 136, 33})
 _ICMP = {4: (frozenset({"icmp"}), 1), 6: (frozenset({"icmpv6", "ipv6-icmp", "icmp6"}), 58)}
-_PROTO_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-_SET_ID_RE = re.compile(r"^[\w:.+=/@-]+$")
+_PROTO_NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+-]*\Z")  # \Z: "$" would let "tcp\n" through
 _ACTIONS = frozenset({"", "allow", "deny", "pass", "next-tier", "log"})
 
 
@@ -234,7 +234,7 @@ def check_rule(rule: pb.Rule, ip_version: int) -> str | None:
     for field in ("src_named_ports", "not_src_named_ports", "dst_named_ports", "not_dst_named_ports",
                   "src_ip_sets", "not_src_ip_sets", "dst_ip_sets", "not_dst_ip_sets", "dst_ip_port_sets"):
         for set_id in getattr(v, field):
-            if not _SET_ID_RE.match(set_id):
+            if not SET_ID_RE.match(set_id):
                 return f"{field} has a malformed IP set ID {set_id!r}"
     if (v.src_ports or v.dst_ports or v.not_src_ports or v.not_dst_ports) and not _bears_ports(v.protocol):
         return "ports need protocol tcp, udp, sctp, udplite or dccp"
