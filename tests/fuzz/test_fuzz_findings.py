@@ -1,0 +1,75 @@
+"""Regression tests for the defects the feed fuzzer found (issue #14 item 6), per mode and family."""
+
+from __future__ import annotations
+
+import pytest
+
+from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.rules.ipset_names import main_ipset_name
+
+from .feedfuzz import GOOD_IFACE, GOOD_POLICY, sentinels
+from .runner import MODES, captured_logs, problems, run
+
+from managers.harness import Node
+from dataclasses import replace
+
+
+def _errors_naming(events: list[dict[str, object]], ident: str) -> list[dict[str, object]]:
+    return [e for e in events if e.get("log_level") == "error" and ident in str(e)]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("iface", ["cali+", "cali*", "-calix", "cali x", "cali\nx", "cali/../x", "calié", "c" * 16])
+def test_unusable_interface_name_is_rejected_and_the_rest_programmed(mode: str, iface: str) -> None:
+    """Defect: any interface name was taken — "cali+" is the iptables wildcard (its rules would match
+    every workload), "-x" reads as an option, blanks/newlines/"/" break restore input and sysctl paths."""
+    bad = pb.WorkloadEndpointUpdate(id=pb.WorkloadEndpointID(orchestrator_id="k8s", workload_id="fuzz/w",
+                                                             endpoint_id="eth0"),
+                                    endpoint=pb.WorkloadEndpoint(state="active", name=iface, ipv4_nets=["10.9.0.1"]))
+    out = run(mode, [bad], positions=[0, 1, 2, 3])
+    assert problems(out) == []
+    assert _errors_naming(out.events, "fuzz/w")
+    for fam in out.node.fam.values():
+        assert not any(iface in n for t in fam.tables.values() for n in t.programmed_names())
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("field,value", [("set", "s:abc\n"), ("proto", "tcp\n")])
+def test_trailing_newline_does_not_pass_validation(mode: str, field: str, value: str) -> None:
+    """Defect: the set-ID and protocol-name checks used "$", which matches before a final newline."""
+    r = (pb.Rule(action="allow", src_ip_set_ids=[value]) if field == "set"
+         else pb.Rule(action="allow", protocol=pb.Protocol(name=value)))
+    pol = pb.ActivePolicyUpdate(id=pb.PolicyID(name="nl", kind="GlobalNetworkPolicy"),
+                                policy=pb.Policy(inbound_rules=[r], tier="default"))
+    sets = [pb.IPSetUpdate(id=value, members=["10.0.0.1"], type=pb.IPSetUpdate.IP)] if field == "set" else []
+    out = run(mode, [*sets, pol], positions=[0, 1, 2, 3])
+    assert problems(out) == []
+    warned = [e for e in out.events if "nl" in str(e.get("policy", "")) and e.get("log_level") == "warning"]
+    assert warned, "the rule must be dropped with a warning naming the policy"
+    if field == "set":
+        assert _errors_naming(out.events, "s:abc")  # the set itself is refused too
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("v", [4, 6])
+def test_endpoint_with_undefined_policy_fails_closed_then_gets_it(mode: str, v: int) -> None:
+    """Defect: an endpoint whose tiers name a policy nobody defined made every table transaction fail
+    (a jump to an undefined chain), blocking all updates until the retries ran out."""
+    with captured_logs() as cap:
+        node = Node(families=(4, 6), config=replace(MODES[mode], Ipv6Support=True))
+        node.link_up(GOOD_IFACE)
+        ipset, pol, prof, wep = sentinels()
+        node.send(wep, prof, ipset)  # the policy is missing
+        report = node.apply()
+        assert report.ok
+        tw = node.f(v).filter.programmed_chain(f"cali-tw-{GOOD_IFACE}")
+        assert not any(getattr(r.action, "target", "").startswith("cali-pi-") for r in tw.rules)
+        assert any(type(r.action).__name__ == "Drop" or "DROP" in repr(r.action).upper() for r in tw.rules)
+        assert [e for e in cap.entries if e.get("log_level") == "error" and GOOD_POLICY in str(e)]
+        node.send(pol)  # now defined: the endpoint's real chains
+        node.apply()
+        assert node.f(v).filter.is_programmed(f"cali-pi-gnp/{GOOD_POLICY}")
+        node.send(pb.ActivePolicyRemove(id=pol.id))  # removed while still referenced: fail closed again
+        node.apply()
+        assert not node.f(v).filter.is_programmed(f"cali-pi-gnp/{GOOD_POLICY}")
+        assert main_ipset_name("s:goodset", v) in node.ipset_kernel.sets
