@@ -54,6 +54,8 @@ class _Servicer(fpb_grpc.DataplaneServicer):
         takeover = REPLACE_METADATA in tuple(context.invocation_metadata() or ())
         with self._lock:
             old = self._active
+            if old is not None and old.sendq.closed:
+                old = None  # closed already (its call is winding down): not an active feed
             if old is not None and not takeover:
                 log.warning("Rejecting a second concurrent gRPC feed; one feed at a time (felixpy feed --replace "
                             "takes over from a calc graph whose old stream never closed)")
@@ -64,7 +66,7 @@ class _Servicer(fpb_grpc.DataplaneServicer):
             log.warning("Feed takeover requested: closing the active feed", old=old.name, new=feed.name)
             old.close()
         self._events.put(FeedOpened(feed, takeover=old is not None))
-        reader = threading.Thread(target=self._read, args=(feed, request_iterator), daemon=True,
+        reader = threading.Thread(target=self._read, args=(feed, request_iterator, context), daemon=True,
                                   name=f"feed-{feed.name}")
         reader.start()
         try:
@@ -82,7 +84,7 @@ class _Servicer(fpb_grpc.DataplaneServicer):
                 if self._active is feed:
                     self._active = None
 
-    def _read(self, feed: GrpcFeed, requests: Iterator[fpb.ToDataplaneBatch]) -> None:
+    def _read(self, feed: GrpcFeed, requests: Iterator[fpb.ToDataplaneBatch], context: Any) -> None:
         count = 0
         try:
             for batch in requests:
@@ -95,6 +97,11 @@ class _Servicer(fpb_grpc.DataplaneServicer):
                     count += 1
                 if msgs:
                     self._events.put(FeedMessages(feed, msgs))
+            if not context.is_active() and not feed.sendq.closed:
+                # gRPC ends the request stream quietly when it cannot deserialize a request (it aborts
+                # the call with INTERNAL) or the client cancelled: not a clean end of the feed.
+                raise ValueError("request stream broken: an undecodable ToDataplaneBatch, or the call was "
+                                 "cancelled")
         except Exception as exc:  # includes gRPC's own deserialisation failure
             feed.error = f"after {count} good messages: {exc}"
             log.error("Malformed input; dropping feed", feed=feed.name, error=feed.error)

@@ -223,13 +223,15 @@ class UnixSocketServer:
         feed.start()
 
     def _closed(self, conn: socket.socket) -> None:
+        # Not active any more *before* the peer can see the close: a client that reconnects at once
+        # must be a new feed, not a second concurrent one sent to the takeover handshake.
+        with self._lock:
+            if self._active_conn is conn:  # a replaced feed must not clear its successor
+                self._active, self._active_conn = None, None
         with contextlib.suppress(OSError):
             conn.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             conn.close()
-        with self._lock:
-            if self._active_conn is conn:  # a replaced feed must not clear its successor
-                self._active, self._active_conn = None, None
 
     def stop(self) -> None:
         self._stopped.set()
