@@ -97,6 +97,15 @@ def _without_refs(msg: Any) -> Any:
     return out
 
 
+def _unindex(index: dict[Any, set[_Key]], refs: frozenset[Any], key: _Key) -> None:
+    for ref in refs:
+        keys = index.get(ref)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del index[ref]
+
+
 class Screen:
     """The stateful half: endpoints that refer to policies or profiles the feed never defined.
 
@@ -113,6 +122,9 @@ class Screen:
         self._profiles: set[str] = set()
         self._endpoints: dict[_Key, tuple[Any, frozenset[_PolicyKey], frozenset[str]]] = {}
         self._blocked: set[_Key] = set()
+        # Reverse indexes, so a policy or profile event costs its referrers, never a scan of all endpoints.
+        self._by_policy: dict[_PolicyKey, set[_Key]] = {}
+        self._by_profile: dict[str, set[_Key]] = {}
 
     def __call__(self, msg: Any) -> list[Any]:
         first = screen(msg)
@@ -121,29 +133,40 @@ class Screen:
         msg = first
         if isinstance(msg, (pb.WorkloadEndpointUpdate, pb.HostEndpointUpdate)):
             key = _ep_key(msg)
+            self._forget(key)
             policies, profiles = _refs(msg)
             self._endpoints[key] = (msg, policies, profiles)
+            for pk in policies:
+                self._by_policy.setdefault(pk, set()).add(key)
+            for name in profiles:
+                self._by_profile.setdefault(name, set()).add(key)
             return [self._checked(key)]
         if isinstance(msg, (pb.WorkloadEndpointRemove, pb.HostEndpointRemove)):
-            key = _ep_key(msg)
-            self._endpoints.pop(key, None)
-            self._blocked.discard(key)
+            self._forget(_ep_key(msg))
             return [msg]
         if isinstance(msg, (pb.ActivePolicyUpdate, pb.ActivePolicyRemove)):
             pk = (msg.id.name, msg.id.namespace, msg.id.kind)
-            if isinstance(msg, pb.ActivePolicyUpdate):
-                self._policies.add(pk)
-            else:
-                self._policies.discard(pk)
-            return [msg, *self._recheck(lambda pols, _profs: pk in pols)]
+            defined = isinstance(msg, pb.ActivePolicyUpdate)
+            if defined == (pk in self._policies):
+                return [msg]  # an update of a known policy (the common case) changes no reference
+            (self._policies.add if defined else self._policies.discard)(pk)
+            return [msg, *self._recheck(self._by_policy.get(pk, ()))]
         if isinstance(msg, (pb.ActiveProfileUpdate, pb.ActiveProfileRemove)):
             name = msg.id.name
-            if isinstance(msg, pb.ActiveProfileUpdate):
-                self._profiles.add(name)
-            else:
-                self._profiles.discard(name)
-            return [msg, *self._recheck(lambda _pols, profs: name in profs)]
+            defined = isinstance(msg, pb.ActiveProfileUpdate)
+            if defined == (name in self._profiles):
+                return [msg]
+            (self._profiles.add if defined else self._profiles.discard)(name)
+            return [msg, *self._recheck(self._by_profile.get(name, ()))]
         return [msg]
+
+    def _forget(self, key: _Key) -> None:
+        old = self._endpoints.pop(key, None)
+        self._blocked.discard(key)
+        if old is None:
+            return
+        _unindex(self._by_policy, old[1], key)
+        _unindex(self._by_profile, old[2], key)
 
     def _checked(self, key: _Key) -> Any:
         msg, policies, profiles = self._endpoints[key]
@@ -161,9 +184,8 @@ class Screen:
                   profiles=sorted(shown(p) for p in missing_profs)[:10])
         return _without_refs(msg)
 
-    def _recheck(self, affected: Any) -> list[Any]:
-        return [self._checked(key) for key, (_m, pols, profs) in list(self._endpoints.items())
-                if affected(pols, profs)]
+    def _recheck(self, keys: Any) -> list[Any]:
+        return [self._checked(key) for key in sorted(keys)]
 
 
 def screen(msg: Any) -> Any | None:
