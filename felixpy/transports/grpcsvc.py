@@ -26,7 +26,15 @@ from felixpy.messages import UnknownPayload, payload_of
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.proto import felixpy_pb2 as fpb
 from felixpy.proto import felixpy_pb2_grpc as fpb_grpc
-from felixpy.transports.base import FeedClosed, FeedMessages, FeedOpened, SendQueue, new_feed_name, owner_only_files
+from felixpy.transports.base import (
+    FeedClosed,
+    FeedMessages,
+    FeedOpened,
+    SendQueue,
+    new_feed_name,
+    owner_only_files,
+    post_when_room,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -96,7 +104,7 @@ class _Servicer(fpb_grpc.DataplaneServicer):
                         raise ValueError(f"message {m.sequence_number}: unknown or missing payload: {exc}") from exc
                     count += 1
                 if msgs:
-                    self._events.put(FeedMessages(feed, msgs))
+                    post_when_room(self._events, FeedMessages(feed, msgs), lambda: feed.sendq.closed)
             if not context.is_active() and not feed.sendq.closed:
                 # gRPC ends the request stream quietly when it cannot deserialize a request (it aborts
                 # the call with INTERNAL) or the client cancelled: not a clean end of the feed.

@@ -35,6 +35,7 @@ from felixpy.transports.base import (
     decode_to_dataplane,
     new_feed_name,
     owner_only_files,
+    post_when_room,
 )
 
 log = structlog.get_logger(__name__)
@@ -113,7 +114,7 @@ class StreamFeed:
         finally:
             # The complete, valid messages before a bad one still count.
             if batch:
-                self._events.put(FeedMessages(self, batch))
+                post_when_room(self._events, FeedMessages(self, batch), self._closed.is_set)
         if decoder.error is not None:
             raise decoder.error
         return True
