@@ -183,6 +183,24 @@ def _view(rule: pb.Rule) -> _View:
 
 
 # ----------------------------------------------------------------------- validation
+_CIDR_FORM = re.compile(r"\A[0-9A-Fa-f:.]+(?:/[0-9]{1,3})?\Z")
+
+
+def cidr_problem(cidr: str) -> str | None:
+    """Why *cidr* is not an address or ``<address>/<prefix length>`` (None when it is).
+
+    Python's ``ip_network`` also takes ``a/255.255.255.0`` (a netmask) and ``a/0.0.0.255`` (a
+    *hostmask*, read as /24), which the kernel tools read differently — ``ip saddr 1.2.3.4/0.0.0.255``
+    is a bitmask match in nft — and Go's ``net.ParseCIDR`` (Felix) refuses: only prefix lengths here."""
+    if not _CIDR_FORM.match(cidr):
+        return "not <address>[/<prefix length>]"
+    try:
+        ipaddress.ip_network(cidr, strict=False)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _check_protocol(p: _Proto | None, what: str) -> str | None:
     if p is None:
         return None
@@ -227,10 +245,8 @@ def check_rule(rule: pb.Rule, ip_version: int) -> str | None:
             return reason
     for field in ("src_net", "not_src_net", "dst_net", "not_dst_net"):
         for cidr in getattr(v, field):
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                return f"{field} {cidr!r} is not a CIDR"
+            if (why := cidr_problem(cidr)) is not None:
+                return f"{field} {cidr!r} is not a CIDR ({why})"
     for field in ("src_named_ports", "not_src_named_ports", "dst_named_ports", "not_dst_named_ports",
                   "src_ip_sets", "not_src_ip_sets", "dst_ip_sets", "not_dst_ip_sets", "dst_ip_port_sets"):
         for set_id in getattr(v, field):

@@ -73,3 +73,25 @@ def test_endpoint_with_undefined_policy_fails_closed_then_gets_it(mode: str, v: 
         node.apply()
         assert not node.f(v).filter.is_programmed(f"cali-pi-gnp/{GOOD_POLICY}")
         assert main_ipset_name("s:goodset", v) in node.ipset_kernel.sets
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("net", ["1.2.3.4/255.255.255.0", "1.2.3.4/0.0.0.255", "fd00::/ffff::"])
+def test_mask_notation_is_not_a_cidr(mode: str, net: str) -> None:
+    """Defect (long fuzz run, seed 14): Python's ip_network takes netmasks and *hostmasks*
+    ("a/0.0.0.255" reads as /24), the rule went to the kernel as written, where nft reads
+    "ip saddr 1.2.3.4/0.0.0.255" as a bitmask match — another rule than the check approved."""
+    pol = pb.ActivePolicyUpdate(id=pb.PolicyID(name="masked", kind="GlobalNetworkPolicy"), policy=pb.Policy(
+        inbound_rules=[pb.Rule(action="allow", src_net=[net])], tier="default"))
+    wep = pb.WorkloadEndpointUpdate(id=pb.WorkloadEndpointID(orchestrator_id="k8s", workload_id="fuzz/m",
+                                                             endpoint_id="eth0"),
+                                    endpoint=pb.WorkloadEndpoint(state="active", name="calim", ipv4_nets=[net],
+                                                                 ipv6_nets=[net]))
+    out = run(mode, [pol, wep], positions=[0, 1, 2, 3])
+    assert problems(out) == []
+    assert any("masked" in str(e.get("policy", "")) for e in out.events if e.get("log_level") == "warning")
+    assert _errors_naming(out.events, "fuzz/m")  # the endpoint's address is refused too
+    for fam in out.node.fam.values():
+        assert not any(net in repr(r) for t in fam.tables.values() for n in t.programmed_names()
+                       for r in t.programmed_chain(n).rules)
+        assert not any(net.split("/")[0] in d for d in out.node.routes(fam.v))

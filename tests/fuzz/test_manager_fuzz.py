@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.rules.ipset_names import main_ipset_name
 
 from .feedfuzz import Bad, bad_objects, sentinels, streams
 from .runner import MODES, problems, run
@@ -71,3 +72,18 @@ def test_clean_world_has_no_findings(mode: str) -> None:
     assert problems(out) == []
     gone = run(mode, [pb.WorkloadEndpointRemove(id=sentinels()[-1].id)], positions=[0, 0, 0, 0])
     assert any("sentinel chain cali-tw-" in p for p in problems(gone))
+
+
+@pytest.mark.skipif(os.environ.get("FUZZ_MILLION") != "1", reason="the long run only (make fuzz)")
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_million_members_among_hostile_neighbours(mode: str) -> None:
+    """One IP set of 1,000,000 members (v4 and v6 mixed with garbage) next to the sentinels."""
+    members = [f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in range(500_000)]
+    members += [f"fd00::{i >> 16:x}:{i & 0xffff:x}" for i in range(499_990)] + BAD_MEMBERS
+    big = pb.IPSetUpdate(id="s:million", members=members, type=pb.IPSetUpdate.IP)
+    out = run(mode, [big], positions=[0, 1, 2, 3])
+    assert problems(out) == []
+    assert len(out.node.ipset_kernel.members(main_ipset_name("s:million", 4))) == 500_000
+
+
+BAD_MEMBERS = ["10.0.0.0/33", "abc", "", " ", "1.2.3.4\n", "::g", "10.0.0.1,tcp:80", "é", "0x1", "-1"]
