@@ -18,7 +18,8 @@ Rules:
   letters, digits and ``_.@=%,~^-`` (what ``iptables-restore``, ``nft`` and ``/proc/sys`` paths take
   unquoted; never the wildcards ``+``/``*``, which would make one endpoint's rules match every
   interface; no leading ``-``, which the tools would read as an option);
-* endpoints that refer to undefined policies or profiles: see :class:`Screen`;
+* endpoints that refer to undefined policies or profiles, rules that match undefined IP sets: see
+  :class:`Screen`;
 * IP set ids: the form rule references are held to (:data:`~felixpy.rules.ipset_names.SET_ID_RE`), since
   the id becomes the kernel set name.
 """
@@ -97,6 +98,23 @@ def _without_refs(msg: Any) -> Any:
     return out
 
 
+_SET_FIELDS = ("src_ip_set_ids", "dst_ip_set_ids", "not_src_ip_set_ids", "not_dst_ip_set_ids",
+               "src_named_port_ip_set_ids", "dst_named_port_ip_set_ids", "not_src_named_port_ip_set_ids",
+               "not_dst_named_port_ip_set_ids", "dst_ip_port_set_ids")
+_SET_TYPES = frozenset(pb.IPSetUpdate.IPSetType.values())
+
+
+def _deny_all(msg: Any) -> Any:
+    """The policy or profile with one rule per direction: deny (fail closed)."""
+    out = type(msg)()
+    out.CopyFrom(msg)
+    body = out.policy if isinstance(out, pb.ActivePolicyUpdate) else out.profile
+    for rules in (body.inbound_rules, body.outbound_rules):
+        del rules[:]
+        rules.append(pb.Rule(action="deny"))
+    return out
+
+
 def _unindex(index: dict[Any, set[_Key]], refs: frozenset[Any], key: _Key) -> None:
     for ref in refs:
         keys = index.get(ref)
@@ -107,14 +125,15 @@ def _unindex(index: dict[Any, set[_Key]], refs: frozenset[Any], key: _Key) -> No
 
 
 class Screen:
-    """The stateful half: endpoints that refer to policies or profiles the feed never defined.
+    """The stateful half: references to objects the feed never defined.
 
     A jump to a chain nobody defined fails the whole ``iptables-restore``/``nft`` transaction (every
     table update blocked, then the retries run out and the daemon exits), so such an endpoint is
     programmed *without* its policies and profiles — its chains drop everything — with an error naming
     it and what is missing, until they are defined; then its real update is replayed.  A policy or
-    profile removed while endpoints still refer to it does the same to them.  (Felix's calc graph
-    never sends either; a hostile or buggy feed may.)
+    profile removed while endpoints still refer to it does the same to them.  Likewise a policy or profile
+    whose rules match an IP set nobody defined (or that was removed) is programmed as *deny all* until
+    the set exists.  (Felix's calc graph never sends any of these; a hostile or buggy feed may.)
     """
 
     def __init__(self) -> None:
@@ -125,6 +144,12 @@ class Screen:
         # Reverse indexes, so a policy or profile event costs its referrers, never a scan of all endpoints.
         self._by_policy: dict[_PolicyKey, set[_Key]] = {}
         self._by_profile: dict[str, set[_Key]] = {}
+        # IP sets named by policy and profile rules: a rule matching a set nobody defined fails the
+        # transaction too; its policy or profile is programmed to deny all until the set exists.
+        self._sets: set[str] = set()
+        self._holders: dict[_Key, tuple[Any, frozenset[str]]] = {}
+        self._by_set: dict[str, set[_Key]] = {}
+        self._denied: set[_Key] = set()
 
     def __call__(self, msg: Any) -> list[Any]:
         first = screen(msg)
@@ -144,9 +169,12 @@ class Screen:
         if isinstance(msg, (pb.WorkloadEndpointRemove, pb.HostEndpointRemove)):
             self._forget(_ep_key(msg))
             return [msg]
+        if isinstance(msg, (pb.IPSetUpdate, pb.IPSetRemove)):
+            return self._on_set(msg)
         if isinstance(msg, (pb.ActivePolicyUpdate, pb.ActivePolicyRemove)):
             pk = (msg.id.name, msg.id.namespace, msg.id.kind)
             defined = isinstance(msg, pb.ActivePolicyUpdate)
+            msg = self._rules_checked(("policy", *pk), msg)
             if defined == (pk in self._policies):
                 return [msg]  # an update of a known policy (the common case) changes no reference
             (self._policies.add if defined else self._policies.discard)(pk)
@@ -154,11 +182,50 @@ class Screen:
         if isinstance(msg, (pb.ActiveProfileUpdate, pb.ActiveProfileRemove)):
             name = msg.id.name
             defined = isinstance(msg, pb.ActiveProfileUpdate)
+            msg = self._rules_checked(("profile", name), msg)
             if defined == (name in self._profiles):
                 return [msg]
             (self._profiles.add if defined else self._profiles.discard)(name)
             return [msg, *self._recheck(self._by_profile.get(name, ()))]
         return [msg]
+
+    # ------------------------------------------------------------------ IP sets named by rules
+    def _on_set(self, msg: Any) -> list[Any]:
+        sid = msg.id
+        defined = isinstance(msg, pb.IPSetUpdate) and msg.type in _SET_TYPES
+        if defined == (sid in self._sets):
+            return [msg]
+        (self._sets.add if defined else self._sets.discard)(sid)
+        redone = [self._holder_checked(h) for h in sorted(self._by_set.get(sid, ()))]
+        # Deny-all versions before the removal of the set they stop referring to (one batch either way).
+        return [*redone, msg] if not defined else [msg, *redone]
+
+    def _rules_checked(self, holder: _Key, msg: Any) -> Any:
+        old = self._holders.pop(holder, None)
+        if old is not None:
+            _unindex(self._by_set, old[1], holder)
+        if isinstance(msg, (pb.ActivePolicyRemove, pb.ActiveProfileRemove)):
+            return msg
+        body = msg.policy if isinstance(msg, pb.ActivePolicyUpdate) else msg.profile
+        sets = frozenset(sid for r in (*body.inbound_rules, *body.outbound_rules) for f in _SET_FIELDS
+                         for sid in getattr(r, f) if SET_ID_RE.match(sid))
+        self._holders[holder] = (msg, sets)
+        for sid in sets:
+            self._by_set.setdefault(sid, set()).add(holder)
+        return self._holder_checked(holder)
+
+    def _holder_checked(self, holder: _Key) -> Any:
+        msg, sets = self._holders[holder]
+        missing = sets - self._sets
+        if not missing:
+            if holder in self._denied:
+                self._denied.discard(holder)
+                log.info("Rules' IP sets are all defined now; programming them", owner=holder)
+            return msg
+        self._denied.add(holder)
+        log.error("Rules refer to IP sets never defined; programming them to deny all until they are",
+                  owner=holder[0], id=[shown(str(p)) for p in holder[1:]], ip_sets=sorted(shown(m) for m in missing)[:10])
+        return _deny_all(msg)
 
     def _forget(self, key: _Key) -> None:
         old = self._endpoints.pop(key, None)

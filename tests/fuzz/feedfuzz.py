@@ -119,8 +119,8 @@ def _string_for(name: str, huge: bool) -> st.SearchStrategy[str]:
     if any(k in n for k in ("net", "cidr", "addr", "_ip", "ips", "dst", "prefix", "ext_ip", "int_ip")) \
             or n in ("ip", "members", "added_members", "removed_members"):
         return addresses(huge)
-    if "set_id" in n:
-        return ids("s:", huge)
+    if "set_id" in n:  # the same pool as IPSetUpdate ids: rules name defined and undefined sets
+        return ids("x", huge)
     if n == "profile_ids":
         return ids("prof", huge)
     if n == "name" or n.endswith("_id") or n in ("id", "hostname", "node", "namespace", "tier"):

@@ -95,3 +95,30 @@ def test_mask_notation_is_not_a_cidr(mode: str, net: str) -> None:
         assert not any(net in repr(r) for t in fam.tables.values() for n in t.programmed_names()
                        for r in t.programmed_chain(n).rules)
         assert not any(net.split("/")[0] in d for d in out.node.routes(fam.v))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("v", [4, 6])
+@pytest.mark.parametrize("field", ["src_ip_set_ids", "not_dst_ip_set_ids", "dst_ip_port_set_ids"])
+def test_rule_matching_an_undefined_set_denies_all_until_it_exists(mode: str, v: int, field: str) -> None:
+    """Defect: a rule matching an IP set nobody defined made every table transaction fail (the
+    restore refuses a match on a missing set), as an undefined policy did."""
+    r = pb.Rule(action="allow", protocol=pb.Protocol(name="tcp"), **{field: ["s:late"]})
+    with captured_logs() as cap:
+        node = Node(families=(4, 6), config=replace(MODES[mode], Ipv6Support=True))
+        node.link_up(GOOD_IFACE)
+        ipset, pol, prof, wep = sentinels()
+        pol.policy.inbound_rules.insert(0, r)
+        node.send(ipset, pol, prof, wep)
+        assert node.apply().ok  # the harness also asserts every referenced set exists
+        chain = node.f(v).filter.programmed_chain(f"cali-pi-gnp/{GOOD_POLICY}")
+        assert not node.f(v).filter.referenced_ip_sets() & {main_ipset_name("s:late", v)}
+        assert any(type(x.action).__name__ == "Drop" for x in chain.rules)
+        assert [e for e in cap.entries if e.get("log_level") == "error" and "s:late" in str(e)]
+        t = pb.IPSetUpdate.IP_AND_PORT if field == "dst_ip_port_set_ids" else pb.IPSetUpdate.NET
+        node.send(pb.IPSetUpdate(id="s:late", members=[], type=t))  # defined: the real rules
+        node.apply()
+        assert main_ipset_name("s:late", v) in node.f(v).filter.referenced_ip_sets()
+        node.send(pb.IPSetRemove(id="s:late"))  # removed while referenced: deny all again
+        node.apply()
+        assert main_ipset_name("s:late", v) not in node.f(v).filter.referenced_ip_sets()
