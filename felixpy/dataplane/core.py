@@ -51,6 +51,7 @@ from google.protobuf.message import Message
 
 from felixpy.config import Config
 from felixpy.dataplane.clock import Clock
+from felixpy.dataplane.screen import Screen
 from felixpy.dataplane.throttle import LeakyBucket
 from felixpy.dataplane.timers import RefreshTimer
 from felixpy.drivers.generictables.table import Table
@@ -149,6 +150,7 @@ class InternalDataplane:
         self.fdbs: list[Syncer] = []
         self.devices: list[Syncer] = []
         self.cleanups: list[NamedSyncer] = []
+        self._screen = Screen()  # hostile objects and undefined references, before any manager
         now = clock.monotonic()
         self._created = now
         self.throttle = LeakyBucket(now)
@@ -201,8 +203,10 @@ class InternalDataplane:
 
     # ------------------------------------------------------------------------- inputs
     def on_datastore_message(self, msg: Message) -> None:
-        """One proto payload from the calc graph: fan out to every manager."""
-        self._fan_out(msg)
+        """One proto payload from the calc graph: screened (:mod:`~felixpy.dataplane.screen`), then fanned
+        out to every manager."""
+        for screened in self._screen(msg):
+            self._fan_out(screened)
         if isinstance(msg, pb.InSync) and not self.datastore_in_sync:
             log.info("Datastore in sync; kernel writes may start")
             self.datastore_in_sync = True

@@ -49,6 +49,7 @@ from felixpy.managers.groupchains import PolicyGroupChains, groups_to_program
 from felixpy.managers.status import EndpointStatusCombiner
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import PolicyGroup, PolicyID, RuleRenderer, tiers_from_proto
+from felixpy.rules.policy import cidr_problem
 
 log = structlog.get_logger(__name__)
 
@@ -241,6 +242,8 @@ class EndpointManager:
             for net in nets:
                 cidr = net if "/" in net else f"{net}/{32 if self.ip_version == 4 else 128}"
                 try:
+                    if (why := cidr_problem(cidr)) is not None:
+                        raise ValueError(why)
                     if ipaddress.ip_network(cidr, strict=False).version != self.ip_version:
                         raise ValueError(f"not an IPv{self.ip_version} address")
                     targets.append(Target(cidr=cidr, dest_mac=ep.mac or None,

@@ -17,7 +17,13 @@ from __future__ import annotations
 
 import re
 
+SET_ID_RE = re.compile(r"\A[\w:.+=/@-]{1,256}\Z", re.ASCII)
+"""A set ID the dataplane takes (feeds and rule references alike; Felix's are ``s:`` + a short hash).
+Anchored at the very end, not with ``$`` (which matches before a final newline: an ID ending in a
+newline would reach ``ipset restore``)."""
+
 __all__ = [
+    "SET_ID_RE",
     "IPSET_ID_ALL_HOST_NETS",
     "IPSET_ID_ALL_POOLS",
     "IPSET_ID_ALL_VXLAN_SOURCE_NETS",

@@ -45,6 +45,7 @@ from felixpy.drivers.generictables.model import (
     SetMaskedMark,
 )
 from felixpy.rules import nflog
+from felixpy.rules.ipset_names import SET_ID_RE
 from felixpy.rules.names import (
     POLICY_INBOUND_PFX,
     POLICY_OUTBOUND_PFX,
@@ -82,8 +83,7 @@ MULTIPORT_SLOTS = 15
 PORT_PROTOCOL_NAMES = frozenset({"tcp", "udp", "sctp", "udplite", "dccp"})
 PORT_PROTOCOL_NUMBERS = frozenset({6, 17, 132, 136, 33})
 _ICMP = {4: (frozenset({"icmp"}), 1), 6: (frozenset({"icmpv6", "ipv6-icmp", "icmp6"}), 58)}
-_PROTO_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-_SET_ID_RE = re.compile(r"^[\w:.+=/@-]+$")
+_PROTO_NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+-]*\Z")  # \Z: "$" would let "tcp\n" through
 _ACTIONS = frozenset({"", "allow", "deny", "pass", "next-tier", "log"})
 
 
@@ -183,6 +183,24 @@ def _view(rule: pb.Rule) -> _View:
 
 
 # ----------------------------------------------------------------------- validation
+_CIDR_FORM = re.compile(r"\A[0-9A-Fa-f:.]+(?:/[0-9]{1,3})?\Z")
+
+
+def cidr_problem(cidr: str) -> str | None:
+    """Why *cidr* is not an address or ``<address>/<prefix length>`` (None when it is).
+
+    Python's ``ip_network`` also takes ``a/255.255.255.0`` (a netmask) and ``a/0.0.0.255`` (a
+    *hostmask*, read as /24), which the kernel tools read differently — ``ip saddr 1.2.3.4/0.0.0.255``
+    is a bitmask match in nft — and Go's ``net.ParseCIDR`` (Felix) refuses: only prefix lengths here."""
+    if not _CIDR_FORM.match(cidr):
+        return "not <address>[/<prefix length>]"
+    try:
+        ipaddress.ip_network(cidr, strict=False)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _check_protocol(p: _Proto | None, what: str) -> str | None:
     if p is None:
         return None
@@ -227,14 +245,12 @@ def check_rule(rule: pb.Rule, ip_version: int) -> str | None:
             return reason
     for field in ("src_net", "not_src_net", "dst_net", "not_dst_net"):
         for cidr in getattr(v, field):
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                return f"{field} {cidr!r} is not a CIDR"
+            if (why := cidr_problem(cidr)) is not None:
+                return f"{field} {cidr!r} is not a CIDR ({why})"
     for field in ("src_named_ports", "not_src_named_ports", "dst_named_ports", "not_dst_named_ports",
                   "src_ip_sets", "not_src_ip_sets", "dst_ip_sets", "not_dst_ip_sets", "dst_ip_port_sets"):
         for set_id in getattr(v, field):
-            if not _SET_ID_RE.match(set_id):
+            if not SET_ID_RE.match(set_id):
                 return f"{field} has a malformed IP set ID {set_id!r}"
     if (v.src_ports or v.dst_ports or v.not_src_ports or v.not_dst_ports) and not _bears_ports(v.protocol):
         return "ports need protocol tcp, udp, sctp, udplite or dccp"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import queue
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,6 +51,23 @@ class FeedMessages:
 class FeedClosed:
     feed: Feed
     error: str | None = None
+
+
+MAX_PENDING_EVENTS = 8
+"""Events the runner has not taken yet above which a feed's reader waits before posting more.  Without
+it a flood is decoded as fast as the reader thread runs into an unbounded queue: memory grows with the
+backlog (the flood trials of issue #14 saw +90 MiB after 5 s at 7,500 messages/s, and it grows without
+limit in a longer flood).  Waiting leaves the bytes in the socket, so the sender is slowed instead (as
+Felix's bounded channel to the dataplane does); the runner still sees batches of up to this many reads."""
+_ROOM_POLL = 0.002
+
+
+def post_when_room(events: queue.SimpleQueue[object], item: object, closed: Callable[[], bool]) -> None:
+    """Put *item* once the runner has fewer than :data:`MAX_PENDING_EVENTS` events pending (or the feed
+    was closed meanwhile: then at once, the runner discards a closed feed's leftovers)."""
+    while events.qsize() >= MAX_PENDING_EVENTS and not closed():
+        time.sleep(_ROOM_POLL)
+    events.put(item)
 
 
 class BadMessage(Exception):

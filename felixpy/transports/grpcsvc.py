@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from dataclasses import dataclass
 from collections.abc import Iterator
 from concurrent import futures
 from typing import Any
@@ -26,7 +27,15 @@ from felixpy.messages import UnknownPayload, payload_of
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.proto import felixpy_pb2 as fpb
 from felixpy.proto import felixpy_pb2_grpc as fpb_grpc
-from felixpy.transports.base import FeedClosed, FeedMessages, FeedOpened, SendQueue, new_feed_name, owner_only_files
+from felixpy.transports.base import (
+    FeedClosed,
+    FeedMessages,
+    FeedOpened,
+    SendQueue,
+    new_feed_name,
+    owner_only_files,
+    post_when_room,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -50,10 +59,12 @@ class _Servicer(fpb_grpc.DataplaneServicer):
         self._lock = threading.Lock()
         self._active: GrpcFeed | None = None
 
-    def Stream(self, request_iterator: Iterator[fpb.ToDataplaneBatch], context: Any) -> Iterator[fpb.FromDataplaneBatch]:  # noqa: N802
+    def Stream(self, request_iterator: Iterator[fpb.ToDataplaneBatch | Undecodable], context: Any) -> Iterator[fpb.FromDataplaneBatch]:  # noqa: N802
         takeover = REPLACE_METADATA in tuple(context.invocation_metadata() or ())
         with self._lock:
             old = self._active
+            if old is not None and old.sendq.closed:
+                old = None  # closed already (its call is winding down): not an active feed
             if old is not None and not takeover:
                 log.warning("Rejecting a second concurrent gRPC feed; one feed at a time (felixpy feed --replace "
                             "takes over from a calc graph whose old stream never closed)")
@@ -64,7 +75,7 @@ class _Servicer(fpb_grpc.DataplaneServicer):
             log.warning("Feed takeover requested: closing the active feed", old=old.name, new=feed.name)
             old.close()
         self._events.put(FeedOpened(feed, takeover=old is not None))
-        reader = threading.Thread(target=self._read, args=(feed, request_iterator), daemon=True,
+        reader = threading.Thread(target=self._read, args=(feed, request_iterator, context), daemon=True,
                                   name=f"feed-{feed.name}")
         reader.start()
         try:
@@ -82,10 +93,12 @@ class _Servicer(fpb_grpc.DataplaneServicer):
                 if self._active is feed:
                     self._active = None
 
-    def _read(self, feed: GrpcFeed, requests: Iterator[fpb.ToDataplaneBatch]) -> None:
+    def _read(self, feed: GrpcFeed, requests: Iterator[fpb.ToDataplaneBatch | Undecodable], context: Any) -> None:
         count = 0
         try:
             for batch in requests:
+                if isinstance(batch, Undecodable):
+                    raise ValueError(f"undecodable ToDataplaneBatch: {batch.error}")
                 msgs = list(batch.messages)
                 for m in msgs:
                     try:
@@ -94,7 +107,9 @@ class _Servicer(fpb_grpc.DataplaneServicer):
                         raise ValueError(f"message {m.sequence_number}: unknown or missing payload: {exc}") from exc
                     count += 1
                 if msgs:
-                    self._events.put(FeedMessages(feed, msgs))
+                    post_when_room(self._events, FeedMessages(feed, msgs), lambda: feed.sendq.closed)
+            if not context.is_active() and not feed.sendq.closed:
+                raise ValueError("request stream broken: the call was cancelled")
         except Exception as exc:  # includes gRPC's own deserialisation failure
             feed.error = f"after {count} good messages: {exc}"
             log.error("Malformed input; dropping feed", feed=feed.name, error=feed.error)
@@ -103,13 +118,38 @@ class _Servicer(fpb_grpc.DataplaneServicer):
             feed.close()
 
 
+@dataclass(frozen=True)
+class Undecodable:
+    """A request gRPC could not have deserialized: our deserializer hands it to the reader instead of
+    raising, because gRPC would end the request stream *quietly* (an INTERNAL abort, no error our reader
+    could see), and the feed would look cleanly closed."""
+
+    error: str
+
+
+def _decode_batch(raw: bytes) -> fpb.ToDataplaneBatch | Undecodable:
+    try:
+        return fpb.ToDataplaneBatch.FromString(raw)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        return Undecodable(str(exc))
+
+
+def _handler(servicer: _Servicer) -> grpc.GenericRpcHandler:
+    """The generated ``add_DataplaneServicer_to_server``, with :func:`_decode_batch` as the deserializer."""
+    return grpc.method_handlers_generic_handler("felixpy.Dataplane", {
+        "Stream": grpc.stream_stream_rpc_method_handler(
+            servicer.Stream, request_deserializer=_decode_batch,
+            response_serializer=fpb.FromDataplaneBatch.SerializeToString),
+    })
+
+
 class GrpcServer:
     def __init__(self, address: str, events: queue.SimpleQueue[object]) -> None:
         """*address* as gRPC takes it, e.g. ``unix:/run/felixpy.sock``."""
         self.address = address
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="grpc"),
                                    options=[("grpc.max_receive_message_length", 64 << 20)])
-        fpb_grpc.add_DataplaneServicer_to_server(_Servicer(events), self._server)
+        self._server.add_generic_rpc_handlers((_handler(_Servicer(events)),))
         self._path = address[len("unix:"):] if address.startswith("unix:") else None
         with owner_only_files():
             self._server.add_insecure_port(address)

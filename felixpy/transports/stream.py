@@ -35,6 +35,7 @@ from felixpy.transports.base import (
     decode_to_dataplane,
     new_feed_name,
     owner_only_files,
+    post_when_room,
 )
 
 log = structlog.get_logger(__name__)
@@ -113,7 +114,7 @@ class StreamFeed:
         finally:
             # The complete, valid messages before a bad one still count.
             if batch:
-                self._events.put(FeedMessages(self, batch))
+                post_when_room(self._events, FeedMessages(self, batch), self._closed.is_set)
         if decoder.error is not None:
             raise decoder.error
         return True
@@ -223,13 +224,15 @@ class UnixSocketServer:
         feed.start()
 
     def _closed(self, conn: socket.socket) -> None:
+        # Not active any more *before* the peer can see the close: a client that reconnects at once
+        # must be a new feed, not a second concurrent one sent to the takeover handshake.
+        with self._lock:
+            if self._active_conn is conn:  # a replaced feed must not clear its successor
+                self._active, self._active_conn = None, None
         with contextlib.suppress(OSError):
             conn.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             conn.close()
-        with self._lock:
-            if self._active_conn is conn:  # a replaced feed must not clear its successor
-                self._active, self._active_conn = None, None
 
     def stop(self) -> None:
         self._stopped.set()

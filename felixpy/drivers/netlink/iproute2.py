@@ -107,7 +107,7 @@ _KNOWN_MESSAGES = (
 )
 _STRERROR = {os.strerror(e): e for e in sorted(_errno.errorcode, reverse=True)}
 _FAILED_LINE = re.compile(r"^Command failed (.*):(\d+)$")
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.@+=-]+$")
+_SAFE_NAME = re.compile(r"\A[A-Za-z0-9_.@+=-]+\Z")  # \Z: "$" matches before a final newline
 
 
 # ---------------------------------------------------------------------------- batch lines
