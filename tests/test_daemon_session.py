@@ -292,7 +292,8 @@ def test_health_settings_from_a_new_feed_rebind_the_server_without_a_restart(nod
 
 def test_a_config_the_dataplane_cannot_build_exits_2(node: Node) -> None:
     feed = node.open()
-    node.send(feed, config(BPFEnabled="true"))
+    # Valid parameters that contradict each other: one routing table cannot serve both WireGuard families.
+    node.send(feed, config(WireguardEnabled="true", WireguardEnabledV6="true", RouteTableRanges="1-1"))
     assert node.exit_code == EXIT_USAGE and node.builds == []
 
 

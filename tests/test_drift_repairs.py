@@ -8,7 +8,7 @@ are cleanup), and never for a refresh that found everything as it was left.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -222,20 +222,31 @@ def nft_drift(v: int) -> dict[str, tuple[Any, dict[str, int]]]:
 
 @V46
 @pytest.mark.parametrize("kind", sorted(nft_drift(4)))
+@pytest.mark.parametrize("background", [False, True], ids=["listed-on-apply", "listed-in-background"])
 def test_nftables_counts_drift_once_when_repaired(counts: Counts, logs: list[dict[str, Any]], v: int,
-                                                  kind: str) -> None:
+                                                  kind: str, background: bool) -> None:
+    """The refresh lists the kernel on the apply path, or (the daemon's default with the nft child process)
+    on a background thread whose listing the next apply merges: drift is counted either way."""
     fake, clock = FakeNft(), FakeClock()
-    h = Harness(v, fake, clock, refresh_interval=10.0)
+    jobs: list[Callable[[], None]] = []
+    extra: dict[str, Any] = {"lister": fake, "start_background": jobs.append} if background else {}
+    h = Harness(v, fake, clock, refresh_interval=10.0, **extra)
+
+    def refresh() -> None:
+        clock.advance(11)
+        h.root.apply()  # in the background case this starts the listing ...
+        while jobs:
+            jobs.pop(0)()  # ... which runs here ...
+            h.root.apply()  # ... and is merged (and the drift repaired) by the next apply
+
     program_typical(h)
     h.root.apply()
     good = (hp.chains(fake, v), hp.sets(fake, v))
-    clock.advance(11)
-    h.root.apply()
+    refresh()
     assert counts.moved() == {} and not drift_lines(logs)
     change, want = nft_drift(v)[kind]
     change(fake)
-    clock.advance(11)
-    h.root.apply()
+    refresh()
     assert counts.moved() == want
     (line,) = drift_lines(logs)
     assert line["ip_version"] == v and line["table"] == "calico"
@@ -243,8 +254,7 @@ def test_nftables_counts_drift_once_when_repaired(counts: Counts, logs: list[dic
     assert {n: [c for _, c, _ in x["rules"]] for n, x in after.items()} == \
         {n: [c for _, c, _ in x["rules"]] for n, x in good[0].items()}
     assert hp.sets(fake, v) == good[1]
-    clock.advance(11)
-    h.root.apply()
+    refresh()
     assert counts.moved() == want and len(drift_lines(logs)) == 1
 
 

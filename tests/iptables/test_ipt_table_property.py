@@ -68,15 +68,7 @@ def reachable(chains: dict[str, Chain], start: str) -> set[str]:
 
 
 def expected(chains: dict[str, Chain], hooks: list[str]) -> dict[str, list[str]]:
-    referenced: set[str] = set()
-    stack = list(hooks)
-    while stack:
-        n = stack.pop()
-        if n in referenced:
-            continue
-        referenced.add(n)
-        if n in chains:
-            stack.extend(r.action.target for r in chains[n].rules if isinstance(r.action, Jump))
+    referenced = set().union(*(reachable(chains, h) for h in hooks))
     return {n: render.rule_hashes(n, chains[n].rules, FEATURES) for n in referenced if n in chains}
 
 

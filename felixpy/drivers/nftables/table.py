@@ -488,6 +488,7 @@ class NftablesTable:
             self.invalidate_dataplane_cache("table missing at background listing")
             return
         snap, written = job.snap, job.written
+        old_chains, old_sets = self._dp_chains, self._dp_sets
 
         def merged(listed: dict[str, Any], ours: dict[str, Any], kind: str) -> dict[str, Any]:
             out = {n: x for n, x in listed.items() if (kind, n) not in written}
@@ -499,6 +500,7 @@ class NftablesTable:
         self._dp_sets = merged(snap.sets, self._dp_sets, "set")
         if job.kind == "sets":
             self.sets.resync(self._dp_sets)
+            self._count_set_drift(old_sets)
             self._log.debug("Merged background set listing", sets=len(self._dp_sets), written=len(written),
                             dirty=len(self.sets.dirty))
             return
@@ -509,6 +511,8 @@ class NftablesTable:
         self._dp_others = [] if job.committed else snap.others
         self._table_present = True
         self._resync_dirty()
+        self._count_chain_drift(old_chains)
+        self._count_set_drift(old_sets)
         self._log.debug("Merged background listing", chains=len(snap.chains), rules=snap.num_rules,
                         written=len(written), dirty_chains=len(self._dirty_chains))
 
@@ -621,21 +625,27 @@ class NftablesTable:
         self._in_sync = True
         # Each listing replaces the view: a re-listing after a failed (atomic, so changing nothing)
         # transaction finds nothing new, and what the first listing found stays counted until a commit.
-        if self._read_before:
-            for name in self._dirty_chains:
-                old, new = old_chains.get(name), self._dp_chains.get(name)
-                if old is None and new is None or old is not None and new is not None and old.hashes == new.hashes \
-                        and old.base == new.base:
-                    continue  # not touched by anyone else: a pending change of ours
-                if old is None or new is None or old.base != new.base:
-                    self._drift.found("chain")
-                else:
-                    self._drift.found("rule", rule_drift(old.hashes, new.hashes))
-            self._count_set_drift(old_sets)
+        self._count_chain_drift(old_chains)
+        self._count_set_drift(old_sets)
         self._read_before = True
         self._log.debug("Loaded nftables state", reason=self._reason, chains=len(snap.chains),
                         rules=snap.num_rules, sets=len(snap.sets), maps=len(snap.maps),
                         dirty_chains=len(self._dirty_chains))
+
+    def _count_chain_drift(self, old_chains: dict[str, ChainSnapshot]) -> None:
+        """Drift in the chains a listing (on the apply path or merged from the background) found dirty:
+        what we believed *old_chains* held against what the kernel now holds."""
+        if not self._read_before:
+            return
+        for name in self._dirty_chains:
+            old, new = old_chains.get(name), self._dp_chains.get(name)
+            if old is None and new is None or old is not None and new is not None and old.hashes == new.hashes \
+                    and old.base == new.base:
+                continue  # not touched by anyone else: a pending change of ours
+            if old is None or new is None or old.base != new.base:
+                self._drift.found("chain")
+            else:
+                self._drift.found("rule", rule_drift(old.hashes, new.hashes))
 
     def _count_set_drift(self, old_sets: dict[str, SetSnapshot]) -> None:
         if not self._read_before:
