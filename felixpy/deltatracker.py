@@ -41,7 +41,32 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
-class DeltaTracker(Generic[K, V]):
+class _WorkLists(Generic[K]):
+    """The work-list queries both trackers answer the same way from their two pending dicts."""
+
+    __slots__ = ()
+    _pending_updates: dict[K, Any]
+    _pending_deletions: dict[K, Any]
+
+    def pending_update_keys(self) -> list[K]:
+        """Snapshot of the keys still to write, in order (:meth:`pending_updates` without values)."""
+        return list(self._pending_updates)
+
+    def pending_deletions(self) -> list[K]:
+        """Snapshot of keys still to remove from the kernel."""
+        return list(self._pending_deletions)
+
+    def num_pending_updates(self) -> int:
+        return len(self._pending_updates)
+
+    def num_pending_deletions(self) -> int:
+        return len(self._pending_deletions)
+
+    def in_sync(self) -> bool:
+        return not self._pending_updates and not self._pending_deletions
+
+
+class DeltaTracker(_WorkLists[K], Generic[K, V]):
     __slots__ = ("_desired", "_dataplane", "_pending_updates", "_pending_deletions", "_equal", "_plain_eq")
 
     def __init__(self, values_equal: Callable[[V, V], bool] | None = None) -> None:
@@ -208,23 +233,6 @@ class DeltaTracker(Generic[K, V]):
         """Snapshot of (key, desired value) still to write."""
         return [(k, self._desired[k]) for k in self._pending_updates]
 
-    def pending_update_keys(self) -> list[K]:
-        """Snapshot of the keys still to write, in order (:meth:`pending_updates` without values)."""
-        return list(self._pending_updates)
-
-    def pending_deletions(self) -> list[K]:
-        """Snapshot of keys still to remove from the kernel."""
-        return list(self._pending_deletions)
-
-    def num_pending_updates(self) -> int:
-        return len(self._pending_updates)
-
-    def num_pending_deletions(self) -> int:
-        return len(self._pending_deletions)
-
-    def in_sync(self) -> bool:
-        return not self._pending_updates and not self._pending_deletions
-
     def _recompute(self, key: K) -> None:
         self._pending_updates.pop(key, None)
         self._pending_deletions.pop(key, None)
@@ -235,7 +243,7 @@ class DeltaTracker(Generic[K, V]):
             self._pending_deletions[key] = None
 
 
-class MemberTracker(Generic[K]):
+class MemberTracker(_WorkLists[K]):
     """:class:`DeltaTracker` for set-like state (every value ``True``: IP-set members) that stores only the
     difference: the desired keys and the two work lists, never a second copy of the keys for the dataplane.
 
@@ -366,17 +374,3 @@ class MemberTracker(Generic[K]):
     def pending_updates(self) -> list[tuple[K, bool]]:
         return [(k, True) for k in self._pending_updates]
 
-    def pending_update_keys(self) -> list[K]:
-        return list(self._pending_updates)
-
-    def pending_deletions(self) -> list[K]:
-        return list(self._pending_deletions)
-
-    def num_pending_updates(self) -> int:
-        return len(self._pending_updates)
-
-    def num_pending_deletions(self) -> int:
-        return len(self._pending_deletions)
-
-    def in_sync(self) -> bool:
-        return not self._pending_updates and not self._pending_deletions

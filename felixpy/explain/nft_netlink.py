@@ -32,6 +32,7 @@ from pyroute2.netlink.nfnetlink import nftsocket as nft  # type: ignore[import-u
 
 from felixpy.drivers.generictables import model as m
 from felixpy.drivers.netlink.nsutil import call_in_netns
+from felixpy.explain.ruleset import FetchingMap
 from felixpy.explain.ruleset import AnyAction, AnyCriterion, HookEntry, IPSetContents, KRule, VerdictMapAction
 
 NFPROTO = {4: nft.NFPROTO_IPV4, 6: nft.NFPROTO_IPV6}
@@ -219,7 +220,7 @@ class NftNetlink:
         flags = info.get_attr("NFTA_SET_FLAGS") or frozenset()
         if "NFT_SET_MAP" not in flags or "NFT_SET_INTERVAL" in flags or info.get_attr("NFTA_SET_KEY_LEN") != 16:
             raise Undecodable(f"{name} is not a map keyed by interface name")
-        return _MapLookup(self, name)
+        return FetchingMap(lambda key: self.map_element(name, key))  # one element per lookup
 
     def map_element(self, name: str, key: str) -> tuple[str, ...] | None:
         raw = key.encode()
@@ -232,28 +233,6 @@ class NftNetlink:
                 raise Undecodable(f"map {name}: element without a verdict")
             return _verdict(verdict)
         return None
-
-
-class _MapLookup(Mapping[str, tuple[str, ...]]):
-    """Map elements fetched from the kernel by key, on first lookup."""
-
-    def __init__(self, nl: NftNetlink, name: str) -> None:
-        self._nl, self._name = nl, name
-        self._got: dict[str, tuple[str, ...] | None] = {}
-
-    def __getitem__(self, key: str) -> tuple[str, ...]:
-        if key not in self._got:
-            self._got[key] = self._nl.map_element(self._name, key)
-        value = self._got[key]
-        if value is None:
-            raise KeyError(key)
-        return value
-
-    def __iter__(self) -> Iterator[str]:
-        return iter([k for k, v in self._got.items() if v is not None])
-
-    def __len__(self) -> int:
-        return sum(1 for v in self._got.values() if v is not None)
 
 
 def _key(e: Any) -> bytes:
