@@ -141,7 +141,7 @@ def snapshot(*, session: Any, now: float, uptime: float, registries: Iterable[Co
         doc["last_apply"] = {"at": when(last.started), "duration_seconds": round(last.duration, 6),
                              "ok": not (last.failed_steps or last.held_back),
                              "failed_steps": list(last.failed_steps), "held_back": list(last.held_back)}
-    doc["counts"] = _counts([*dp.tables, *dp.ipsets, *dp.route_syncers()])
+    doc["counts"] = _counts([*dp.tables, *dp.ipsets, *dp.route_syncers(), *dp.devices])
     doc["unsupported"] = dict(dp.unsupported)
     return doc
 

@@ -113,6 +113,10 @@ class PolicyPrograms:
                   load_ms=round((t2 - t1) * 1e3, 2))
         return prog
 
+    def num_loaded(self) -> int:
+        """Distinct policy programs loaded now (identical policy sets share one)."""
+        return len(self._cache)
+
     def release(self, prog: PolicyProgram) -> None:
         prog.refs -= 1
         if prog.refs <= 0:

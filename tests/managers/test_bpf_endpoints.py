@@ -351,3 +351,32 @@ def test_host_endpoints_are_reported_unsupported_in_bpf_mode_and_workloads_still
     n.send(pb.HostEndpointRemove(id=pb.HostEndpointID(endpoint_id="eth0-hep")))
     n.apply()
     assert programmed(n, fb, "cali1")
+
+
+def test_status_counts_bpf_programs_attach_points_and_map_sets() -> None:
+    from types import SimpleNamespace
+
+    from felixpy.nodestatus import snapshot
+
+    n, fb = node((4, 6))
+    for i in (1, 2, 3):
+        n.link_up(f"cali{i}")
+    n.send(profile("allow"), policy("deny-tcp", inbound=[rule("deny", protocol="tcp")]),
+           ipset("s:a", ["10.0.0.1/32", "10.0.0.2/32"]),
+           wep("a", "cali1", ipv4=["10.65.0.1/32"], profiles=["allow"]),
+           wep("b", "cali2", ipv4=["10.65.0.2/32"], profiles=["allow"]),  # the same policy as a: shared
+           wep("c", "cali3", ipv4=["10.65.0.3/32"], profiles=["allow"], tiers=[tier("default", ingress=["deny-tcp"])]))
+    n.apply()
+    session = SimpleNamespace(dataplane=n.dp, config=BPF_CONFIG, started=0.0, feed=SimpleNamespace(name="t"),
+                              messages_in=0)
+    counts = snapshot(session=session, now=0.0, uptime=0.0, registries=[])["counts"]
+    assert counts["bpf_attach_points"] == 3 * 2  # both TC hooks of each workload
+    # Per (hook, family): a and b share one program, c has its own ingress one.
+    loaded = fb.kernel.policies.num_loaded()
+    assert counts["bpf_programs"] == loaded and 0 < loaded < 3 * 2 * 2
+    assert counts["ip_sets"] >= 1 and counts["ip_set_members"] >= 2
+    n.send(wep_remove("c"))
+    n.apply()
+    n.apply()  # the detach follows on the next apply, after the allow list dropped it
+    counts = snapshot(session=session, now=0.0, uptime=0.0, registries=[])["counts"]
+    assert counts["bpf_attach_points"] == 2 * 2

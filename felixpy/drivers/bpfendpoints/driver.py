@@ -165,6 +165,11 @@ class BPFEndpoints:
         """Detaches wait for the apply after the *tables dropped the interface: come back soon."""
         return 0.0 if any(p.pending_detach for p in self._done.values()) else None
 
+    def status_counts(self) -> dict[str, int]:
+        """For ``felixpy status``: policy programs loaded, and TC hooks carrying our preamble."""
+        attached = sum(len(HOOKS) for p in self._done.values() if p.attached and not p.pending_detach)
+        return {"bpf_programs": self.kernel.policies.num_loaded(), "bpf_attach_points": attached}
+
     # ------------------------------------------------------------------------------ apply
     def apply(self) -> None:
         if self._start_of_day:

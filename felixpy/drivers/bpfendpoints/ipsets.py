@@ -34,6 +34,10 @@ class BPFIPSetsDataplane:
         self._removed: set[str] = set()
 
     # --------------------------------------------------------------------- desired state
+    def status_counts(self) -> dict[str, int]:
+        """For ``felixpy status``: the sets and members this family's LPM map is to hold."""
+        return {"sets": len(self._members), "members": sum(len(m) for m in self._members.values())}
+
     def add_or_replace_ip_set(self, meta: IPSetMetadata, members: Iterable[str]) -> None:
         mem = frozenset(members)
         self._members[meta.set_id] = mem
