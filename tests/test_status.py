@@ -333,7 +333,8 @@ def _epoch(iso: str) -> float:
 @pytest.mark.parametrize("env, mode, backend", [
     ({"FELIX_IPTABLESBACKEND": "legacy"}, "iptables", "legacy"),
     ({"FELIX_NFTABLESMODE": "Enabled"}, "nftables", "nftables"),
-], ids=["iptables-legacy", "nftables"])
+    ({"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy"}, "bpf", "legacy"),
+], ids=["iptables-legacy", "nftables", "bpf-legacy"])
 def test_status_of_the_real_daemon(netns: str, env: dict[str, str], mode: str, backend: str) -> None:
     d = start_daemon(netns, env=env, iface_monitor=False)
     try:
@@ -350,7 +351,9 @@ def test_status_of_the_real_daemon(netns: str, env: dict[str, str], mode: str, b
         assert doc["feed"]["connected"] and doc["last_apply"]["ok"]
         counts = doc["counts"]
         assert counts["ip_sets"] >= 2 and counts["ip_set_members"] >= 2  # s:m in each family, plus static sets
-        assert counts["chains"] > 20 and counts["rules"] > counts["chains"] and "routes" in counts
+        assert counts["rules"] > counts["chains"] > (5 if mode == "bpf" else 20) and "routes" in counts
+        if mode == "bpf":  # no workloads yet: nothing loaded or attached, and the counts say so
+            assert counts["bpf_programs"] == 0 and counts["bpf_attach_points"] == 0
         c.close()
     finally:
         d.stop()
