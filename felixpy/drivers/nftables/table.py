@@ -68,6 +68,7 @@ from felixpy.drivers.generictables import model as m
 from felixpy.drivers.generictables.table import MapMetadata
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 from felixpy.drivers.nftables import metrics
+from felixpy.drivers.nftables.listing import Listing, start_thread
 from felixpy.drivers.nftables.maps import MapPlan, NftMaps
 from felixpy.drivers.nftables.names import BASE_CHAINS, LAYERS, TABLE_NAME, family_for
 from felixpy.drivers.nftables.readback import ChainSnapshot, MapSnapshot, SetSnapshot, TableSnapshot, parse_table
@@ -112,29 +113,6 @@ def _targets(rules: Iterable[m.Rule]) -> list[str]:
     return [r.action.target for r in rules if isinstance(r.action, (m.Jump, m.Goto))]
 
 
-def _start_thread(fn: Callable[[], None]) -> None:
-    threading.Thread(target=fn, name="nft-listing", daemon=True).start()
-
-
-@dataclass(slots=True, eq=False)
-class _Listing:
-    """One listing of the table (``kind`` "table") or of its sets ("sets") running off the apply path.
-
-    The worker fills ``snap``/``missing``/``error`` and then sets ``done``; the apply thread records, in
-    ``written``, every (kind, name) a transaction wrote or deleted while the listing ran.
-    """
-
-    kind: str
-    generation: int
-    written: set[tuple[str, str]] = field(default_factory=set)
-    committed: bool = False      # some transaction ran meanwhile
-    discard: bool = False        # the table was rebuilt meanwhile: the listing says nothing useful
-    done: threading.Event = field(default_factory=threading.Event)
-    snap: TableSnapshot | None = None
-    missing: bool = False
-    error: Exception | None = None
-
-
 @dataclass(slots=True)
 class _Plan:
     commands: list[Command] = field(default_factory=list)
@@ -173,7 +151,7 @@ class NftablesTable:
         sleep: Callable[[float], None] = time.sleep,
         now: Callable[[], float] = time.monotonic,
         lister: NftShim | None = None,
-        start_background: Callable[[Callable[[], None]], None] = _start_thread,
+        start_background: Callable[[Callable[[], None]], None] = start_thread,
     ) -> None:
         self.ip_version = ip_version
         self._family = family_for(ip_version)
@@ -181,7 +159,7 @@ class NftablesTable:
         # Background listings (refresh, IP-set resync): a shim of their own, used only by the worker.
         self._lister = lister
         self._start_background = start_background
-        self._listing: _Listing | None = None
+        self._listing: Listing | None = None
         self._generation = 0        # bumped by every synchronous full listing
         self._refresh_interval = refresh_interval
         self._fully_random = fully_random
@@ -432,45 +410,20 @@ class NftablesTable:
             return False
         if self._listing is not None:
             return True
-        job = _Listing(kind, self._generation)
+        job = Listing(kind, self._generation)
         if kind == "table":
             self._last_read = self._now()
         self._listing = job
-        self._start_background(lambda: self._run_listing(job))
+        lister, family, v = self._lister, self._family, self.ip_version
+        self._start_background(lambda: job.run(lister, family, v))
         return True
 
-    def _run_listing(self, job: _Listing) -> None:
-        """The worker: list, parse, hand over.  Touches nothing but *job* (and the lister)."""
-        lister = self._lister
-        assert lister is not None
-        try:
-            metrics.NFT_LIST_CALLS.inc()
-            if job.kind == "sets":
-                assert isinstance(lister, NftSetsShim)
-                objs = lister.list_sets(self._family, TABLE_NAME)
-            else:
-                objs = lister.list_table(self._family, TABLE_NAME)
-            job.missing = objs is None
-            if objs is not None:
-                job.snap = parse_table(objs, self.ip_version)
-        except Exception as e:  # handed to the apply thread, which falls back to a listing of its own
-            metrics.NFT_LIST_ERRORS.inc()
-            job.error = e
-        finally:
-            job.done.set()
-
     def _note_written(self, plan: _Plan) -> None:
-        job = self._listing
-        if job is None or not plan.commands:
+        if self._listing is None or not plan.commands:
             return
-        job.committed = True
-        job.discard = job.discard or plan.full
-        job.written.update(("chain", n) for n in plan.chains_written)
-        job.written.update(("chain", n) for n in plan.chains_deleted)
-        job.written.update(("set", n) for n in plan.set_plan.written)
-        job.written.update(("set", n) for n in plan.set_plan.deleted)
-        job.written.update(("map", n) for n in plan.map_plan.written)
-        job.written.update(("map", n) for n in plan.map_plan.deleted)
+        self._listing.note_written(plan.full, chain=[*plan.chains_written, *plan.chains_deleted],
+                                   set=[*plan.set_plan.written, *plan.set_plan.deleted],
+                                   map=[*plan.map_plan.written, *plan.map_plan.deleted])
 
     def _take_listing(self) -> None:
         """Merge a finished background listing into the dataplane view (see the module docstring)."""
@@ -489,23 +442,15 @@ class NftablesTable:
             return
         snap, written = job.snap, job.written
         old_chains, old_sets = self._dp_chains, self._dp_sets
-
-        def merged(listed: dict[str, Any], ours: dict[str, Any], kind: str) -> dict[str, Any]:
-            out = {n: x for n, x in listed.items() if (kind, n) not in written}
-            for k, n in written:
-                if k == kind and n in ours:
-                    out[n] = ours[n]
-            return out
-
-        self._dp_sets = merged(snap.sets, self._dp_sets, "set")
+        self._dp_sets = job.merged(snap.sets, self._dp_sets, "set")
         if job.kind == "sets":
             self.sets.resync(self._dp_sets)
             self._count_set_drift(old_sets)
             self._log.debug("Merged background set listing", sets=len(self._dp_sets), written=len(written),
                             dirty=len(self.sets.dirty))
             return
-        self._dp_chains = merged(snap.chains, self._dp_chains, "chain")
-        self._dp_maps = merged(snap.maps, self._dp_maps, "map")
+        self._dp_chains = job.merged(snap.chains, self._dp_chains, "chain")
+        self._dp_maps = job.merged(snap.maps, self._dp_maps, "map")
         # Foreign objects are only ever deleted; one a transaction meanwhile may have deleted is left
         # for the next listing rather than deleted twice (which would fail the transaction).
         self._dp_others = [] if job.committed else snap.others
