@@ -70,16 +70,8 @@ def test_drift_is_repaired_reported_and_foreign_objects_survive(mode: str) -> No
             hand.delete_fdb(v, remote("x"))
             hand.delete_neighbour(v, remote("x"))
             hand.insert_above_our_jump(v)
-        t0 = time.monotonic()
-        while True:
-            got = full_dump(node)
-            diff = dump_diff(reference, without_foreign_insert(got) if mode != "nftables" else got, limit=60)
-            if mode != "nftables":
-                diff += _foreign_above_our_jump(got)
-            if not diff or time.monotonic() - t0 > REPAIR_WAIT:
-                break
-            time.sleep(0.2)
-        took = time.monotonic() - t0
+        diff, took = _wait_repaired(node, reference, mode)
+        got = full_dump(node)
         assert not diff, f"[{mode}] not repaired within {REPAIR_WAIT}s of:\n" + "\n".join(hand.done) + \
             "\nstill different:\n" + "\n".join(diff)
         if mode != "nftables":
