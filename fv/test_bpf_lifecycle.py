@@ -21,6 +21,7 @@ from felixpy.bpf import defs
 from felixpy.bpf import syscall as sc
 from felixpy.bpf.maps import OWNED_PREFIXES
 from felixpy.bpf.owned import is_owned_prog_name
+from felixpy.testing import bpfpins
 from felixpy.testing import conncheck as cc
 from felixpy.testing import netns as nsmod
 from fv.chaos.kill9 import TCPProber
@@ -55,16 +56,7 @@ def node() -> Iterator[FvNode]:
 def tcx_links(node: FvNode) -> dict[str, tuple[int, int]]:
     """TCX link pins in the node's bpffs: pin name → (link id, program id)."""
     assert node.bpffs is not None
-    d = os.path.join(node.bpffs, "tcx")
-    out = {}
-    for pin in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-        fd = sc.obj_get(os.path.join(d, pin))
-        try:
-            _type, link_id, prog_id = sc.link_info(fd)
-        finally:
-            os.close(fd)
-        out[pin] = (link_id, prog_id)
-    return out
+    return bpfpins.tcx_links(os.path.join(node.bpffs, "tcx"))
 
 
 def _prog_name(prog_id: int) -> str:

@@ -21,6 +21,7 @@ from felixpy.drivers.bpfendpoints import BPFEndpoints, BPFKernel, WorkloadPolicy
 from felixpy.drivers.bpfroutes.api import LOCAL_WORKLOAD, RouteValue
 from felixpy.drivers.bpfroutes.driver import BPFRoutes
 from felixpy.ifacemonitor.events import IfaceState
+from felixpy.testing import bpfpins
 from felixpy.testing import netns as nsutil
 
 from .conftest import SMALL_SIZES, _need_root_and_bcc
@@ -48,15 +49,7 @@ class World:
         return open_kernel(self.pin_root, "TCX", tcx_pin_dir=self.tcx_dir, sizes=SMALL_SIZES)
 
     def links(self) -> dict[str, tuple[int, int]]:
-        out = {}
-        for pin in sorted(os.listdir(self.tcx_dir)) if os.path.isdir(self.tcx_dir) else []:
-            fd = sc.obj_get(os.path.join(self.tcx_dir, pin))
-            try:
-                _t, link_id, prog_id = sc.link_info(fd)
-            finally:
-                os.close(fd)
-            out[pin] = (link_id, prog_id)
-        return out
+        return bpfpins.tcx_links(self.tcx_dir)
 
 
 @pytest.fixture
