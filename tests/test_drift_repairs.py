@@ -382,6 +382,30 @@ def test_route_drift_counted_when_repaired_and_foreign_routes_untouched(counts: 
     assert cali1.index in {r.oif for r in fake.routes.values()}
 
 
+@V46
+def test_routes_lost_with_a_replaced_device_are_not_route_drift(counts: Counts, v: int) -> None:
+    """The device was deleted and made again (a new ifindex) behind our back: its routes went with it.
+    That is the device's repair (counted by the tunnel driver); the routes rewritten onto the new
+    ifindex are its consequence, whichever comes first — the interface monitor or the refresh."""
+    fam = AF_INET if v == 4 else AF_INET6
+    fake = FakeNetlink()
+    fake.add_link("vxlan.calico", kind="vxlan")
+    clock = FakeClock()
+    rt = main_table(fake, clock, ip_version=v)
+    pl = 26 if v == 4 else 122
+    p = "10.0.1.0" if v == 4 else "fd00:1::"
+    rt.set_routes(RouteClass.VXLAN_TUNNEL, "vxlan.calico", [Target(f"{p}/{pl}")])
+    clock.advance(11)
+    rt.apply()
+    assert set(fake.routes_in(254, fam)) == {f"{p}/{pl}"}
+    fake.remove_link("vxlan.calico")            # routes via it go too
+    new = fake.add_link("vxlan.calico", kind="vxlan")
+    rt.queue_resync()                           # the refresh sees the new ifindex before the monitor does
+    rt.apply()
+    assert {r.oif for r in fake.routes_in(254, fam).values()} == {new.index}
+    assert counts.moved() == {}
+
+
 def test_misplaced_counts_our_rules_with_the_wrong_foreign_rules_above() -> None:
     # (expected: as the table computes it, for the number of foreign rules found)
     assert drift.misplaced(["a", "", "", "b", "c"], ["", "a", "", "b", "c"]) == 1   # a foreign rule above our insert

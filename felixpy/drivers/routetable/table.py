@@ -439,8 +439,17 @@ class RouteTable:
         metrics.resync_seconds.observe(time.monotonic() - start)
 
     def _count_drift(self, believed: dict[Key, Route], found: dict[Key, Route]) -> None:
-        """Routes changed behind our back (believed → found) that this apply rewrites or deletes."""
-        n = sum(1 for k in self.kernel.pending_update_keys() if k in believed and found.get(k) != believed[k])
+        """Routes changed behind our back (believed → found) that this apply rewrites or deletes.
+
+        A believed route via an ifindex that no longer exists (the device was deleted, or deleted and
+        made again) is not counted: the routes went with the device, and rewriting them onto the new
+        ifindex is the consequence of the device's repair, which the tunnel driver counts.
+        """
+        def same_device(route: Route) -> bool:
+            return route.oif <= 1 or route.oif in self._index_to_name
+
+        n = sum(1 for k in self.kernel.pending_update_keys()
+                if k in believed and found.get(k) != believed[k] and same_device(believed[k]))
         n += sum(1 for k in self.kernel.pending_deletions()
                  if k not in believed and k in found and not self._in_grace(found[k].oif))
         self._drift.found("route", n)
