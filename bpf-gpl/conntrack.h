@@ -287,6 +287,8 @@ static CALI_BPF_INLINE int conntrack_create(struct cali_tc_ctx *ctx)
 		dst_to_src = &v.a_to_b;
 		ct_value_set_flags(&v, CALI_CT_FLAG_BA);
 	}
+	if (s->flags & CALI_ST_NAT_OUTGOING)
+		ct_value_set_flags(&v, CALI_CT_FLAG_NAT_OUT);
 	src_to_dst->syn_seen = syn;
 	src_to_dst->opener = 1;
 	src_to_dst->packets = 1;

@@ -169,7 +169,12 @@ static CALI_BPF_INLINE int forward_or_drop(struct cali_tc_ctx *ctx)
 		__u32 mark = ctx->mark;
 		bool fall_through = mark == CALI_SKB_MARK_FALLTHROUGH;
 
-		if (!fall_through) {
+		bool nat_out = !fall_through && (ctx->state->flags & CALI_ST_NAT_OUTGOING);
+
+		if (nat_out) {
+			/* The host stack must see it: MASQUERADE is iptables'/nft's. */
+			mark = CALI_SKB_MARK_NAT_OUT;
+		} else if (!fall_through) {
 			mark |= CALI_SKB_MARK_SEEN;
 			/* Both legs approved: programs further along may skip the packet. */
 			if (ct_result_rc(ctx->state->ct_result.rc) == CALI_CT_ESTABLISHED_BYPASS &&
@@ -178,7 +183,7 @@ static CALI_BPF_INLINE int forward_or_drop(struct cali_tc_ctx *ctx)
 		}
 		ctx->skb->mark = mark;
 
-		if (!fall_through && !(ctx->state->flags & CALI_ST_SKIP_FIB)) {
+		if (!fall_through && !nat_out && !(ctx->state->flags & CALI_ST_SKIP_FIB)) {
 			if (!try_redirect_to_peer(ctx))
 				fib_forward(ctx);
 		}

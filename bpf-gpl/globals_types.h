@@ -57,6 +57,7 @@ enum cali_globals_flags {
 	CALI_GLOBALS_NO_DSR_CIDRS		= 0x00000080,
 	CALI_GLOBALS_LO_UDP_ONLY		= 0x00000100,
 	CALI_GLOBALS_REDIRECT_PEER		= 0x00000400,
+	CALI_GLOBALS_NATOUTGOING_EXCLUDE_HOSTS	= 0x00001000,
 };
 
 /* Key of the attach-point globals map: host order. */

@@ -207,6 +207,29 @@ int calico_tc_main(struct __sk_buff *skb)
 	return pre_policy_processing(ctx);
 }
 
+/* Outgoing NAT (an IP pool with natOutgoing): a workload's flow to a destination
+ * outside every pool (and, with NATOutgoingExclusions=IPPoolsAndHostIPs, not a
+ * host) leaves through the host stack with the NAT_OUT mark, which iptables/nft
+ * MASQUERADE (cali-nat-outgoing); the flag lives in the conntrack entry so the
+ * whole flow keeps taking that path (Linux conntrack translates the rest). */
+static CALI_BPF_INLINE bool wants_nat_outgoing(struct cali_tc_ctx *ctx)
+{
+	struct cali_tc_state *s = ctx->state;
+
+	if (ct_result_rc(s->ct_result.rc) != CALI_CT_NEW)
+		return s->ct_result.flags & CALI_CT_FLAG_NAT_OUT;
+	if (!(cali_rt_lookup_flags(&s->ip_src) & CALI_RT_NAT_OUT))
+		return false;
+
+	__u32 dst = cali_rt_lookup_flags(&s->ip_dst);
+
+	if (dst & CALI_RT_IN_POOL)
+		return false;
+	if ((GLOBAL_FLAGS(ctx) & CALI_GLOBALS_NATOUTGOING_EXCLUDE_HOSTS) && (dst & CALI_RT_HOST))
+		return false;
+	return true;
+}
+
 int calico_tc_skb_accepted_entrypoint(struct __sk_buff *skb)
 {
 	DECLARE_TC_CTX(_ctx, skb);
@@ -222,6 +245,11 @@ int calico_tc_skb_accepted_entrypoint(struct __sk_buff *skb)
 		 * policy: drop, as iptables' invalid-state check would. */
 		deny_reason(ctx, CALI_REASON_DROPPED_BY_POLICY);
 		return forward_or_drop(ctx);
+	}
+
+	if (CALI_F_FROM_WEP && wants_nat_outgoing(ctx)) {
+		CALI_DEBUG("NAT outgoing: via the host stack");
+		s->flags |= CALI_ST_NAT_OUTGOING;
 	}
 
 	if (ct_result_rc(s->ct_result.rc) == CALI_CT_NEW && !(s->flags & CALI_ST_SUPPRESS_CT_STATE)) {

@@ -626,6 +626,7 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
 
     kernel = (deps.bpf_kernel or _default_bpf_kernel)(config)
     driver = BPFEndpoints(kernel, redirect_peer=config.BPFRedirectToPeer != "Disabled",
+                          nat_exclude_hosts=config.NATOutgoingExclusions == "IPPoolsAndHostIPs",
                           hold_attach=_attach_hold_hook(), workload_prefixes=tuple(config.InterfacePrefix))
     parts: dict[int, FamilyParts] = {}
     for v in families:
@@ -635,7 +636,10 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
         for name, table in tables.items():
             table.update_chains(bpfmode.static_chains(renderer.ctx, name))
         for hook in bpfmode.kernel_hooks(renderer.ctx):
-            tables[hook.table].insert_or_append_rules(hook.chain, hook.rules)
+            if hook.always_append:
+                tables[hook.table].append_rules(hook.chain, hook.rules)
+            else:
+                tables[hook.table].insert_or_append_rules(hook.chain, hook.rules)
         bpf_ipsets = BPFIPSetsDataplane(v, kernel)
         ft = FamilyTables(tables, bpf_ipsets, ft.maps, ft.to_apply, ft.backend)
         discard = {name: DiscardTable(name, v) for name in TABLE_NAMES}
@@ -651,11 +655,13 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
         dp.register_ipsets(bpf_ipsets)  # removed sets cleared after the tables and programs
         # Policy, host endpoints, floating IPs and service-loop prevention are not *tables work in BPF
         # mode: their managers write to discarded tables, and only some are registered with the loop.
+        # Outgoing NAT is: the programs mark, cali-nat-outgoing (in the real nat table) masquerades.
         fam = _family_parts(config, v, renderer, ft, discard, drivers, status, maps=None, floating_ips=False)
+        fam.masq = MasqManager(v, bpf_ipsets, tables["nat"], renderer, config.MaxIpsetSize)
         fam.bpf = BPFFamilyParts(BPFEndpointManager(v, renderer.ctx, driver, filter=tables["filter"]),
                                  bpf_ipsets, driver, routes, failsafes, conntrack,
                                  BPFRouteManager(v, config, routes, workload_prefixes=renderer.ctx.workload_prefixes))
-        for mgr in (fam.ipsets_manager, fam.hostips, fam.endpoints, fam.bpf.manager, fam.bpf.route_manager,
+        for mgr in (fam.ipsets_manager, fam.hostips, fam.endpoints, fam.masq, fam.bpf.manager, fam.bpf.route_manager,
                     BPFFailsafeManager(v, config, failsafes), BPFConntrackManager(v, conntrack)):
             dp.register_manager(mgr)
         _build_routing(dp, config, fam, deps)

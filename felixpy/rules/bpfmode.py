@@ -17,6 +17,11 @@ All policy runs in the BPF programs; *tables only guard the gaps (reference feli
   workload loses its neighbour entry for the host and with it all traffic); workload traffic
   without SEEN is dropped (fail closed).
 * filter ``cali-OUTPUT``: mark Linux-established flows.
+* nat ``cali-POSTROUTING`` (Felix's ``StaticNATPostroutingChains`` in BPF mode): MASQUERADE what the
+  programs marked MASQ ("BPF loopback SNAT"), then ``cali-fip-snat`` (empty: floating IPs are not
+  programmed in BPF mode) and ``cali-nat-outgoing``, whose rules match the programs' NAT_OUT mark
+  (:mod:`felixpy.rules.nat`; the masquerade manager keeps it active while some pool masquerades),
+  and the tunnel-source MASQUERADE rules of the *tables modes.
 
 Mark values are the programs' (``felixpy.bpf.defs`` mirrors ``bpf.h``); they sit inside
 ``0x1FF00000``, which ``IptablesMarkMask`` must cover.
@@ -32,6 +37,7 @@ from felixpy.drivers.generictables.model import (
     Chain,
     Drop,
     Jump,
+    Masquerade,
     Match,
     Reject,
     Rule,
@@ -42,8 +48,11 @@ from felixpy.rules.names import (
     CHAIN_FILTER_FORWARD,
     CHAIN_FILTER_INPUT,
     CHAIN_FILTER_OUTPUT,
+    CHAIN_FIP_SNAT,
+    CHAIN_NAT_POSTROUTING,
     CHAIN_TO_WORKLOAD_DISPATCH,
 )
+from felixpy.rules import static
 from felixpy.rules.static import PROTO_ICMPV6, WILDCARD, KernelHook
 
 ND_ICMPV6_TYPES = (130, 131, 132, 133, 135, 136)  # MLD query/report/done, RS, NS, NA (rules/static.py)
@@ -52,6 +61,9 @@ ND_ICMPV6_TYPES = (130, 131, 132, 133, 135, 136)  # MLD query/report/done, RS, N
 MARK_SEEN = 0x01000000
 MARK_BYPASS = 0x03000000
 MARK_FALLTHROUGH = 0x05000000
+MARK_BYPASS_MASK = 0x03F00000
+MARK_NAT_OUT = 0x03800000  # BYPASS | 0x00800000: a workload flow to outside the pools, to masquerade
+MARK_MASQ = 0x03600000  # BYPASS | 0x00600000: Felix's "BPF loopback SNAT"
 MARK_CT_ESTABLISHED = 0x08000000
 MARK_CALICO_BPF_MASK = 0x1FF00000
 
@@ -113,13 +125,23 @@ def workload_allow_chain(ctx: RenderContext, ready: Iterable[str]) -> Chain:
     return Chain(CHAIN_TO_WORKLOAD_DISPATCH, tuple(rules))
 
 
+def nat_postrouting_chain(ctx: RenderContext) -> Chain:
+    loopback = Rule(Match().mark_matches_with_mask(MARK_MASQ, MARK_BYPASS_MASK), Masquerade(), ("BPF loopback SNAT",))
+    return static.nat_postrouting_chain(ctx, bpf_loopback_snat=loopback)
+
+
 def static_chains(ctx: RenderContext, table: str) -> list[Chain]:
     if table == "filter":
         return [forward_chain(ctx), input_chain(ctx), output_chain(ctx), workload_allow_chain(ctx, ())]
+    if table == "nat":
+        return [nat_postrouting_chain(ctx), Chain(CHAIN_FIP_SNAT)]
     return []
 
 
 def kernel_hooks(ctx: RenderContext) -> list[KernelHook]:
-    return [KernelHook("filter", chain, (Rule(Match(), Jump(target)),))
-            for chain, target in (("FORWARD", CHAIN_FILTER_FORWARD), ("INPUT", CHAIN_FILTER_INPUT),
-                                  ("OUTPUT", CHAIN_FILTER_OUTPUT))]
+    hooks = [KernelHook("filter", chain, (Rule(Match(), Jump(target)),))
+             for chain, target in (("FORWARD", CHAIN_FILTER_FORWARD), ("INPUT", CHAIN_FILTER_INPUT),
+                                   ("OUTPUT", CHAIN_FILTER_OUTPUT))]
+    # Felix's setUpIptablesBPF inserts (ChainInsertMode) here, where the *tables modes append.
+    hooks.append(KernelHook("nat", "POSTROUTING", (Rule(Match(), Jump(CHAIN_NAT_POSTROUTING)),)))
+    return hooks

@@ -5,7 +5,8 @@ rule matches source ∈ ``masq-ipam-pools``, destination ∉ ``network-ip-pools`
 [∉ ``all-hosts-net`` when ``NATOutgoingExclusions=IPPoolsAndHostIPs``],
 [protocol], [``-o IptablesNATOutgoingInterfaceFilter``].  With ``NATPortRange``,
 tcp and udp get MASQUERADE/SNAT with the port range then RETURN, and a last
-rule handles the rest; ``--random-fully`` is the backend's business.
+rule handles the rest; ``--random-fully`` is the backend's business.  In BPF mode the match is
+the programs' NAT_OUT mark instead of the IP sets (Felix's ``makeNATOutgoingRuleBPF``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from felixpy.drivers.generictables.model import DNAT, SNAT, Action, Chain, Masquerade, Match, Return, Rule
+from felixpy.rules.bpfmode import MARK_BYPASS_MASK, MARK_NAT_OUT
 from felixpy.rules.ipset_names import IPSET_ID_ALL_HOST_NETS, IPSET_ID_ALL_POOLS, IPSET_ID_NAT_OUTGOING_MASQ_POOLS
 from felixpy.rules.names import CHAIN_CIDR_BLOCK, CHAIN_FIP_DNAT, CHAIN_FIP_SNAT, CHAIN_NAT_OUTGOING
 
@@ -34,9 +36,22 @@ def nat_port_range(spec: str) -> tuple[int, int] | None:
 
 
 def _outgoing_rule(ctx: RenderContext, protocol: str, action: Action) -> Rule:
+    if ctx.config.BPFEnabled:
+        return _outgoing_rule_bpf(ctx, protocol, action)
     m = Match().source_ip_set(ctx.ipset(IPSET_ID_NAT_OUTGOING_MASQ_POOLS)).not_dest_ip_set(ctx.ipset(IPSET_ID_ALL_POOLS))
     if ctx.config.NATOutgoingExclusions == "IPPoolsAndHostIPs":
         m = m.not_dest_ip_set(ctx.ipset(IPSET_ID_ALL_HOST_NETS))
+    if protocol:
+        m = m.protocol(protocol)
+    if ctx.config.IptablesNATOutgoingInterfaceFilter:
+        m = m.out_interface(ctx.config.IptablesNATOutgoingInterfaceFilter)
+    return Rule(m, action)
+
+
+def _outgoing_rule_bpf(ctx: RenderContext, protocol: str, action: Action) -> Rule:
+    """BPF mode: the programs decided (source in a masquerading pool, destination outside the pools)
+    and marked the packet NAT_OUT; no IP sets here (they are BPF maps in this mode)."""
+    m = Match().mark_matches_with_mask(MARK_NAT_OUT, MARK_BYPASS_MASK)
     if protocol:
         m = m.protocol(protocol)
     if ctx.config.IptablesNATOutgoingInterfaceFilter:

@@ -411,13 +411,12 @@ def _tunnel_masq_match(tunnel: str, proto: str | None = None) -> Match:
     return m.not_src_addr_type(ADDR_TYPE_LOCAL, limit_iface_out=True).src_addr_type(ADDR_TYPE_LOCAL)
 
 
-def nat_chains(ctx: RenderContext) -> list[Chain]:
-    o = ctx.options
-    pre = [Rule(Match(), Jump(CHAIN_FIP_DNAT))]
-    if ctx.ip_version == 4 and o.openstack_special_cases and o.openstack_metadata_ip:
-        pre.append(Rule(Match().protocol("tcp").dest_ports(80).dest_net("169.254.169.254/32"),
-                        DNAT(o.openstack_metadata_ip, o.openstack_metadata_port)))
+def nat_postrouting_chain(ctx: RenderContext, *, bpf_loopback_snat: Rule | None = None) -> Chain:
+    """``cali-POSTROUTING`` (Felix's ``StaticNATPostroutingChains``); BPF mode puts its loopback
+    SNAT rule first."""
     post = [Rule(Match(), Jump(CHAIN_FIP_SNAT)), Rule(Match(), Jump(CHAIN_NAT_OUTGOING))]
+    if bpf_loopback_snat is not None:
+        post.insert(0, bpf_loopback_snat)
     for tunnel in _tunnel_ifaces(ctx):
         # Host traffic routed down a tunnel from the wrong local source IP (e.g. via a NAT'd
         # service IP): MASQUERADE to the tunnel's address.
@@ -426,8 +425,17 @@ def nat_chains(ctx: RenderContext) -> list[Chain]:
             post.append(Rule(_tunnel_masq_match(tunnel, "udp"),
                              Masquerade(tunnel_masquerade_to_ports(ctx.config.VXLANPort))))
         post.append(Rule(_tunnel_masq_match(tunnel), Masquerade()))
+    return Chain(CHAIN_NAT_POSTROUTING, tuple(post))
+
+
+def nat_chains(ctx: RenderContext) -> list[Chain]:
+    o = ctx.options
+    pre = [Rule(Match(), Jump(CHAIN_FIP_DNAT))]
+    if ctx.ip_version == 4 and o.openstack_special_cases and o.openstack_metadata_ip:
+        pre.append(Rule(Match().protocol("tcp").dest_ports(80).dest_net("169.254.169.254/32"),
+                        DNAT(o.openstack_metadata_ip, o.openstack_metadata_port)))
     out = [Rule(Match(), Jump(CHAIN_FIP_DNAT))]
-    return [Chain(CHAIN_NAT_PREROUTING, tuple(pre)), Chain(CHAIN_NAT_POSTROUTING, tuple(post)),
+    return [Chain(CHAIN_NAT_PREROUTING, tuple(pre)), nat_postrouting_chain(ctx),
             Chain(CHAIN_NAT_OUTPUT, tuple(out))]
 
 

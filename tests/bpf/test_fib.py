@@ -136,3 +136,42 @@ def test_redirect_peer_only_for_bypass_and_never_for_syn(env: BPFTestEnv, fibns:
     ap = _from_wep(env, v6, flags=0)
     ap.run(pg.tcp_pkt(dst, 80, src, 40000, pg.TCP_ACK))
     assert ap.counters()[R.REDIRECT_PEER] == 1
+
+
+NAT_SRC_FLAGS = defs.RT_WORKLOAD | defs.RT_LOCAL | defs.RT_IN_POOL | defs.RT_NAT_OUT
+
+
+@pytest.mark.parametrize("v6", FAMS)
+def test_nat_outgoing_flow_goes_through_the_host_stack_marked(env: BPFTestEnv, fibns: tuple[str, int],
+                                                              v6: bool) -> None:
+    """A workload in a masquerading pool to a destination outside the pools: no FIB redirect (the
+    host's MASQUERADE must see it), the NAT_OUT mark on every packet of the flow, the flag in the
+    conntrack entry.  The FIB could forward it (the route exists): the redirect is what is refused."""
+    _, wep_a = fibns
+    env.set_ifstate(wep_a, defs.IFACE_STATE_WEP | READY[v6], "wepA")
+    ap = _from_wep(env, v6)
+    env.add_route(SRC[v6] + ("/128" if v6 else "/32"), NAT_SRC_FLAGS, 1)
+    for sport in (1000, 1000):  # new flow, then the established one
+        r = ap.run(pg.udp_pkt(SRC[v6], sport, DST[v6], 53))
+        assert r.verdict == UNSPEC and r.mark == defs.MARK_NAT_OUT
+    [(_, v)] = env.ct_entries(v6)
+    assert v.all_flags & defs.CT_FLAG_NAT_OUT
+    assert ap.counters()[R.REDIRECT_NEIGH] == 0
+
+
+@pytest.mark.parametrize("v6", FAMS)
+@pytest.mark.parametrize("dst_flags,exclude_hosts", [
+    pytest.param(defs.RT_IN_POOL | defs.RT_WORKLOAD, False, id="dst-in-a-pool"),
+    pytest.param(defs.RT_HOST, True, id="dst-a-host-excluded"),
+])
+def test_no_nat_outgoing_inside_the_pools_or_to_excluded_hosts(env: BPFTestEnv, fibns: tuple[str, int], v6: bool,
+                                                              dst_flags: int, exclude_hosts: bool) -> None:
+    _, wep_a = fibns
+    env.set_ifstate(wep_a, defs.IFACE_STATE_WEP | READY[v6], "wepA")
+    ap = _from_wep(env, v6, flags=defs.GLOBALS_NATOUTGOING_EXCLUDE_HOSTS if exclude_hosts else 0)
+    env.add_route(SRC[v6] + ("/128" if v6 else "/32"), NAT_SRC_FLAGS, 1)
+    env.add_route(DST[v6] + ("/128" if v6 else "/32"), dst_flags)
+    r = ap.run(pg.udp_pkt(SRC[v6], 1000, DST[v6], 53))
+    assert r.verdict == defs.TC_ACT_REDIRECT and r.mark & defs.MARK_BYPASS_MASK != defs.MARK_NAT_OUT
+    [(_, v)] = env.ct_entries(v6)
+    assert not v.all_flags & defs.CT_FLAG_NAT_OUT

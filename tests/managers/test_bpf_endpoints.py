@@ -15,6 +15,7 @@ from felixpy.bpf import defs
 from felixpy.bpf import maptypes as mt
 from felixpy.bpf.ipsets import member_key
 from felixpy.config import Config
+from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.drivers.bpfendpoints.fake import FakeBPF, fake_kernel
 from felixpy.drivers.generictables.model import Accept, Drop, OutInterface
 from felixpy.rules.names import CHAIN_TO_WORKLOAD_DISPATCH
@@ -380,3 +381,48 @@ def test_status_counts_bpf_programs_attach_points_and_map_sets() -> None:
     n.apply()  # the detach follows on the next apply, after the allow list dropped it
     counts = snapshot(session=session, now=0.0, uptime=0.0, registries=[])["counts"]
     assert counts["bpf_attach_points"] == 2 * 2
+
+
+@pytest.mark.parametrize("v", [4, 6])
+def test_nat_outgoing_in_bpf_mode_masquerades_the_programs_mark(v: int) -> None:
+    """The programs decide and mark NAT_OUT; nat keeps Felix's BPF-mode POSTROUTING chain and a
+    cali-nat-outgoing that matches the mark (no IP sets: they are maps here), active only while
+    some pool of the family masquerades."""
+    from felixpy.drivers.generictables.model import Jump, Masquerade, MarkMatchesWithMask as MarkMatch
+
+    n, _ = node(families=(4, 6))
+    pool = "10.65.0.0/16" if v == 4 else "fd00:65::/64"
+    n.send(pb.IPAMPoolUpdate(id="p", pool=pb.IPAMPool(cidr=pool)))
+    n.apply()
+    nat = n.f(v).tables["nat"]
+    assert [r.action for r in nat.kernel_rules("POSTROUTING")] == [Jump("cali-POSTROUTING")]
+    post = nat.rules("cali-POSTROUTING")
+    assert post[0].action == Masquerade() and post[0].match.criteria == (MarkMatch(0x03600000, 0x03F00000),)
+    assert [r.action for r in post[1:3]] == [Jump("cali-fip-snat"), Jump("cali-nat-outgoing")]
+    assert nat.is_programmed("cali-fip-snat") and nat.rules("cali-fip-snat") == ()
+    assert nat.rules("cali-nat-outgoing") == ()
+    n.send(pb.IPAMPoolUpdate(id="p", pool=pb.IPAMPool(cidr=pool, masquerade=True)))
+    n.apply()
+    (rule,) = nat.rules("cali-nat-outgoing")
+    assert rule.action == Masquerade() and rule.match.criteria == (MarkMatch(0x03800000, 0x03F00000),)
+    assert not nat.referenced_ip_sets()
+    assert n.f(10 - v).tables["nat"].rules("cali-nat-outgoing") == ()  # the other family has no such pool
+    n.send(pb.IPAMPoolRemove(id="p"))
+    n.apply()
+    assert nat.rules("cali-nat-outgoing") == ()
+
+
+@pytest.mark.parametrize("exclusions,flag", [("IPPoolsOnly", False), ("IPPoolsAndHostIPs", True)])
+def test_nat_outgoing_exclusions_reach_the_programs_globals(exclusions: str, flag: bool) -> None:
+    fb = fake_kernel()
+    n = Node(families=(4,), config=replace(BPF_CONFIG, NATOutgoingExclusions=exclusions), bpf=fb)
+    n.link_up("cali1")
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]))
+    n.apply()
+    idx = n.ifindex("cali1")
+    got = set()
+    for hook in (ING, EGR):
+        pg = fb.kernel.maps.ap_globals.get(mt.ApKey(idx, hook))
+        assert pg is not None
+        got.add(bool(pg.v4.flags & defs.GLOBALS_NATOUTGOING_EXCLUDE_HOSTS))  # a v4-only endpoint
+    assert got == {flag}

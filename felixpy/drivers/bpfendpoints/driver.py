@@ -116,7 +116,7 @@ def _hook_policy(want: WorkloadPolicy, hook: int) -> PolicySet:
 class BPFEndpoints:
     """Desired state per workload interface and family; one ordered reconcile per apply."""
 
-    def __init__(self, kernel: BPFKernel, *, redirect_peer: bool = True,
+    def __init__(self, kernel: BPFKernel, *, redirect_peer: bool = True, nat_exclude_hosts: bool = False,
                  hold_attach: Callable[[str], bool] | None = None,
                  workload_prefixes: tuple[str, ...] = ("cali",)) -> None:
         self.kernel = kernel
@@ -126,6 +126,8 @@ class BPFEndpoints:
         # including, the attach (step 6), and retried on every apply until released.
         self._hold_attach = hold_attach
         self._flags = defs.GLOBALS_REDIRECT_PEER if redirect_peer else 0
+        if nat_exclude_hosts:  # NATOutgoingExclusions=IPPoolsAndHostIPs
+            self._flags |= defs.GLOBALS_NATOUTGOING_EXCLUDE_HOSTS
         self._want: dict[str, dict[int, WorkloadPolicy]] = {}
         self._ifaces: dict[str, tuple[int, bool]] = {}  # name -> (ifindex, oper up)
         self._done: dict[str, _Programmed] = {}

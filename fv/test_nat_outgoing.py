@@ -1,0 +1,103 @@
+"""Outgoing NAT (an IP pool with ``masquerade``), in every mode, IPv4 and IPv6.
+
+An outside namespace hangs off the node's ``eth2`` (10.96.0.0/24, fd00:96::/64; the node is .1/::1,
+the outside .2/::2) and knows **only its own subnet**: a TCP connection from a workload to it can
+complete only if the node rewrote the workload's source to its own address on that subnet.  So
+"connects" proves MASQUERADE, and "does not connect" proves its absence.
+
+* pool without masquerade: a → outside does not connect;
+* pool with masquerade: a → outside connects; a → b (inside the pool) still shows b the real
+  source — b admits only a's own address, so a translated source would be refused;
+* masquerade off again: new connections to the outside fail again.
+
+The *tables modes match ``masq-ipam-pools``/``all-ipam-pools`` in ``cali-nat-outgoing``; BPF mode's
+programs mark the flow NAT_OUT from the routes map (source route flagged NAT_OUT, destination
+outside every pool), keep it off the FIB redirect, and the rule matches the mark.  The pool and the
+workloads' routes are sent as Felix's calc graph sends them (``IPAMPoolUpdate``, ``RouteUpdate``
+with ``nat_outgoing``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.testing import conncheck as cc
+from felixpy.testing import netns as nsmod
+from felixpy.testing.topology import Outside
+from fv.datastore import WORKLOADS, addr, datastore, nets, policy, workload
+from fv.harness import FamilyView, FvNode
+
+WEB = 8080
+POOLS = {4: "10.65.0.0/24", 6: "fd00:65::/64"}
+PROBE_TIMEOUT, SLOW_TIMEOUT = 0.5, 2.0
+
+
+@pytest.fixture(scope="module")
+def outside(fvnode: FvNode) -> Iterator[Outside]:
+    assert fvnode.node is not None
+    out = fvnode.node.add_outside("eth2", "10.96.0", "fd00:96")
+    servers = cc.Servers()
+    try:
+        for fam in ("-4", "-6"):
+            nsmod.run_in(out.netns, "ip", fam, "route", "del", "default")
+        servers.start(out.netns, tcp_ports=(WEB,), udp_ports=())
+        yield out
+    finally:
+        servers.stop()
+        fvnode.node.remove_outside(out)
+
+
+def _pool_and_routes(v: int, masquerade: bool) -> list[pb.ToDataplane]:
+    """What the calc graph sends for the FV pool and its local workloads."""
+    msgs = [pb.ToDataplane(ipam_pool_update=pb.IPAMPoolUpdate(
+        id="fv-pool", pool=pb.IPAMPool(cidr=POOLS[v], masquerade=masquerade)))]
+    for name in WORKLOADS:
+        (dst,) = nets(name, v=v)
+        msgs.append(pb.ToDataplane(route_update=pb.RouteUpdate(
+            types=pb.RouteType.LOCAL_WORKLOAD, ip_pool_type=pb.IPPoolType.NO_ENCAP, dst=dst,
+            nat_outgoing=masquerade, local_workload=True)))
+    return msgs
+
+
+def _cleanup(v: int) -> list[pb.ToDataplane]:
+    msgs = [pb.ToDataplane(ipam_pool_remove=pb.IPAMPoolRemove(id="fv-pool"))]
+    msgs += [pb.ToDataplane(route_remove=pb.RouteRemove(dst=nets(n, v=v)[0])) for n in WORKLOADS]
+    return msgs
+
+
+def _connects(fv: FamilyView, cases: Sequence[tuple[str, str]]) -> dict[tuple[str, str], bool]:
+    """TCP to WEB from workload ``src`` to ``dst_ip``; a miss gets one slower retry."""
+    eps = fv.node.endpoints
+    jobs = {c: (eps[c[0]].netns, c[1], cc.Probe("tcp", WEB)) for c in cases}
+    got = cc.probe_all(jobs, PROBE_TIMEOUT)
+    retry = {c: jobs[c] for c in cases if not got[c]}
+    if retry:
+        got.update(cc.probe_all(retry, SLOW_TIMEOUT))
+    return got
+
+
+def test_masquerading_pool_reaches_outside_with_the_node_address(fv: FamilyView, outside: Outside) -> None:
+    v = fv.v
+    b_only_from_a = policy("b-only-from-a", inbound=[{"action": "allow", "src_net": nets("a", v=v)}])
+    state = datastore(policies=[b_only_from_a],
+                      workloads=[workload("a"), workload("b", ingress=["b-only-from-a"]), workload("c")])
+    fv.apply(state)
+    out_ip, b_ip = outside.ip(v), addr("b", v)
+    try:
+        fv.node.send_payloads(_pool_and_routes(v, masquerade=False))
+        assert _connects(fv, [("a", out_ip), ("a", b_ip)]) == {("a", out_ip): False, ("a", b_ip): True}, \
+            f"[{fv.mode} v{v}] without masquerade the outside must not be reachable (it has no route back)"
+
+        fv.node.send_payloads(_pool_and_routes(v, masquerade=True))
+        got = _connects(fv, [("a", out_ip), ("c", out_ip), ("a", b_ip)])
+        assert got == {("a", out_ip): True, ("c", out_ip): True, ("a", b_ip): True}, \
+            f"[{fv.mode} v{v}] with masquerade: outside via the node's address, b sees a's own address: {got}"
+
+        fv.node.send_payloads(_pool_and_routes(v, masquerade=False))
+        assert _connects(fv, [("a", out_ip)]) == {("a", out_ip): False}, \
+            f"[{fv.mode} v{v}] masquerade turned off: new connections to the outside must fail again"
+    finally:
+        fv.node.send_payloads(_cleanup(v))
