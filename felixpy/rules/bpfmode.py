@@ -17,6 +17,9 @@ All policy runs in the BPF programs; *tables only guard the gaps (reference feli
   workload loses its neighbour entry for the host and with it all traffic); workload traffic
   without SEEN is dropped (fail closed).
 * filter ``cali-OUTPUT``: mark Linux-established flows.
+* raw ``cali-PREROUTING``: packets untracked (XDP) policy accepted (``BYPASS_XDP``) go to
+  ``cali-untracked-policy`` (clear the programs' marks, NOTRACK).  Felix's SKIP_FIB marking of
+  host-bound traffic is left out (see :func:`raw_prerouting_chain`: it opened the attach gap).
 * nat ``cali-POSTROUTING`` (Felix's ``StaticNATPostroutingChains`` in BPF mode): MASQUERADE what the
   programs marked MASQ ("BPF loopback SNAT"), then ``cali-fip-snat`` (empty: floating IPs are not
   programmed in BPF mode) and ``cali-nat-outgoing``, whose rules match the programs' NAT_OUT mark
@@ -36,9 +39,11 @@ from felixpy.drivers.generictables.model import (
     Accept,
     Chain,
     Drop,
+    Goto,
     Jump,
     Masquerade,
     Match,
+    NoTrack,
     Reject,
     Rule,
     SetMaskedMark,
@@ -50,6 +55,9 @@ from felixpy.rules.names import (
     CHAIN_FILTER_OUTPUT,
     CHAIN_FIP_SNAT,
     CHAIN_NAT_POSTROUTING,
+    CHAIN_RAW_BPF_UNTRACKED_POLICY,
+    CHAIN_RAW_PREROUTING,
+    CHAIN_RAW_UNTRACKED_FLOWS,
     CHAIN_TO_WORKLOAD_DISPATCH,
 )
 from felixpy.rules import static
@@ -60,12 +68,13 @@ ND_ICMPV6_TYPES = (130, 131, 132, 133, 135, 136)  # MLD query/report/done, RS, N
 # enum calico_skb_mark (bpf-gpl/bpf.h), as masks and values.
 MARK_SEEN = 0x01000000
 MARK_BYPASS = 0x03000000
+MARK_BYPASS_XDP = 0x03500000  # BYPASS | 0x00500000: accepted by untracked (XDP) policy
 MARK_FALLTHROUGH = 0x05000000
 MARK_BYPASS_MASK = 0x03F00000
 MARK_NAT_OUT = 0x03800000  # BYPASS | 0x00800000: a workload flow to outside the pools, to masquerade
 MARK_MASQ = 0x03600000  # BYPASS | 0x00600000: Felix's "BPF loopback SNAT"
 MARK_CT_ESTABLISHED = 0x08000000
-MARK_CALICO_BPF_MASK = 0x1FF00000
+MARK_CALICO_BPF_MASK = 0x1FF00000  # Felix's tcdefs.MarksMask
 
 
 def _wl_in(ctx: RenderContext) -> list[Match]:
@@ -130,11 +139,36 @@ def nat_postrouting_chain(ctx: RenderContext) -> Chain:
     return static.nat_postrouting_chain(ctx, bpf_loopback_snat=loopback)
 
 
+def raw_prerouting_chain(ctx: RenderContext) -> Chain:
+    """Felix's ``StaticBPFModeRawChains`` with ``BPFHostConntrackBypass`` off (accepted and ignored by
+    felixpy; without it the untracked-flows chain is empty and unreferenced).
+
+    Deliberately left out: Felix's second rule, ``--dst-type LOCAL`` → set ``SKIP_FIB``
+    ("traffic towards the host - it is TRACKed"), which only the conntrack-bypass chain reads.
+    ``SKIP_FIB`` (0x01100000) contains the SEEN bit, so it made traffic from a workload whose
+    programs are not attached yet look SEEN to filter INPUT's fail-closed check: the FV attach-gap
+    test caught the workload reaching the host.
+    """
+    return Chain(CHAIN_RAW_PREROUTING, (
+        Rule(Match().mark_matches_with_mask(MARK_BYPASS_XDP, 0xFFFFFFFF), Goto(CHAIN_RAW_BPF_UNTRACKED_POLICY),
+             ("Jump to target for packets with Bypass mark",)),
+    ))
+
+
+def raw_untracked_policy_chain() -> Chain:
+    """Untracked (XDP) policy accepted it: clear the programs' marks, so no later program skips its
+    own policy, and keep it out of Linux conntrack."""
+    return Chain(CHAIN_RAW_BPF_UNTRACKED_POLICY, (Rule(Match(), SetMaskedMark(0, MARK_CALICO_BPF_MASK)),
+                                                  Rule(Match(), NoTrack())))
+
+
 def static_chains(ctx: RenderContext, table: str) -> list[Chain]:
     if table == "filter":
         return [forward_chain(ctx), input_chain(ctx), output_chain(ctx), workload_allow_chain(ctx, ())]
     if table == "nat":
         return [nat_postrouting_chain(ctx), Chain(CHAIN_FIP_SNAT)]
+    if table == "raw":
+        return [raw_prerouting_chain(ctx), raw_untracked_policy_chain(), Chain(CHAIN_RAW_UNTRACKED_FLOWS)]
     return []
 
 
@@ -142,6 +176,9 @@ def kernel_hooks(ctx: RenderContext) -> list[KernelHook]:
     hooks = [KernelHook("filter", chain, (Rule(Match(), Jump(target)),))
              for chain, target in (("FORWARD", CHAIN_FILTER_FORWARD), ("INPUT", CHAIN_FILTER_INPUT),
                                    ("OUTPUT", CHAIN_FILTER_OUTPUT))]
+    # Felix hooks raw OUTPUT too (v4), to a cali-OUTPUT that runs untracked host-endpoint egress
+    # policy: not programmed while host endpoints are not attached in BPF mode.
+    hooks.append(KernelHook("raw", "PREROUTING", (Rule(Match(), Jump(CHAIN_RAW_PREROUTING)),)))
     # Felix's setUpIptablesBPF inserts (ChainInsertMode) here, where the *tables modes append.
     hooks.append(KernelHook("nat", "POSTROUTING", (Rule(Match(), Jump(CHAIN_NAT_POSTROUTING)),)))
     return hooks

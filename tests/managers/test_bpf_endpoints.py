@@ -426,3 +426,24 @@ def test_nat_outgoing_exclusions_reach_the_programs_globals(exclusions: str, fla
         assert pg is not None
         got.add(bool(pg.v4.flags & defs.GLOBALS_NATOUTGOING_EXCLUDE_HOSTS))  # a v4-only endpoint
     assert got == {flag}
+
+
+def test_raw_table_keeps_felix_bpf_mode_prerouting() -> None:
+    from felixpy.drivers.generictables.model import Goto, Jump, MarkMatchesWithMask, NoTrack, SetMaskedMark
+    from felixpy.rules import bpfmode
+
+    n, _ = node(families=(4, 6))
+    n.apply()
+    for v in (4, 6):
+        raw = n.f(v).tables["raw"]
+        assert [r.action for r in raw.kernel_rules("PREROUTING")] == [Jump("cali-PREROUTING")]
+        pre = raw.rules("cali-PREROUTING")
+        assert [(r.match.criteria, r.action) for r in pre] == [
+            ((MarkMatchesWithMask(defs.MARK_BYPASS_XDP, 0xFFFFFFFF),), Goto("cali-untracked-policy")),
+        ]  # not Felix's SKIP_FIB marking of host-bound traffic: it carries SEEN (fv attach-gap test)
+        assert [r.action for r in raw.rules("cali-untracked-policy")] == [SetMaskedMark(0, 0x1FF00000), NoTrack()]
+        assert not raw.is_programmed("cali-untracked-flows")  # BPFHostConntrackBypass is not honoured
+    # The rules' mark values are the programs' (bpf.h, mirrored in felixpy.bpf.defs).
+    for name in ("SEEN", "BYPASS", "BYPASS_XDP", "FALLTHROUGH", "NAT_OUT", "CT_ESTABLISHED"):
+        assert getattr(bpfmode, f"MARK_{name}") == getattr(defs, f"MARK_{name}"), name
+    assert bpfmode.MARK_BYPASS_MASK == defs.MARK_BYPASS_MASK
