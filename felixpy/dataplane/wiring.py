@@ -347,7 +347,8 @@ def _nftables_tables(config: Config, v: int, deps: KernelDeps) -> FamilyTables:
     # nft as a child per call, as Felix (knftables) does: libnftables in-process kept a 300k-rule
     # transaction's C heap resident (2.5 GiB at stress, #17) and aborted the daemon when both families'
     # contexts ran on two apply threads at once (found by the kill -9 trials, #14).
-    shim = (deps.nft_shim_factory or NftChildProcess)()
+    # Listings are parsed in a child too (nftables/snapshotworker.py): nft's JSON never enters the daemon.
+    shim = deps.nft_shim_factory() if deps.nft_shim_factory else NftChildProcess(parse_in_child=True)
     root, layers = new_nftables_tables(v, shim, refresh_interval=config.NftablesRefreshInterval)
     views: dict[str, Table] = dict(layers)
     # The dispatch maps live in the filter layer (their names get its prefix).

@@ -19,8 +19,8 @@ from typing import Any
 
 from felixpy.drivers.nftables import metrics
 from felixpy.drivers.nftables.names import TABLE_NAME
-from felixpy.drivers.nftables.readback import TableSnapshot, parse_table
-from felixpy.drivers.nftables.shim import NftSetsShim, NftShim
+from felixpy.drivers.nftables.readback import TableSnapshot
+from felixpy.drivers.nftables.shim import NftShim, read_snapshot
 
 
 def start_thread(fn: Callable[[], None]) -> None:
@@ -49,14 +49,8 @@ class Listing:
         """The worker: list, parse, hand over.  Touches nothing but this job (and the lister)."""
         try:
             metrics.NFT_LIST_CALLS.inc()
-            if self.kind == "sets":
-                assert isinstance(lister, NftSetsShim)
-                objs = lister.list_sets(family, TABLE_NAME)
-            else:
-                objs = lister.list_table(family, TABLE_NAME)
-            self.missing = objs is None
-            if objs is not None:
-                self.snap = parse_table(objs, ip_version)
+            self.snap = read_snapshot(lister, self.kind, family, TABLE_NAME, ip_version)
+            self.missing = self.snap is None
         except Exception as e:  # handed to the apply thread, which falls back to a listing of its own
             metrics.NFT_LIST_ERRORS.inc()
             self.error = e

@@ -79,3 +79,10 @@ def set_name_for_id(set_id: str, ip_version: int) -> str:
 
 def map_name_for(layer: str, name: str) -> str:
     return namespaced(layer, legalise_set_name(name))
+
+
+def hash_from_comment(comment: str | None) -> str:
+    """The ``cali:`` hash in a listed rule's comment, or ``""`` for a rule that is not ours."""
+    if not comment or not comment.startswith(HASH_PREFIX):
+        return ""
+    return comment.split(";", 1)[0][len(HASH_PREFIX):]

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from felixpy.drivers.nftables.members import SetKind, member_from_element
-from felixpy.drivers.nftables.names import BaseChainSpec
-from felixpy.drivers.nftables.render import hash_from_comment
+from felixpy.drivers.nftables.names import BaseChainSpec, hash_from_comment
 
 Verdict = tuple[str, ...]  # ("goto", chain) / ("jump", chain) / ("return",) ...
 
@@ -132,4 +131,37 @@ def parse_table(objs: Iterable[dict[str, Any]], ip_version: int) -> TableSnapsho
             for kind in _OBJECT_KINDS_WE_DELETE:
                 if kind in obj:
                     snap.others.append((kind, obj[kind]["name"]))
+    return snap
+
+
+# ------------------------------------------------------------------------------------ wire form
+# A snapshot as plain JSON values, for a listing parsed in a child process (:mod:`.snapshotworker`): the
+# child holds nft's JSON (27 MB and ~500 MiB of objects at 135k rules) and sends only this — per chain
+# its base spec and rule hashes, per set its kind and members, per map its elements.
+
+def snapshot_to_wire(snap: TableSnapshot) -> dict[str, Any]:
+    def base(b: BaseChainSpec | None) -> list[Any] | None:
+        return None if b is None else [b.type, b.hook, b.prio, b.policy]
+
+    return {
+        "chains": {n: [base(c.base), c.hashes] for n, c in snap.chains.items()},
+        "sets": {n: [None if s.kind is None else [list(s.kind.type), s.kind.interval], sorted(s.members), s.unparsed]
+                 for n, s in snap.sets.items()},
+        "maps": {n: [m.key_type, m.data_type, {k: list(v) for k, v in m.elements.items()}, m.unparsed]
+                 for n, m in snap.maps.items()},
+        "others": [list(o) for o in snap.others],
+    }
+
+
+def snapshot_from_wire(wire: dict[str, Any]) -> TableSnapshot:
+    snap = TableSnapshot()
+    for name, (base, hashes) in wire["chains"].items():
+        snap.chains[name] = ChainSnapshot(None if base is None else BaseChainSpec(base[0], base[1], int(base[2]), base[3]),
+                                          list(hashes))
+    for name, (kind, members, unparsed) in wire["sets"].items():
+        snap.sets[name] = SetSnapshot(None if kind is None else SetKind(tuple(kind[0]), bool(kind[1])),
+                                      set(members), int(unparsed))
+    for name, (key_type, data_type, elements, unparsed) in wire["maps"].items():
+        snap.maps[name] = MapSnapshot(key_type, data_type, {k: tuple(v) for k, v in elements.items()}, int(unparsed))
+    snap.others = [(kind, name) for kind, name in wire["others"]]
     return snap

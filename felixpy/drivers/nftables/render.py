@@ -24,7 +24,7 @@ from typing import Any
 
 from felixpy.drivers.generictables import model as m
 from felixpy.drivers.generictables.hashing import rule_hashes
-from felixpy.drivers.nftables.names import HASH_PREFIX, MAX_COMMENT_LEN, legalise_set_name
+from felixpy.drivers.nftables.names import HASH_PREFIX, MAX_COMMENT_LEN, hash_from_comment, legalise_set_name
 
 Expr = dict[str, Any]
 
@@ -521,13 +521,6 @@ def rule_comment(hash_: str, comments: Sequence[str]) -> str:
 def chain_rule_hashes(chain_name: str, rules: Sequence[m.Rule], ip_version: int,
                       fully_random: bool = True) -> list[str]:
     return rule_hashes(chain_name, (rule_text(r, ip_version, fully_random) for r in rules))
-
-
-def hash_from_comment(comment: str | None) -> str:
-    """The ``cali:`` hash in a listed rule's comment, or ``""`` for a rule that is not ours."""
-    if not comment or not comment.startswith(HASH_PREFIX):
-        return ""
-    return comment.split(";", 1)[0][len(HASH_PREFIX):]
 
 
 def referenced_names(rule: m.Rule) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -30,10 +30,15 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from felixpy.drivers.cmdshim import CommandRunner
 from felixpy.errors import CommandError
+
+if TYPE_CHECKING:
+    from felixpy.drivers.nftables.readback import TableSnapshot
+
+SNAPSHOT_WORKER_NFT_FAILED = 3  # snapshotworker.EXIT_NFT_FAILED: nft's status and stderr follow as JSON
 
 _ARGV = ["libnftables", "json"]
 # A run whose input or output is at least this big (a start of day, a full listing) hands the
@@ -82,6 +87,30 @@ def _sets_of(objs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 
 def _has_table(objs: list[dict[str, Any]], name: str) -> bool:
     return any(o.get("table", {}).get("name") == name for o in objs)
+
+
+@runtime_checkable
+class NftSnapshotShim(NftShim, Protocol):
+    """A shim that lists *and parses* (``kind`` "table" or "sets"), None when the table is missing: how
+    the table reads back, so that a shim may parse somewhere else (:class:`NftChildProcess` in a child)."""
+
+    def snapshot(self, kind: str, family: str, name: str, ip_version: int) -> TableSnapshot | None: ...
+
+
+def read_snapshot(shim: NftShim, kind: str, family: str, name: str, ip_version: int) -> TableSnapshot | None:
+    """The table (or only its sets) as a snapshot, through the shim's own :meth:`~NftSnapshotShim.snapshot`
+    when it has one, else listed and parsed here."""
+    if isinstance(shim, NftSnapshotShim):
+        return shim.snapshot(kind, family, name, ip_version)
+    from felixpy.drivers.nftables.readback import parse_table
+
+    if kind == "sets":
+        if not isinstance(shim, NftSetsShim):
+            raise TypeError(f"{type(shim).__name__} cannot list sets alone")
+        objs = shim.list_sets(family, name)
+    else:
+        objs = shim.list_table(family, name)
+    return None if objs is None else parse_table(objs, ip_version)
 
 
 @runtime_checkable
@@ -161,15 +190,20 @@ class NftChildProcess:
     thread, so they act on its network namespace like libnftables does.
     """
 
-    def __init__(self, runner: CommandRunner | None = None, nft: str = "nft", *, yielding: bool = False) -> None:
+    def __init__(self, runner: CommandRunner | None = None, nft: str = "nft", *, yielding: bool = False,
+                 parse_in_child: bool = False) -> None:
         if runner is None:
             from felixpy.drivers.cmdshim import SubprocessRunner
 
             runner = SubprocessRunner()
         self._runner = runner
         self._nft = nft
+        self._yielding = yielding
         # Listings decoded one object at a time (nft_objects_yielding): the lister for background listings.
         self._loads: Callable[[str], list[dict[str, Any]]] = nft_objects_yielding if yielding else _whole
+        # snapshot(): list and parse in a child Python (.snapshotworker), so nft's JSON never enters this
+        # process (the daemon's tables); the cleanup and the worker itself list here.
+        self._parse_in_child = parse_in_child
 
     def _call(self, args: Sequence[str], stdin: str | None, excerpt: str) -> str:
         argv = [self._nft, *args]
@@ -181,7 +215,33 @@ class NftChildProcess:
     def lister(self) -> NftChildProcess:
         """A twin for a listing thread (every call is a child of its own, nothing is shared) that decodes
         its listings without holding the GIL for the whole of one."""
-        return NftChildProcess(self._runner, self._nft, yielding=True)
+        return NftChildProcess(self._runner, self._nft, yielding=True, parse_in_child=self._parse_in_child)
+
+    def snapshot(self, kind: str, family: str, name: str, ip_version: int) -> TableSnapshot | None:
+        from felixpy.drivers.nftables import readback
+
+        if not self._parse_in_child:
+            objs = self.list_sets(family, name) if kind == "sets" else self.list_table(family, name)
+            return None if objs is None else readback.parse_table(objs, ip_version)
+        import sys
+
+        argv = [sys.executable, "-m", "felixpy.drivers.nftables.snapshotworker", kind, family, name, str(ip_version),
+                self._nft]
+        res = self._runner.run(argv, None)
+        if res.returncode == SNAPSHOT_WORKER_NFT_FAILED:
+            try:
+                err = json.loads(res.stderr)
+                code, stderr = int(err["returncode"]), str(err["stderr"])
+            except (ValueError, KeyError, TypeError):
+                code, stderr = res.returncode, res.stderr
+            raise NftError(code, stderr, argv=[self._nft, "-j", "list", kind, family, name])
+        if res.returncode != 0:
+            raise NftError(res.returncode, res.stderr or "the listing worker failed", argv=argv)
+        try:
+            wire = json.loads(res.stdout)
+            return None if wire.get("missing") else readback.snapshot_from_wire(wire)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise NftError(res.returncode, f"the listing worker printed what it should not: {e}", argv=argv) from e
 
     def run(self, commands: Sequence[dict[str, Any]]) -> None:
         if not commands:

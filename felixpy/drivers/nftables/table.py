@@ -71,11 +71,11 @@ from felixpy.drivers.nftables import metrics
 from felixpy.drivers.nftables.listing import Listing, start_thread
 from felixpy.drivers.nftables.maps import MapPlan, NftMaps
 from felixpy.drivers.nftables.names import BASE_CHAINS, LAYERS, TABLE_NAME, family_for
-from felixpy.drivers.nftables.readback import ChainSnapshot, MapSnapshot, SetSnapshot, TableSnapshot, parse_table
+from felixpy.drivers.nftables.readback import ChainSnapshot, MapSnapshot, SetSnapshot, TableSnapshot
 from felixpy.drivers.nftables.render import chain_rule_hashes, referenced_names
 from felixpy.drivers.nftables.script import Command, RuleCmd, to_json, to_script
 from felixpy.drivers.nftables.sets import NftSets, SetPlan
-from felixpy.drivers.nftables.shim import NftListerFactory, NftScriptShim, NftSetsShim, NftShim
+from felixpy.drivers.nftables.shim import NftListerFactory, NftScriptShim, NftSetsShim, NftShim, read_snapshot
 from felixpy.errors import DataplaneError, FatalDataplaneError
 
 log = structlog.get_logger(__name__)
@@ -527,12 +527,12 @@ class NftablesTable:
             from err
 
     # ----------------------------------------------------------------------- read back
-    def _list(self, lister: Callable[[str, str], list[dict[str, Any]] | None]) -> list[dict[str, Any]] | None:
+    def _list(self, kind: str) -> TableSnapshot | None:
         delay = 0.1
         for attempt in range(1, LIST_ATTEMPTS + 1):
             metrics.NFT_LIST_CALLS.inc()
             try:
-                return lister(self._family, TABLE_NAME)
+                return read_snapshot(self._shim, kind, self._family, TABLE_NAME, self.ip_version)
             except DataplaneError as e:
                 metrics.NFT_LIST_ERRORS.inc()
                 self._log.warning("Listing the nftables table failed", attempt=attempt, error=str(e))
@@ -545,24 +545,24 @@ class NftablesTable:
     def _load_sets(self) -> None:
         """Re-read the sets only (see :meth:`queue_resync`); a missing table means a full re-read."""
         assert isinstance(self._shim, NftSetsShim)
-        objs = self._list(self._shim.list_sets)
+        listed = self._list("sets")
         self._sets_resync = False
-        if objs is None:
+        if listed is None:
             self.invalidate_dataplane_cache("table missing at IP set resync")
             self._load_dataplane_state()
             return
-        old_sets, self._dp_sets = self._dp_sets, parse_table(objs, self.ip_version).sets
+        old_sets, self._dp_sets = self._dp_sets, listed.sets
         self.sets.resync(self._dp_sets)
         self._count_set_drift(old_sets)
         self._log.debug("Re-read nftables sets", sets=len(self._dp_sets), dirty=len(self.sets.dirty))
 
     def _load_dataplane_state(self) -> None:
         self._generation += 1       # a background listing started before this one is older
-        objs = self._list(self._shim.list_table)
+        listed = self._list("table")
         self._sets_resync = False
         self._last_read = self._now()
-        snap = parse_table(objs or (), self.ip_version)
-        self._table_present = objs is not None
+        snap = listed if listed is not None else TableSnapshot()
+        self._table_present = listed is not None
         old_chains, old_sets = self._dp_chains, self._dp_sets
         self._dp_chains, self._dp_sets, self._dp_maps = snap.chains, snap.sets, snap.maps
         self._dp_others = snap.others
