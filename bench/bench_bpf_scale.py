@@ -63,6 +63,12 @@ from felixpy.testing import netns  # noqa: E402
 from felixpy.testing.daemon import start_daemon  # noqa: E402
 
 READY = defs.IFACE_STATE_V4_READY | defs.IFACE_STATE_V6_READY
+
+
+def ifstate_size(n: int) -> int:
+    """cali_iface entries: every workload interface, and a NOT_MANAGED entry for each other
+    interface of the namespace (the veth peers, lo) -- 2 N + 1 here, with headroom."""
+    return max(1000, 2 * n + 64)
 SNAPSHOT = ("cali_counters6", "cali_ap_glob", "cali_iface4", "cali_jump_ing2", "cali_jump_egr2",
             "cali_v4_routes", "cali_v6_routes")
 
@@ -84,7 +90,7 @@ def daemon_run(ns: str, pin_root: str, cache: str, names: list[str], n_policies:
                settle: float) -> dict[str, float]:
     env = {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy",
            "FELIX_BPFATTACHTYPE": attach, "FELIXPY_BPF_PIN_ROOT": pin_root, "FELIXPY_BPF_CACHE_DIR": cache,
-           "FELIX_BPFMAPSIZEIFSTATE": str(max(1000, 2 * len(names)))}
+           "FELIX_BPFMAPSIZEIFSTATE": str(ifstate_size(len(names)))}
     batch = [to_dataplane(seq, m) for seq, m in enumerate(initial_batch(names, n_policies, "Felix", True))]
     d = start_daemon(ns, env=env)
     res: dict[str, float] = {}
@@ -168,7 +174,7 @@ def hexb(b: bytes) -> str:
 def raw_tools_run(names: list[str], snap: dict[str, list[tuple[bytes, bytes]]], pre: dict[int, int]) -> dict[str, float]:
     with netns.netns("fpybt") as ns, maps.private_bpffs() as root:
         make_veths(ns, names)
-        ms = maps.MapSet(root, sizes={"cali_iface4": max(1000, 2 * len(names))}).ensure()  # fresh maps (not timed)
+        ms = maps.MapSet(root, sizes={"cali_iface4": ifstate_size(len(names))}).ensure()  # fresh maps (not timed)
         ms.close()
         pins = os.path.join(root, "progs")
         os.makedirs(pins)
@@ -236,7 +242,7 @@ def profile_driver(names: list[str], n_sets: int, attach: str, top: int) -> None
                 idx = ifindexes(ns, run_names)
                 with netns.entered(ns):
                     kernel = open_kernel(os.path.join(bpffs, "globals"), attach,
-                                         sizes={"cali_iface4": max(1000, 2 * len(run_names))})
+                                         sizes={"cali_iface4": ifstate_size(len(run_names))})
                     driver = BPFEndpoints(kernel)
                     for i, n in enumerate(run_names):
                         driver.on_iface_state(n, IfaceState.UP, idx[n])
