@@ -316,6 +316,12 @@ def attach_tc(ifindex: int, hook: int, prog_fd: int, *, prio: int = TC_PRIO,
     """Attach (or atomically replace) the preamble filter on a clsact hook."""
 
     ensure_clsact(ifindex, nl=nl)
+    replace_tc_filter(ifindex, hook, prog_fd, prio=prio, nl=nl)
+
+
+def replace_tc_filter(ifindex: int, hook: int, prog_fd: int, *, prio: int = TC_PRIO,
+                      nl: RouteSocket | None = None) -> None:
+    """The filter half of :func:`attach_tc`: the clsact qdisc must be there (NetlinkError if not)."""
     with _route(nl) as ipr:
         ipr.tc("replace-filter", "bpf", ifindex, f":{TC_HANDLE}", fd=prog_fd, name=PREAMBLE_NAME,
                parent=_PARENT[hook], classid=1, direct_action=True, prio=prio,

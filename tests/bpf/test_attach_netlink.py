@@ -213,3 +213,25 @@ def test_attacher_programs_twenty_interfaces_over_one_socket_per_kind(ns: str, a
             a.nl.close()
     finally:
         os.close(prog)
+
+
+@pytest.mark.bpf
+@pytest.mark.kernel
+def test_tc_attach_adds_clsact_back_when_it_was_removed_under_the_attacher(ns: str) -> None:
+    prog = sc.prog_load(sc.PROG_TYPE_SCHED_CLS, RET0, name=attach.PREAMBLE_NAME)
+    try:
+        with nsutil.entered(ns):
+            a = KernelAttacher("TC", "/nonexistent")
+            nsutil.run_in(ns, "ip", "link", "set", "cali0", "up")
+            idx = socket.if_nametoindex("cali0")
+            for hook in HOOKS:
+                a.attach("cali0", idx, hook, prog)
+            nsutil.run_in(ns, "tc", "qdisc", "del", "dev", "cali0", "clsact")  # someone else's doing
+            assert not any(a.is_attached("cali0", idx, hook) for hook in HOOKS)
+            for hook in HOOKS:
+                a.attach("cali0", idx, hook, prog)
+            assert all(a.is_attached("cali0", idx, hook) for hook in HOOKS)
+            assert all(a.is_current("cali0", idx, hook, prog) for hook in HOOKS)
+            a.nl.close()
+    finally:
+        os.close(prog)

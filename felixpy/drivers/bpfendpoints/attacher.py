@@ -69,6 +69,7 @@ class KernelAttacher:
         self.tcx_pin_dir = tcx_pin_dir
         self._modes: dict[str, bpfattach.AttachMode] = {}
         self.nl = nl or bpfattach.RouteSocket()
+        self._clsact: set[int] = set()  # ifindexes this attacher gave a clsact qdisc (both hooks share it)
 
     def _mode(self, iface: str) -> bpfattach.AttachMode:
         got = self._modes.get(iface)
@@ -89,7 +90,7 @@ class KernelAttacher:
     def attach(self, iface: str, ifindex: int, hook: int, prog_fd: int) -> None:
         mode = self._mode(iface)
         if mode is bpfattach.AttachMode.TC:
-            bpfattach.attach_tc(ifindex, hook, prog_fd, nl=self.nl)
+            self._attach_tc(ifindex, hook, prog_fd)
             # A TCX link left by a previous mode would run first: remove it after the swap.
             bpfattach.detach_tcx(pin_path=self._pin(iface, hook))
             return
@@ -97,7 +98,21 @@ class KernelAttacher:
         if link is not None:
             os.close(link)  # the pin holds the link
 
+    def _attach_tc(self, ifindex: int, hook: int, prog_fd: int) -> None:
+        """clsact once per interface (the second hook's add was a netlink round trip that only
+        returned EEXIST), then the filter; a qdisc removed under us is added back and the filter
+        retried once."""
+        if ifindex not in self._clsact:
+            bpfattach.ensure_clsact(ifindex, nl=self.nl)
+            self._clsact.add(ifindex)
+        try:
+            bpfattach.replace_tc_filter(ifindex, hook, prog_fd, nl=self.nl)
+        except bpfattach._netlink_error():
+            bpfattach.ensure_clsact(ifindex, nl=self.nl)
+            bpfattach.replace_tc_filter(ifindex, hook, prog_fd, nl=self.nl)
+
     def detach(self, iface: str, ifindex: int) -> None:
+        self._clsact.discard(ifindex)
         for hook in HOOKS:
             bpfattach.detach_tcx(pin_path=self._pin(iface, hook))
         with contextlib.suppress(OSError):
