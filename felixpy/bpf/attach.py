@@ -13,9 +13,10 @@ lacks it.  This kernel has no netkit (``CONFIG_NETKIT`` off), so a netkit device
 request to attach with netkit, raises :class:`~felixpy.bpf.errors.UnsupportedAttachType`.
 
 Only the calling thread's network namespace is touched.  The netlink calls take an optional
-:class:`RouteSocket`: one pyroute2 ``IPRoute`` kept open across calls (a driver attaching to 1,000
-interfaces opened ~5,000 sockets before, 9.8 s of a 44.7 s apply); without one, each call opens
-and closes its own socket as before.
+:class:`RouteSocket`, kept open across calls: a pyroute2 ``IPRoute`` for qdiscs and filters and a
+plain netlink socket for the link-kind query (a driver attaching to 1,000 interfaces opened ~5,000
+pyroute2 sockets before, and the kind alone cost 9.8 s of a 44.7 s apply); without one, each call
+opens and closes its own socket.
 """
 
 from __future__ import annotations
@@ -141,15 +142,17 @@ def _raw_route_socket() -> socket.socket:
 
 
 class RouteSocket:
-    """One rtnetlink socket (a pyroute2 ``IPRoute``) reused by every call that is given it.
+    """The rtnetlink sockets reused by every call that is given this object: a pyroute2 ``IPRoute``
+    (:meth:`use`: clsact and filters) and a plain ``AF_NETLINK`` socket (:meth:`link_kind`), each
+    opened on first use.
 
     A netlink socket belongs to the namespace it was opened in, so the calling thread's namespace
     is checked on each use and a socket of another namespace is replaced (a test or bench that
     moves a thread between namespaces gets the right one).  A kernel error reply
-    (``NetlinkError``: ENODEV, EEXIST, ...) leaves the socket in step and it is kept; any other
-    exception while it is in use (a socket error, a reply that could not be decoded, an interrupt
-    mid-dump) may leave unread replies behind, so the socket is closed and the next use opens a
-    fresh one.  Not thread-safe: one owner (the BPF endpoint driver's apply) uses it at a time.
+    (``NetlinkError``, :class:`LinkQueryError`: ENODEV, EEXIST, ...) leaves the socket in step and
+    it is kept; any other exception while it is in use (a socket error or timeout, a reply that
+    could not be decoded, an interrupt mid-dump) may leave unread replies behind, so that socket is
+    closed and the next use opens a fresh one.  Not thread-safe: one owner (the BPF endpoint driver's apply) uses it at a time.
     """
 
     def __init__(self, opener: Callable[[], Any] = _ipr,
