@@ -21,7 +21,14 @@ network namespaces and private bpffs mounts.
   generate nor load a policy program -- the daemon's time includes generating and loading the
   100 policy programs, the IP-set and routes maps, the *tables rules and its own decoding.
 
-Usage: ``.venv/bin/python bench/bench_bpf_scale.py [--workloads N] [--policies N] [--attach TCX|TC]``.
+* **``--profile``: the endpoint driver's apply alone, under cProfile.**  In-process, no daemon:
+  the driver (:func:`~felixpy.drivers.bpfendpoints.open_kernel` on a private bpffs) is told about
+  the same veth interfaces and given 50 distinct dual-stack policy sets (CIDR and port rules), a
+  one-interface warm-up fills the compile cache first, then one ``apply()`` over every interface
+  is profiled; the top functions and the netlink sockets the attacher opened are printed.
+
+Usage: ``.venv/bin/python bench/bench_bpf_scale.py [--workloads N] [--policies N] [--attach TCX|TC]
+[--profile]``.
 """
 
 from __future__ import annotations
@@ -56,6 +63,12 @@ from felixpy.testing import netns  # noqa: E402
 from felixpy.testing.daemon import start_daemon  # noqa: E402
 
 READY = defs.IFACE_STATE_V4_READY | defs.IFACE_STATE_V6_READY
+
+
+def ifstate_size(n: int) -> int:
+    """cali_iface entries: every workload interface, and a NOT_MANAGED entry for each other
+    interface of the namespace (the veth peers, lo) -- 2 N + 1 here, with headroom."""
+    return max(1000, 2 * n + 64)
 SNAPSHOT = ("cali_counters6", "cali_ap_glob", "cali_iface4", "cali_jump_ing2", "cali_jump_egr2",
             "cali_v4_routes", "cali_v6_routes")
 
@@ -77,7 +90,7 @@ def daemon_run(ns: str, pin_root: str, cache: str, names: list[str], n_policies:
                settle: float) -> dict[str, float]:
     env = {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy",
            "FELIX_BPFATTACHTYPE": attach, "FELIXPY_BPF_PIN_ROOT": pin_root, "FELIXPY_BPF_CACHE_DIR": cache,
-           "FELIX_BPFMAPSIZEIFSTATE": str(max(1000, 2 * len(names)))}
+           "FELIX_BPFMAPSIZEIFSTATE": str(ifstate_size(len(names)))}
     batch = [to_dataplane(seq, m) for seq, m in enumerate(initial_batch(names, n_policies, "Felix", True))]
     d = start_daemon(ns, env=env)
     res: dict[str, float] = {}
@@ -161,7 +174,7 @@ def hexb(b: bytes) -> str:
 def raw_tools_run(names: list[str], snap: dict[str, list[tuple[bytes, bytes]]], pre: dict[int, int]) -> dict[str, float]:
     with netns.netns("fpybt") as ns, maps.private_bpffs() as root:
         make_veths(ns, names)
-        ms = maps.MapSet(root, sizes={"cali_iface4": max(1000, 2 * len(names))}).ensure()  # fresh maps (not timed)
+        ms = maps.MapSet(root, sizes={"cali_iface4": ifstate_size(len(names))}).ensure()  # fresh maps (not timed)
         ms.close()
         pins = os.path.join(root, "progs")
         os.makedirs(pins)
@@ -198,6 +211,59 @@ def raw_tools_run(names: list[str], snap: dict[str, list[tuple[bytes, bytes]]], 
                 "tc_commands": float(len(tc_lines))}
 
 
+def profile_sets(n: int) -> list[object]:
+    from felixpy.bpf.policy_ir import Action, Policy, PolicySet, PortRange, Profile, Rule, Tier
+    from felixpy.drivers.bpfendpoints import WorkloadPolicy
+
+    out: list[object] = []
+    for i in range(n):
+        rules = tuple(Rule(Action.ALLOW, protocol=6, src_nets=(f"10.{i}.{j}.0/24",),
+                           dst_ports=(PortRange(8000 + j, 8000 + j),)) for j in range(10))
+        ps = PolicySet(tiers=(Tier("default", (Policy(f"pol{i}", rules),)),),
+                       profiles=(Profile(f"kns.ns{i}", (Rule(Action.ALLOW),)),))
+        out.append(WorkloadPolicy(to_workload=ps, from_workload=ps))
+    return out
+
+
+def profile_driver(names: list[str], n_sets: int, attach: str, top: int) -> None:
+    """cProfile of one BPFEndpoints.apply() over every interface (see the module doc)."""
+    import cProfile
+    import pstats
+
+    from felixpy.drivers.bpfendpoints import BPFEndpoints, open_kernel
+    from felixpy.ifacemonitor.events import IfaceState
+
+    sets = profile_sets(n_sets)
+    with tempfile.TemporaryDirectory(prefix="felixpy-bpfcache-") as cache:
+        os.environ["FELIXPY_BPF_CACHE_DIR"] = cache
+        for run, run_names in (("warm-up", names[:1]), ("profiled", names)):
+            with netns.netns("fpybp") as ns, maps.private_bpffs() as bpffs:
+                make_veths(ns, run_names)
+                idx = ifindexes(ns, run_names)
+                with netns.entered(ns):
+                    kernel = open_kernel(os.path.join(bpffs, "globals"), attach,
+                                         sizes={"cali_iface4": ifstate_size(len(run_names))})
+                    driver = BPFEndpoints(kernel)
+                    for i, n in enumerate(run_names):
+                        driver.on_iface_state(n, IfaceState.UP, idx[n])
+                        for v in (4, 6):
+                            driver.set_workload(v, n, sets[i % len(sets)])  # type: ignore[arg-type]
+                    prof = cProfile.Profile()
+                    t0 = time.perf_counter()
+                    prof.enable()
+                    driver.apply()
+                    prof.disable()
+                    dt = time.perf_counter() - t0
+                    assert driver.ready_interfaces(4) == driver.ready_interfaces(6) == frozenset(run_names)
+                    sockets = getattr(kernel.attacher, "nl").opened
+                    kernel.maps.close()
+            print(f"{run}: apply over {len(run_names)} interfaces ({attach}) {dt:.2f} s under cProfile, "
+                  f"{sockets} netlink socket(s) opened", flush=True)
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workloads", type=int, default=1000)
@@ -205,9 +271,14 @@ def main() -> None:
     ap.add_argument("--attach", default="TCX", choices=("TCX", "TC"))
     ap.add_argument("--settle", type=float, default=15.0)
     ap.add_argument("--json")
+    ap.add_argument("--profile", action="store_true", help="cProfile the endpoint driver's apply alone")
+    ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     os.environ["BCC_KERNEL_SOURCE"] = headers_dir()
     names = iface_names(args.workloads)
+    if args.profile:
+        profile_driver(names, args.policies, args.attach, args.top)
+        return
     out: dict[str, object] = {"workloads": args.workloads, "policies": args.policies, "attach": args.attach}
     with tempfile.TemporaryDirectory(prefix="felixpy-bpfcache-") as cache:
         for run in ("cold cache", "warm cache"):

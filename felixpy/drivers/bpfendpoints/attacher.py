@@ -18,7 +18,9 @@ Apply contract: :meth:`KernelAttacher.attach` is idempotent and atomic per hook;
 (TCX by default, clsact where the kernel lacks TCX or ``BPFAttachType=TC``) is chosen in one
 place, :func:`felixpy.bpf.attach.resolve_attach_mode`; a netkit device raises
 :class:`~felixpy.errors.UnsupportedFeature` ("BPF netkit attach"), which the loop reports once
-by name.  Every call acts in the calling thread's network namespace.
+by name.  Every call acts in the calling thread's network namespace; the netlink calls (link kind,
+clsact, filters) share one socket per attacher (:class:`felixpy.bpf.attach.RouteSocket`), reopened
+when the namespace changes or after an error that may have left it out of step.
 """
 
 from __future__ import annotations
@@ -62,16 +64,18 @@ class Attacher(Protocol):
 class KernelAttacher:
     """clsact/TCX through :mod:`felixpy.bpf.attach` (pyroute2 for TC, libbpf for TCX links)."""
 
-    def __init__(self, attach_type: str, tcx_pin_dir: str) -> None:
+    def __init__(self, attach_type: str, tcx_pin_dir: str, *, nl: bpfattach.RouteSocket | None = None) -> None:
         self.attach_type = attach_type
         self.tcx_pin_dir = tcx_pin_dir
         self._modes: dict[str, bpfattach.AttachMode] = {}
+        self.nl = nl or bpfattach.RouteSocket()
+        self._clsact: set[int] = set()  # ifindexes this attacher gave a clsact qdisc (both hooks share it)
 
     def _mode(self, iface: str) -> bpfattach.AttachMode:
         got = self._modes.get(iface)
         if got is None:
             try:
-                got = bpfattach.resolve_attach_mode(self.attach_type, bpfattach.iface_kind(iface))
+                got = bpfattach.resolve_attach_mode(self.attach_type, bpfattach.iface_kind(iface, nl=self.nl))
             except UnsupportedAttachType as e:
                 raise UnsupportedFeature(NETKIT_FEATURE, str(e)) from e
             self._modes[iface] = got
@@ -86,20 +90,35 @@ class KernelAttacher:
     def attach(self, iface: str, ifindex: int, hook: int, prog_fd: int) -> None:
         mode = self._mode(iface)
         if mode is bpfattach.AttachMode.TC:
-            bpfattach.attach_tc(ifindex, hook, prog_fd)
+            self._attach_tc(ifindex, hook, prog_fd)
             # A TCX link left by a previous mode would run first: remove it after the swap.
             bpfattach.detach_tcx(pin_path=self._pin(iface, hook))
             return
-        link = bpfattach.attach(mode, ifindex, hook, prog_fd, link_pin=self._pin(iface, hook))
+        link = bpfattach.attach(mode, ifindex, hook, prog_fd, link_pin=self._pin(iface, hook), nl=self.nl)
         if link is not None:
             os.close(link)  # the pin holds the link
 
+    def _attach_tc(self, ifindex: int, hook: int, prog_fd: int) -> None:
+        """clsact once per interface (the second hook's add was a netlink round trip that only
+        returned EEXIST), then the filter; a qdisc removed under us is added back and the filter
+        retried once."""
+        if ifindex not in self._clsact:
+            bpfattach.ensure_clsact(ifindex, nl=self.nl)
+            self._clsact.add(ifindex)
+        try:
+            bpfattach.replace_tc_filter(ifindex, hook, prog_fd, nl=self.nl)
+        except bpfattach._netlink_error():
+            bpfattach.ensure_clsact(ifindex, nl=self.nl)
+            bpfattach.replace_tc_filter(ifindex, hook, prog_fd, nl=self.nl)
+
     def detach(self, iface: str, ifindex: int) -> None:
+        self._clsact.discard(ifindex)
         for hook in HOOKS:
             bpfattach.detach_tcx(pin_path=self._pin(iface, hook))
         with contextlib.suppress(OSError):
-            if any(f == bpfattach.PREAMBLE_NAME for hook in HOOKS for f in bpfattach.tc_filters(ifindex, hook)):
-                bpfattach.detach_tc(ifindex)
+            if any(f == bpfattach.PREAMBLE_NAME for hook in HOOKS
+                   for f in bpfattach.tc_filters(ifindex, hook, nl=self.nl)):
+                bpfattach.detach_tc(ifindex, nl=self.nl)
         self._modes.pop(iface, None)
 
     def is_current(self, iface: str, ifindex: int, hook: int, prog_fd: int) -> bool:
@@ -147,5 +166,5 @@ class KernelAttacher:
 
     def is_attached(self, iface: str, ifindex: int, hook: int) -> bool:
         if self._mode(iface) is bpfattach.AttachMode.TC:
-            return bpfattach.PREAMBLE_NAME in bpfattach.tc_filters(ifindex, hook)
+            return bpfattach.PREAMBLE_NAME in bpfattach.tc_filters(ifindex, hook, nl=self.nl)
         return os.path.exists(self._pin(iface, hook)) and bool(bpfattach.tcx_programs(ifindex, hook))
