@@ -13,10 +13,9 @@ lacks it.  This kernel has no netkit (``CONFIG_NETKIT`` off), so a netkit device
 request to attach with netkit, raises :class:`~felixpy.bpf.errors.UnsupportedAttachType`.
 
 Only the calling thread's network namespace is touched.  The netlink calls take an optional
-:class:`RouteSocket`, kept open across calls: a pyroute2 ``IPRoute`` for qdiscs and filters and a
-plain netlink socket for the link-kind query (a driver attaching to 1,000 interfaces opened ~5,000
-pyroute2 sockets before, and the kind alone cost 9.8 s of a 44.7 s apply); without one, each call
-opens and closes its own socket.
+:class:`RouteSocket`: one pyroute2 ``IPRoute`` kept open across calls, for the link-kind query,
+qdiscs and filters (a driver attaching to 1,000 interfaces opened ~5,000 sockets before, and the
+kind alone cost 9.8 s of a 44.7 s apply); without one, each call opens and closes its own socket.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ import errno
 import functools
 import os
 import socket
-import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -68,103 +66,24 @@ def _netns_id() -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-# rtnetlink constants for the one request made without pyroute2 (the link kind).
-_NLMSG_HDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
-_IFINFOMSG = struct.Struct("=BxHiII")  # family, pad, type, index, flags, change
-_RTA = struct.Struct("=HH")  # len, type
-_NLMSG_ERROR, _RTM_NEWLINK, _RTM_GETLINK = 2, 16, 18
-_NLM_F_REQUEST = 1
-_IFLA_IFNAME, _IFLA_LINKINFO, _IFLA_EXT_MASK, _IFLA_INFO_KIND = 3, 18, 29, 1
-_RTEXT_FILTER_SKIP_STATS = 1 << 3
-_NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
-
-
-def _rta(kind: int, payload: bytes) -> bytes:
-    raw = _RTA.pack(_RTA.size + len(payload), kind) + payload
-    return raw + b"\0" * (-len(raw) % 4)
-
-
-def _attrs(buf: bytes) -> Iterator[tuple[int, bytes]]:
-    """(type, payload) of each netlink attribute in *buf* (a truncated tail is ignored)."""
-    off = 0
-    while off + _RTA.size <= len(buf):
-        length, kind = _RTA.unpack_from(buf, off)
-        if length < _RTA.size or off + length > len(buf):
-            return
-        yield kind & _NLA_TYPE_MASK, buf[off + _RTA.size:off + length]
-        off += (length + 3) & ~3
-
-
-def getlink_request(seq: int, ifname: str) -> bytes:
-    """An RTM_GETLINK for one interface by name, stats skipped (the reply is then ~1 KiB)."""
-    body = (_IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + _rta(_IFLA_IFNAME, ifname.encode() + b"\0")
-            + _rta(_IFLA_EXT_MASK, struct.pack("=I", _RTEXT_FILTER_SKIP_STATS)))
-    return _NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), _RTM_GETLINK, _NLM_F_REQUEST, seq, 0) + body
-
-
-def parse_getlink_reply(buf: bytes, seq: int) -> tuple[bool, str | None]:
-    """(answered, kind) from one recv of replies: answered is False when no message of *buf* answers
-    request *seq* (a late reply to an earlier one).  ENODEV answers "no kind"; any other error
-    reply raises :class:`LinkQueryError` with its errno."""
-    off = 0
-    while off + _NLMSG_HDR.size <= len(buf):
-        length, mtype, _flags, mseq, _pid = _NLMSG_HDR.unpack_from(buf, off)
-        if length < _NLMSG_HDR.size:
-            raise ValueError(f"netlink message of length {length}")
-        msg = buf[off + _NLMSG_HDR.size:off + length]
-        off += (length + 3) & ~3
-        if mseq != seq:
-            continue
-        if mtype == _NLMSG_ERROR:
-            err = -struct.unpack_from("=i", msg)[0]
-            if err in (0, errno.ENODEV):
-                return True, None
-            raise LinkQueryError(err, f"RTM_GETLINK: {os.strerror(err)}")
-        if mtype == _RTM_NEWLINK:
-            for kind, payload in _attrs(msg[_IFINFOMSG.size:]):
-                if kind == _IFLA_LINKINFO:
-                    for sub, value in _attrs(payload):
-                        if sub == _IFLA_INFO_KIND:
-                            return True, value.split(b"\0", 1)[0].decode() or None
-            return True, None
-    return False, None
-
-
-class LinkQueryError(OSError):
-    """The kernel answered the link query with an error (other than ENODEV)."""
-
-
-def _raw_route_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
-    sock.settimeout(5.0)
-    sock.bind((0, 0))
-    return sock
-
-
 class RouteSocket:
-    """The rtnetlink sockets reused by every call that is given this object: a pyroute2 ``IPRoute``
-    (:meth:`use`: clsact and filters) and a plain ``AF_NETLINK`` socket (:meth:`link_kind`), each
-    opened on first use.
+    """One rtnetlink socket (a pyroute2 ``IPRoute``) reused by every call that is given it.
 
     A netlink socket belongs to the namespace it was opened in, so the calling thread's namespace
     is checked on each use and a socket of another namespace is replaced (a test or bench that
     moves a thread between namespaces gets the right one).  A kernel error reply
-    (``NetlinkError``, :class:`LinkQueryError`: ENODEV, EEXIST, ...) leaves the socket in step and
-    it is kept; any other exception while it is in use (a socket error or timeout, a reply that
-    could not be decoded, an interrupt mid-dump) may leave unread replies behind, so that socket is
-    closed and the next use opens a fresh one.  Not thread-safe: one owner (the BPF endpoint driver's apply) uses it at a time.
+    (``NetlinkError``: ENODEV, EEXIST, ...) leaves the socket in step and it is kept; any other
+    exception while it is in use (a socket error, a reply that could not be decoded, an interrupt
+    mid-dump) may leave unread replies behind, so the socket is closed and the next use opens a
+    fresh one.  Not thread-safe: one owner (the BPF endpoint driver's apply) uses it at a time.
     """
 
     def __init__(self, opener: Callable[[], Any] = _ipr,
-                 netns_id: Callable[[], tuple[int, int]] = _netns_id,
-                 raw_opener: Callable[[], socket.socket] = _raw_route_socket) -> None:
+                 netns_id: Callable[[], tuple[int, int]] = _netns_id) -> None:
         self._opener = opener
-        self._raw_opener = raw_opener
         self._netns_id = netns_id
         self._ipr: Any = None
-        self._raw: socket.socket | None = None
         self._ns: tuple[int, int] | None = None
-        self._seq = 0
         self.opened = 0  # sockets opened so far (tests and benches read it)
 
     def _same_netns(self) -> None:
@@ -175,7 +94,7 @@ class RouteSocket:
 
     @contextlib.contextmanager
     def use(self) -> Iterator[Any]:
-        """The pyroute2 ``IPRoute`` (TC qdiscs and filters)."""
+        """The pyroute2 ``IPRoute`` (links, TC qdiscs and filters)."""
         self._same_netns()
         if self._ipr is None:
             self._ipr = self._opener()
@@ -185,45 +104,34 @@ class RouteSocket:
         except _netlink_error():
             raise
         except BaseException:
-            self._close_ipr()
+            self.close_socket()
             raise
 
     def link_kind(self, ifname: str) -> str | None:
-        """IFLA_INFO_KIND of *ifname* (None: no kind, or no such interface).
+        """IFLA_INFO_KIND of *ifname* (None: no kind, or no such interface).  pyroute2 decodes the
+        whole link (~1.3 ms); callers ask once per interface (the attacher caches the mode)."""
+        with self.use() as ipr:
+            try:
+                links = ipr.link("get", ifname=ifname)
+            except _netlink_error() as e:
+                if getattr(e, "code", None) == errno.ENODEV:
+                    return None
+                raise
+        for link in links:
+            info = link.get_attr("IFLA_LINKINFO")
+            if info is not None:
+                kind = info.get_attr("IFLA_INFO_KIND")
+                return str(kind) if kind else None
+        return None
 
-        One RTM_GETLINK on a plain netlink socket, only the kind decoded: pyroute2 decoded every
-        attribute of the reply, ~1.3 ms an interface even over one socket."""
-        self._same_netns()
-        if self._raw is None:
-            self._raw = self._raw_opener()
-            self.opened += 1
-        self._seq = self._seq % 0x7FFFFFFF + 1
-        try:
-            self._raw.send(getlink_request(self._seq, ifname))
-            while True:
-                answered, kind = parse_getlink_reply(self._raw.recv(65536), self._seq)
-                if answered:
-                    return kind
-        except LinkQueryError:
-            raise  # the kernel's answer: the socket is in step
-        except BaseException:
-            self._close_raw()  # no answer, or one not understood: start the next query afresh
-            raise
-
-    def _close_ipr(self) -> None:
+    def close_socket(self) -> None:
         ipr, self._ipr = self._ipr, None
         if ipr is not None:
             with contextlib.suppress(Exception):
                 ipr.close()
 
-    def _close_raw(self) -> None:
-        raw, self._raw = self._raw, None
-        if raw is not None:
-            raw.close()
-
     def close(self) -> None:
-        self._close_ipr()
-        self._close_raw()
+        self.close_socket()
         self._ns = None
 
 

@@ -2,9 +2,9 @@
 every interface, the link kind (what decides netkit versus TCX/TC) is still read right, and a
 socket that may be out of step is replaced.
 
-The first tests run against a stateful fake rtnetlink socket that answers RTM_GETLINK from a table
-of interfaces (with failure injection); the kernel tests run in throwaway namespaces and compare
-with pyroute2's own decoding of the same links.
+The first tests run against a stateful fake of pyroute2's ``IPRoute`` that answers link queries from
+a table of interfaces (with failure injection); the kernel tests run in throwaway namespaces and
+compare with a dump of the same links.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import struct
 from collections.abc import Iterator
 
 import pytest
@@ -23,54 +22,42 @@ from felixpy.drivers.bpfendpoints.attacher import HOOKS, KernelAttacher
 from felixpy.testing import netns as nsutil
 
 RET0 = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])
-HDR = struct.Struct("=IHHII")
 
 
-def _reply_newlink(seq: int, kind: str | None) -> bytes:
-    info = attach._rta(attach._IFLA_INFO_KIND, kind.encode() + b"\0") if kind else b""
-    body = (attach._IFINFOMSG.pack(0, 1, 7, 0, 0) + attach._rta(attach._IFLA_IFNAME, b"x\0")
-            + attach._rta(attach._IFLA_LINKINFO | 0x8000, info))
-    return HDR.pack(HDR.size + len(body), attach._RTM_NEWLINK, 0, seq, 0) + body
+class _Attrs:
+    def __init__(self, attrs: dict[str, object]) -> None:
+        self.attrs = attrs
+
+    def get_attr(self, name: str) -> object:
+        return self.attrs.get(name)
 
 
-def _reply_error(seq: int, err: int) -> bytes:
-    body = struct.pack("=i", -err) + b"\0" * 16
-    return HDR.pack(HDR.size + len(body), attach._NLMSG_ERROR, 0, seq, 0) + body
-
-
-class FakeRtnl:
-    """Answers RTM_GETLINK by name from ``links`` (name -> kind); ``fail_next_recv`` raises a
-    timeout once, ``late`` prepends an answer to an older request to the next reply."""
+class FakeIPRoute:
+    """Answers ``link("get", ifname=…)`` from ``links`` (name -> kind) as pyroute2 does, raising
+    pyroute2's NetlinkError (ENODEV for an unknown name, EPERM for "eperm"); ``fail_next`` raises a
+    socket error once (the socket may then be out of step)."""
 
     def __init__(self, links: dict[str, str | None]) -> None:
         self.links = links
-        self.pending: list[bytes] = []
-        self.fail_next_recv = False
-        self.late = False
+        self.fail_next = False
         self.closed = False
+        self.calls = 0
 
-    def send(self, data: bytes) -> int:
-        _len, mtype, _flags, seq, _pid = HDR.unpack_from(data)
-        assert mtype == attach._RTM_GETLINK
-        attrs = dict(attach._attrs(data[HDR.size + attach._IFINFOMSG.size:]))
-        assert struct.unpack("=I", attrs[attach._IFLA_EXT_MASK]) == (attach._RTEXT_FILTER_SKIP_STATS,)
-        name = attrs[attach._IFLA_IFNAME].rstrip(b"\0").decode()
-        if name in self.links:
-            self.pending.append(_reply_newlink(seq, self.links[name]))
-        else:
-            self.pending.append(_reply_error(seq, errno.ENODEV if name != "eperm" else errno.EPERM))
-        return len(data)
+    def link(self, cmd: str, *, ifname: str) -> list[_Attrs]:
+        from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]
 
-    def recv(self, _n: int) -> bytes:
-        if self.fail_next_recv:
-            self.fail_next_recv = False
-            self.pending.clear()  # the answer arrives too late for this socket's next request
+        assert cmd == "get" and not self.closed
+        self.calls += 1
+        if self.fail_next:
+            self.fail_next = False
             raise TimeoutError("timed out")
-        out = self.pending.pop(0)
-        if self.late:
-            self.late = False
-            out = _reply_newlink(0x7FFFFFF0, "bogus") + out
-        return out
+        if ifname == "eperm":
+            raise NetlinkError(errno.EPERM)
+        if ifname not in self.links:
+            raise NetlinkError(errno.ENODEV)
+        kind = self.links[ifname]
+        info = _Attrs({"IFLA_INFO_KIND": kind}) if kind else None
+        return [_Attrs({"IFLA_IFNAME": ifname, "IFLA_LINKINFO": info})]
 
     def close(self) -> None:
         self.closed = True
@@ -79,18 +66,18 @@ class FakeRtnl:
 class Opener:
     def __init__(self, links: dict[str, str | None]) -> None:
         self.links = links
-        self.made: list[FakeRtnl] = []
+        self.made: list[FakeIPRoute] = []
 
-    def __call__(self) -> socket.socket:
-        s = FakeRtnl(self.links)
+    def __call__(self) -> FakeIPRoute:
+        s = FakeIPRoute(self.links)
         self.made.append(s)
-        return s  # type: ignore[return-value]
+        return s
 
 
 def _nl(links: dict[str, str | None], ns: list[tuple[int, int]] | None = None) -> tuple[attach.RouteSocket, Opener]:
     op = Opener(links)
     where = ns if ns is not None else [(1, 1)]
-    return attach.RouteSocket(raw_opener=op, netns_id=lambda: where[0]), op
+    return attach.RouteSocket(opener=op, netns_id=lambda: where[0]), op
 
 
 def test_one_socket_answers_the_kind_of_every_interface() -> None:
@@ -105,26 +92,20 @@ def test_one_socket_answers_the_kind_of_every_interface() -> None:
     assert len(op.made) == 1 and nl.opened == 1
 
 
-def test_a_kernel_error_keeps_the_socket_and_a_timeout_replaces_it() -> None:
+def test_a_kernel_error_keeps_the_socket_and_a_socket_error_replaces_it() -> None:
+    from pyroute2.netlink.exceptions import NetlinkError
+
     nl, op = _nl({"cali1": "veth"})
-    with pytest.raises(attach.LinkQueryError) as exc:
+    with pytest.raises(NetlinkError) as exc:
         attach.iface_kind("eperm", nl=nl)
-    assert exc.value.errno == errno.EPERM
+    assert exc.value.code == errno.EPERM
     assert attach.iface_kind("cali1", nl=nl) == "veth" and len(op.made) == 1
-    op.made[0].fail_next_recv = True
+    op.made[0].fail_next = True
     with pytest.raises(TimeoutError):
         attach.iface_kind("cali1", nl=nl)
     assert op.made[0].closed
     assert attach.iface_kind("cali1", nl=nl) == "veth"
     assert len(op.made) == 2 and not op.made[1].closed
-
-
-def test_a_late_reply_to_an_earlier_request_is_skipped() -> None:
-    nl, op = _nl({"cali1": "veth"})
-    attach.iface_kind("cali1", nl=nl)
-    op.made[0].late = True
-    assert attach.iface_kind("cali1", nl=nl) == "veth"
-    assert len(op.made) == 1
 
 
 def test_another_namespace_gets_another_socket() -> None:
@@ -134,6 +115,14 @@ def test_another_namespace_gets_another_socket() -> None:
     where[0] = (1, 2)
     attach.iface_kind("cali1", nl=nl)
     assert len(op.made) == 2 and op.made[0].closed
+
+
+def test_the_attacher_asks_the_kind_once_per_interface() -> None:
+    nl, op = _nl({"cali1": "veth", "cali2": "veth"})
+    a = KernelAttacher("TC", "/nonexistent", nl=nl)
+    for _ in range(3):
+        assert a.mode("cali1") == "tc" and a.mode("cali2") == "tc"
+    assert op.made[0].calls == 2
 
 
 def test_netkit_is_still_refused_through_the_shared_socket() -> None:
@@ -201,9 +190,8 @@ def test_attacher_programs_twenty_interfaces_over_one_socket_per_kind(ns: str, a
                 idx = socket.if_nametoindex(n)
                 assert all(a.is_attached(n, idx, hook) for hook in HOOKS)
                 assert all(a.is_current(n, idx, hook, prog) for hook in HOOKS)
-            # The link kind and (TC) the clsact/filter calls: one socket each for all 20 interfaces,
-            # EEXIST from the second clsact add included.
-            assert a.nl.opened == (2 if attach_type == "TC" else 1)
+            # The link kind and (TC) the clsact/filter calls: one socket for all 20 interfaces.
+            assert a.nl.opened == 1
             for n in names:
                 a.detach(n, socket.if_nametoindex(n))
                 idx = socket.if_nametoindex(n)
