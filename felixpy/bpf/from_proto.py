@@ -13,7 +13,7 @@ tiers never drop at their end; profiles treat pass as deny.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from felixpy.bpf.policy_ir import (
@@ -99,12 +99,42 @@ def _rules(msg: Any, direction: str) -> tuple[Rule, ...]:
     return tuple(rule_from_proto(r) for r in rs)
 
 
+RulesOf = Callable[[Any, str], tuple[Rule, ...]]  # (policy or profile message, direction) -> its rules
+
+
+class RuleCache:
+    """Each policy/profile message's rules converted once per direction, however many endpoints use it.
+
+    Keyed by the message object (protobuf messages are unhashable, so by ``id``, the message kept
+    alive beside its entry so the id cannot be reused); the owner calls :meth:`forget` with the
+    message a ``*Update``/``*Remove`` replaces, so a changed policy is converted afresh."""
+
+    def __init__(self) -> None:
+        self._by_msg: dict[int, tuple[Any, dict[str, tuple[Rule, ...]]]] = {}
+
+    def __call__(self, msg: Any, direction: str) -> tuple[Rule, ...]:
+        entry = self._by_msg.get(id(msg))
+        if entry is None or entry[0] is not msg:
+            entry = self._by_msg[id(msg)] = (msg, {})
+        rules = entry[1].get(direction)
+        if rules is None:
+            rules = entry[1][direction] = _rules(msg, direction)
+        return rules
+
+    def forget(self, msg: Any | None) -> None:
+        if msg is not None:
+            self._by_msg.pop(id(msg), None)
+
+    def __len__(self) -> int:
+        return len(self._by_msg)
+
+
 def _is_staged(kind: str) -> bool:
     return kind.lower().startswith("staged")
 
 
 def extract_tiers(tier_infos: Iterable[Any], policies: Mapping[PolicyKey, Any], direction: str,
-                  *, end_drop: bool = True) -> tuple[Tier, ...]:
+                  *, end_drop: bool = True, rules_of: RulesOf = _rules) -> tuple[Tier, ...]:
     out: list[Tier] = []
     for ti in tier_infos:
         ids = ti.ingress_policies if direction == INGRESS else ti.egress_policies
@@ -114,7 +144,7 @@ def extract_tiers(tier_infos: Iterable[Any], policies: Mapping[PolicyKey, Any], 
             pol = policies.get(key)
             if pol is None:
                 continue  # not (yet) known: nothing to enforce
-            pols.append(Policy("/".join(k for k in key if k), _rules(pol, direction),
+            pols.append(Policy("/".join(k for k in key if k), rules_of(pol, direction),
                                staged=_is_staged(pid.kind)))
         if not pols:
             continue
@@ -124,18 +154,18 @@ def extract_tiers(tier_infos: Iterable[Any], policies: Mapping[PolicyKey, Any], 
 
 
 def extract_profiles(profile_ids: Iterable[str], profiles: Mapping[str, Any],
-                     direction: str) -> tuple[Profile, ...]:
+                     direction: str, *, rules_of: RulesOf = _rules) -> tuple[Profile, ...]:
     out = []
     for pid in profile_ids:
         prof = profiles.get(pid)
         if prof is not None:
-            out.append(Profile(pid, _rules(prof, direction)))
+            out.append(Profile(pid, rules_of(prof, direction)))
     return tuple(out)
 
 
 def workload_policy_set(ep: Any, policies: Mapping[PolicyKey, Any], profiles: Mapping[str, Any],
                         direction: str, *, host_ep: Any | None = None,
-                        ep_to_host_action: str = "DROP") -> PolicySet:
+                        ep_to_host_action: str = "DROP", rules_of: RulesOf = _rules) -> PolicySet:
     """A workload's program for one policy direction; ``host_ep`` is the ``*`` host endpoint
     whose host policy also applies to workload traffic, if any."""
     ps_kwargs: dict[str, Any] = {}
@@ -145,8 +175,8 @@ def workload_policy_set(ep: Any, policies: Mapping[PolicyKey, Any], profiles: Ma
     # is RETURN, for workload->host (Felix's SuppressNormalHostPolicy).
     suppress = direction == INGRESS or ep_to_host_action.upper() != "RETURN" or host_ep is None
     return PolicySet(
-        tiers=extract_tiers(ep.tiers, policies, direction),
-        profiles=extract_profiles(ep.profile_ids, profiles, direction),
+        tiers=extract_tiers(ep.tiers, policies, direction, rules_of=rules_of),
+        profiles=extract_profiles(ep.profile_ids, profiles, direction, rules_of=rules_of),
         suppress_normal_host_policy=suppress,
         **ps_kwargs,
     )

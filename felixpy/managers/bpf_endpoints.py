@@ -9,7 +9,8 @@ the *tables allow list (Felix's ``bpfEndpointManager``, the desired-state half).
   :mod:`felixpy.bpf.from_proto`), and hands them to the BPF endpoint
   driver (:class:`~felixpy.drivers.bpfendpoints.api.BPFEndpointsAPI`).  The driver compares
   values, so an unchanged endpoint costs nothing and a changed policy swaps only the programs
-  whose policy set changed.  Two endpoints on one interface: the lower id wins (as the *tables
+  whose policy set changed.  A policy or profile update rebuilds only the endpoints that use it,
+  and each message's rules are converted once (``from_proto.RuleCache``), not once per endpoint.  Two endpoints on one interface: the lower id wins (as the *tables
   endpoint manager does).  (The routes map -- workload and host addresses -- is the BPF route
   manager's, :mod:`felixpy.managers.bpf_maps`.)
 * ``on_devices_applied`` (after the driver's apply) reads which interfaces are READY for this
@@ -54,7 +55,10 @@ class BPFEndpointManager:
         self._policies: dict[from_proto.PolicyKey, Any] = {}
         self._profiles: dict[str, Any] = {}
         self._dirty_keys: set[WlKey] = set()
-        self._policy_dirty = False
+        # Policies/profiles changed since the last apply: only endpoints that use one are rebuilt.
+        self._dirty_policies: set[from_proto.PolicyKey] = set()
+        self._dirty_profiles: set[str] = set()
+        self._rules = from_proto.RuleCache()  # each message's rules converted once, not per endpoint
         self._programmed: dict[str, WorkloadPolicy] = {}  # iface -> what we gave the driver
         self._allowed: frozenset[str] | None = None
         self._host_endpoints: set[str] = set()  # ids the feed sent; BPF mode does not attach them yet
@@ -68,17 +72,21 @@ class BPFEndpointManager:
             self._endpoints.pop(_key(msg.id), None)
             self._dirty_keys.add(_key(msg.id))
         elif isinstance(msg, pb.ActivePolicyUpdate):
-            self._policies[from_proto.policy_key(msg.id)] = msg.policy
-            self._policy_dirty = True
+            key = from_proto.policy_key(msg.id)
+            self._rules.forget(self._policies.get(key))
+            self._policies[key] = msg.policy
+            self._dirty_policies.add(key)
         elif isinstance(msg, pb.ActivePolicyRemove):
-            self._policies.pop(from_proto.policy_key(msg.id), None)
-            self._policy_dirty = True
+            key = from_proto.policy_key(msg.id)
+            self._rules.forget(self._policies.pop(key, None))
+            self._dirty_policies.add(key)
         elif isinstance(msg, pb.ActiveProfileUpdate):
+            self._rules.forget(self._profiles.get(msg.id.name))
             self._profiles[msg.id.name] = msg.profile
-            self._policy_dirty = True
+            self._dirty_profiles.add(msg.id.name)
         elif isinstance(msg, pb.ActiveProfileRemove):
-            self._profiles.pop(msg.id.name, None)
-            self._policy_dirty = True
+            self._rules.forget(self._profiles.pop(msg.id.name, None))
+            self._dirty_profiles.add(msg.id.name)
         elif isinstance(msg, pb.HostEndpointUpdate):
             self._host_endpoints.add(msg.id.endpoint_id)
         elif isinstance(msg, pb.HostEndpointRemove):
@@ -94,8 +102,18 @@ class BPFEndpointManager:
                                      f"{min(self._host_endpoints)!r}): their policy is not enforced; "
                                      "use an iptables or nftables mode for host endpoints")
 
+    def _uses_changed_policy(self, ep: pb.WorkloadEndpoint) -> bool:
+        if self._dirty_profiles and not self._dirty_profiles.isdisjoint(ep.profile_ids):
+            return True
+        if self._dirty_policies:
+            for ti in ep.tiers:
+                for pid in (*ti.ingress_policies, *ti.egress_policies):
+                    if from_proto.policy_key(pid) in self._dirty_policies:
+                        return True
+        return False
+
     def _program_workloads(self) -> None:
-        if not (self._dirty_keys or self._policy_dirty):
+        if not (self._dirty_keys or self._dirty_policies or self._dirty_profiles):
             return
         winners: dict[str, tuple[WlKey, pb.WorkloadEndpoint]] = {}
         for key in sorted(self._endpoints):
@@ -110,7 +128,7 @@ class BPFEndpointManager:
             self._driver.remove_workload(self.ip_version, iface)
             del self._programmed[iface]
         for iface, (key, ep) in winners.items():
-            if not self._policy_dirty and key not in self._dirty_keys and iface in self._programmed:
+            if key not in self._dirty_keys and iface in self._programmed and not self._uses_changed_policy(ep):
                 continue
             try:
                 want = self._workload_policy(ep)
@@ -122,15 +140,16 @@ class BPFEndpointManager:
                 self._driver.set_workload(self.ip_version, iface, want)
                 self._programmed[iface] = want
         self._dirty_keys.clear()
-        self._policy_dirty = False
+        self._dirty_policies.clear()
+        self._dirty_profiles.clear()
 
     def _workload_policy(self, ep: pb.WorkloadEndpoint) -> WorkloadPolicy:
         action = self._ctx.config.DefaultEndpointToHostAction
         return WorkloadPolicy(
             to_workload=from_proto.workload_policy_set(ep, self._policies, self._profiles, from_proto.INGRESS,
-                                                       ep_to_host_action=action),
+                                                       ep_to_host_action=action, rules_of=self._rules),
             from_workload=from_proto.workload_policy_set(ep, self._policies, self._profiles, from_proto.EGRESS,
-                                                         ep_to_host_action=action))
+                                                         ep_to_host_action=action, rules_of=self._rules))
 
     def on_devices_applied(self) -> None:
         ready = self._driver.ready_interfaces(self.ip_version) & frozenset(self._programmed)

@@ -447,3 +447,37 @@ def test_raw_table_keeps_felix_bpf_mode_prerouting() -> None:
     for name in ("SEEN", "BYPASS", "BYPASS_XDP", "FALLTHROUGH", "NAT_OUT", "CT_ESTABLISHED"):
         assert getattr(bpfmode, f"MARK_{name}") == getattr(defs, f"MARK_{name}"), name
     assert bpfmode.MARK_BYPASS_MASK == defs.MARK_BYPASS_MASK
+
+
+def test_a_policy_change_rebuilds_only_the_endpoints_that_use_it_and_converts_its_rules_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from felixpy.bpf import from_proto
+    from felixpy.managers.bpf_endpoints import BPFEndpointManager
+
+    n, fb = node()
+    users, others = [f"cali{i}" for i in range(3)], [f"cali{i}" for i in range(3, 10)]
+    n.send(profile("allow"), policy("p", inbound=[rule("allow", protocol="tcp")], outbound=[rule("allow")]),
+           policy("q", inbound=[rule("allow", protocol="udp")], outbound=[rule("allow")]))
+    for i, iface in enumerate(users + others):
+        n.link_up(iface)
+        name = "p" if iface in users else "q"
+        n.send(wep(f"w{i}", iface, ipv4=[f"10.65.0.{i + 2}/32"], profiles=["allow"],
+                   tiers=[tier(ingress=[name], egress=[name])]))
+    n.apply()
+    assert all(programmed(n, fb, i) for i in users + others)
+    built: list[str] = []
+    real = BPFEndpointManager._workload_policy
+    monkeypatch.setattr(BPFEndpointManager, "_workload_policy",
+                        lambda self, ep: (built.append(ep.name), real(self, ep))[1])
+    converted: list[object] = []
+    real_rule = from_proto.rule_from_proto
+    monkeypatch.setattr(from_proto, "rule_from_proto", lambda r: (converted.append(r), real_rule(r))[1])
+    n.send(policy("p", inbound=[rule("deny", protocol="tcp"), rule("allow")], outbound=[rule("allow")]))
+    n.apply()
+    assert sorted(built) == users
+    assert len(converted) == 3  # p's two inbound rules and one outbound, once for its three users
+    built.clear()
+    n.send(profile("allow"))  # the same profile resent: every user of it is rebuilt, none changes
+    n.apply()
+    assert sorted(built) == sorted(users + others)
+    assert all(programmed(n, fb, i) for i in users + others)
