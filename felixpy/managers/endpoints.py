@@ -30,6 +30,7 @@ sysctls syncer only record here, and reconcile in their own ``apply()``.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import sys
 from collections.abc import Mapping
@@ -72,6 +73,21 @@ class _Active:
     proto_id: pb.WorkloadEndpointID
     chains: list[str]
     groups: list[PolicyGroup]
+    # Everything the endpoint's chains are rendered from (see _chain_inputs): an update that keeps
+    # these (new addresses, a new MAC, labels…) leaves the chains, and the tables, alone.
+    inputs: tuple[Any, ...] = ()
+
+
+def _chain_inputs(ep: pb.WorkloadEndpoint, tiers: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The inputs of ``RuleRenderer.workload_endpoint_chains`` (the renderer's context aside)."""
+    qos = ep.qos_controls.SerializeToString(deterministic=True) if ep.HasField("qos_controls") else None
+    return (ep.name, ep.state == "active", tiers, tuple(ep.profile_ids), qos)
+
+
+@functools.lru_cache(maxsize=8192)
+def _cidr_version(cidr: str) -> int:
+    """4 or 6 for a CIDR ``cidr_problem`` accepted (pure; parsing is most of an endpoint's route cost)."""
+    return ipaddress.ip_network(cidr, strict=False).version
 
 
 class EndpointManager:
@@ -191,22 +207,29 @@ class EndpointManager:
             self._deactivate(key)
             self._promote_shadowed(previous.endpoint.name)  # the old interface is free now
         tiers = tiers_from_proto(ep.tiers, self._selectors)
-        new_groups = groups_to_program(tiers)
-        try:
-            chains = self._groups.render_holding(new_groups, lambda: self._r.workload_endpoint_chains(ep, tiers))
-        except Exception:
-            log.exception("Failed to render endpoint chains; endpoint left as it was", endpoint=key,
-                          iface=iface)
-            return
+        inputs = _chain_inputs(ep, tiers)
         old = self._active.get(key)
-        names = [c.name for c in chains]
-        if old is not None:
-            for stale in old.chains:
-                if stale not in names:
-                    self._filter.remove_chain_by_name(stale)
-            self._groups.decref(old.groups)
-        self._filter.update_chains(chains)
-        self._active[key] = _Active(ep, pid, names, new_groups)
+        if old is not None and old.inputs == inputs:
+            # Same interface, policies (and their groups), profiles, admin state and QoS: the chains the
+            # tables hold are already these; only addresses/MAC/etc. changed (routes below).
+            self._active[key] = _Active(ep, pid, old.chains, old.groups, inputs)
+        else:
+            new_groups = groups_to_program(tiers)
+            try:
+                chains = self._groups.render_holding(new_groups,
+                                                     lambda: self._r.workload_endpoint_chains(ep, tiers))
+            except Exception:
+                log.exception("Failed to render endpoint chains; endpoint left as it was", endpoint=key,
+                              iface=iface)
+                return
+            names = [c.name for c in chains]
+            if old is not None:
+                for stale in old.chains:
+                    if stale not in names:
+                        self._filter.remove_chain_by_name(stale)
+                self._groups.decref(old.groups)
+            self._filter.update_chains(chains)
+            self._active[key] = _Active(ep, pid, names, new_groups, inputs)
         self._iface_to_key[iface] = key
         self._shadowed.pop(key, None)
         spoof = self._allowed_spoofing(key, ep)
@@ -244,7 +267,7 @@ class EndpointManager:
                 try:
                     if (why := cidr_problem(cidr)) is not None:
                         raise ValueError(why)
-                    if ipaddress.ip_network(cidr, strict=False).version != self.ip_version:
+                    if _cidr_version(cidr) != self.ip_version:
                         raise ValueError(f"not an IPv{self.ip_version} address")
                     targets.append(Target(cidr=cidr, dest_mac=ep.mac or None,
                                           priority=self._route_priority or None))
