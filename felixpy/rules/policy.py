@@ -30,7 +30,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import structlog
 
@@ -102,33 +102,48 @@ class _Icmp:
     code: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _View:
-    """The proto rule's matchable fields as plain values (the renderer edits copies of this)."""
+class _View(NamedTuple):
+    """The proto rule's matchable fields as plain values (the renderer edits copies of this).
 
-    action: str
-    protocol: _Proto | None
-    not_protocol: _Proto | None
-    src_net: tuple[str, ...]
-    not_src_net: tuple[str, ...]
-    dst_net: tuple[str, ...]
-    not_dst_net: tuple[str, ...]
-    src_ports: tuple[PortRange, ...]
-    not_src_ports: tuple[PortRange, ...]
-    dst_ports: tuple[PortRange, ...]
-    not_dst_ports: tuple[PortRange, ...]
-    src_named_ports: tuple[str, ...]
-    not_src_named_ports: tuple[str, ...]
-    dst_named_ports: tuple[str, ...]
-    not_dst_named_ports: tuple[str, ...]
-    src_ip_sets: tuple[str, ...]
-    not_src_ip_sets: tuple[str, ...]
-    dst_ip_sets: tuple[str, ...]
-    not_dst_ip_sets: tuple[str, ...]
-    dst_ip_port_sets: tuple[str, ...]
-    icmp: _Icmp | None
-    not_icmp: _Icmp | None
-    annotations: tuple[tuple[str, str], ...]
+    A NamedTuple rather than a frozen dataclass: as immutable, and ~5x cheaper to build and copy."""
+
+    action: str = ""
+    protocol: _Proto | None = None
+    not_protocol: _Proto | None = None
+    src_net: tuple[str, ...] = ()
+    not_src_net: tuple[str, ...] = ()
+    dst_net: tuple[str, ...] = ()
+    not_dst_net: tuple[str, ...] = ()
+    src_ports: tuple[PortRange, ...] = ()
+    not_src_ports: tuple[PortRange, ...] = ()
+    dst_ports: tuple[PortRange, ...] = ()
+    not_dst_ports: tuple[PortRange, ...] = ()
+    src_named_ports: tuple[str, ...] = ()
+    not_src_named_ports: tuple[str, ...] = ()
+    dst_named_ports: tuple[str, ...] = ()
+    not_dst_named_ports: tuple[str, ...] = ()
+    src_ip_sets: tuple[str, ...] = ()
+    not_src_ip_sets: tuple[str, ...] = ()
+    dst_ip_sets: tuple[str, ...] = ()
+    not_dst_ip_sets: tuple[str, ...] = ()
+    dst_ip_port_sets: tuple[str, ...] = ()
+    icmp: _Icmp | None = None
+    not_icmp: _Icmp | None = None
+    annotations: tuple[tuple[str, str], ...] = ()
+
+
+# Proto repeated-string fields → their _View field.
+_STR_FIELDS = {
+    "src_net": "src_net", "not_src_net": "not_src_net", "dst_net": "dst_net", "not_dst_net": "not_dst_net",
+    "src_named_port_ip_set_ids": "src_named_ports", "not_src_named_port_ip_set_ids": "not_src_named_ports",
+    "dst_named_port_ip_set_ids": "dst_named_ports", "not_dst_named_port_ip_set_ids": "not_dst_named_ports",
+    "src_ip_set_ids": "src_ip_sets", "not_src_ip_set_ids": "not_src_ip_sets", "dst_ip_set_ids": "dst_ip_sets",
+    "not_dst_ip_set_ids": "not_dst_ip_sets", "dst_ip_port_set_ids": "dst_ip_port_sets",
+}
+# Validated in this order (the first bad one names the error), as the fields of _View.
+_PORT_FIELDS = ("src_ports", "not_src_ports", "dst_ports", "not_dst_ports")
+_ICMP_FIELDS = {"icmp_type": "icmp", "icmp_type_code": "icmp", "not_icmp_type": "not_icmp",
+                "not_icmp_type_code": "not_icmp"}
 
 
 def _proto_of(rule: pb.Rule, field: str) -> _Proto | None:
@@ -143,16 +158,6 @@ def _proto_of(rule: pb.Rule, field: str) -> _Proto | None:
     return _Proto()  # present but empty: rejected by check_rule
 
 
-def _icmp_of(rule: pb.Rule, oneof: str) -> _Icmp | None:
-    which = rule.WhichOneof(oneof)
-    if which is None:
-        return None
-    value = getattr(rule, which)
-    if isinstance(value, int):
-        return _Icmp(value)
-    return _Icmp(value.type, value.code)
-
-
 def _ports(ranges: Sequence[pb.PortRange]) -> tuple[PortRange, ...]:
     if not ranges:  # the common case: no per-entry work
         return ()
@@ -163,25 +168,30 @@ def _ports(ranges: Sequence[pb.PortRange]) -> tuple[PortRange, ...]:
 
 
 def _view(rule: pb.Rule) -> _View:
-    """The rule's view; raises ValueError for a bad port range (built once per rule and family)."""
-    return _View(
-        action=rule.action,
-        protocol=_proto_of(rule, "protocol"),
-        not_protocol=_proto_of(rule, "not_protocol"),
-        src_net=tuple(rule.src_net), not_src_net=tuple(rule.not_src_net),
-        dst_net=tuple(rule.dst_net), not_dst_net=tuple(rule.not_dst_net),
-        src_ports=_ports(rule.src_ports), not_src_ports=_ports(rule.not_src_ports),
-        dst_ports=_ports(rule.dst_ports), not_dst_ports=_ports(rule.not_dst_ports),
-        src_named_ports=tuple(rule.src_named_port_ip_set_ids),
-        not_src_named_ports=tuple(rule.not_src_named_port_ip_set_ids),
-        dst_named_ports=tuple(rule.dst_named_port_ip_set_ids),
-        not_dst_named_ports=tuple(rule.not_dst_named_port_ip_set_ids),
-        src_ip_sets=tuple(rule.src_ip_set_ids), not_src_ip_sets=tuple(rule.not_src_ip_set_ids),
-        dst_ip_sets=tuple(rule.dst_ip_set_ids), not_dst_ip_sets=tuple(rule.not_dst_ip_set_ids),
-        dst_ip_port_sets=tuple(rule.dst_ip_port_set_ids),
-        icmp=_icmp_of(rule, "icmp"), not_icmp=_icmp_of(rule, "not_icmp"),
-        annotations=tuple(sorted(rule.metadata.annotations.items())) if rule.HasField("metadata") else (),
-    )
+    """The rule's view; raises ValueError for a bad port range.
+
+    Reads only the fields that are present (``ListFields``; a rule sets a handful of its ~30): the
+    others keep the view's defaults, which are what an absent field reads as."""
+    kw: dict[str, Any] = {}
+    ports: dict[str, Any] = {}
+    for fd, value in rule.ListFields():
+        name = fd.name
+        if (target := _STR_FIELDS.get(name)) is not None:
+            kw[target] = tuple(value)
+        elif name in _PORT_FIELDS:
+            ports[name] = value
+        elif name == "action":
+            kw["action"] = value
+        elif name in ("protocol", "not_protocol"):
+            kw[name] = _proto_of(rule, name)
+        elif (oneof := _ICMP_FIELDS.get(name)) is not None:
+            kw[oneof] = _Icmp(value) if isinstance(value, int) else _Icmp(value.type, value.code)
+        elif name == "metadata":
+            kw["annotations"] = tuple(sorted(value.annotations.items()))
+    for name in _PORT_FIELDS:
+        if name in ports:
+            kw[name] = _ports(ports[name])
+    return _View(**kw)
 
 
 # ----------------------------------------------------------------------- validation
@@ -572,30 +582,30 @@ def render_proto_rule(ctx: RenderContext, rule: pb.Rule, *, owner: str, directio
             filtered[field] = kept
     if filtered:
         get = filtered.get
-        v = replace(v, src_net=get("src_net", v.src_net), not_src_net=get("not_src_net", v.not_src_net),
-                    dst_net=get("dst_net", v.dst_net), not_dst_net=get("not_dst_net", v.not_dst_net))
+        v = v._replace(src_net=get("src_net", v.src_net), not_src_net=get("not_src_net", v.not_src_net),
+                       dst_net=get("dst_net", v.dst_net), not_dst_net=get("not_dst_net", v.not_dst_net))
 
     blocks = _MatchBlocks(ctx.marks.scratch0, ctx.marks.scratch1)
     src_splits = split_port_list(v.src_ports)
     if len(src_splits) + len(v.src_named_ports) > 1:
         blocks.ports(ctx, v.protocol, src_splits, v.src_named_ports, src=True)
-        v = replace(v, src_ports=(), src_named_ports=())
+        v = v._replace(src_ports=(), src_named_ports=())
     dst_splits = split_port_list(v.dst_ports)
     if len(dst_splits) + len(v.dst_named_ports) > 1:
         blocks.ports(ctx, v.protocol, dst_splits, v.dst_named_ports, src=False)
-        v = replace(v, dst_ports=(), dst_named_ports=())
+        v = v._replace(dst_ports=(), dst_named_ports=())
     if len(v.src_net) > 1:
         blocks.cidrs(v.src_net, src=True)
-        v = replace(v, src_net=())
+        v = v._replace(src_net=())
     if len(v.dst_net) > 1:
         blocks.cidrs(v.dst_net, src=False)
-        v = replace(v, dst_net=())
+        v = v._replace(dst_net=())
     if len(v.src_net) + len(v.not_src_net) > 1:
         blocks.negated_cidrs(v.not_src_net, src=True)
-        v = replace(v, not_src_net=())
+        v = v._replace(not_src_net=())
     if len(v.dst_net) + len(v.not_dst_net) > 1:
         blocks.negated_cidrs(v.not_dst_net, src=False)
-        v = replace(v, not_dst_net=())
+        v = v._replace(not_dst_net=())
 
     match = _rule_match(ctx, v)
     if blocks.using:
