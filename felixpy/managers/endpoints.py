@@ -76,6 +76,8 @@ class _Active:
     # Everything the endpoint's chains are rendered from (see _chain_inputs): an update that keeps
     # these (new addresses, a new MAC, labels…) leaves the chains, and the tables, alone.
     inputs: tuple[Any, ...] = ()
+    # Likewise for its routes (see _route_inputs): a policy-only update leaves them alone.
+    route_inputs: tuple[Any, ...] = ()
 
 
 def _chain_inputs(ep: pb.WorkloadEndpoint, tiers: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -209,10 +211,11 @@ class EndpointManager:
         tiers = tiers_from_proto(ep.tiers, self._selectors)
         inputs = _chain_inputs(ep, tiers)
         old = self._active.get(key)
+        route_inputs = self._route_inputs(pid, ep)
         if old is not None and old.inputs == inputs:
             # Same interface, policies (and their groups), profiles, admin state and QoS: the chains the
             # tables hold are already these; only addresses/MAC/etc. changed (routes below).
-            self._active[key] = _Active(ep, pid, old.chains, old.groups, inputs)
+            self._active[key] = _Active(ep, pid, old.chains, old.groups, inputs, route_inputs)
         else:
             new_groups = groups_to_program(tiers)
             try:
@@ -229,7 +232,7 @@ class EndpointManager:
                         self._filter.remove_chain_by_name(stale)
                 self._groups.decref(old.groups)
             self._filter.update_chains(chains)
-            self._active[key] = _Active(ep, pid, names, new_groups, inputs)
+            self._active[key] = _Active(ep, pid, names, new_groups, inputs, route_inputs)
         self._iface_to_key[iface] = key
         self._shadowed.pop(key, None)
         spoof = self._allowed_spoofing(key, ep)
@@ -239,7 +242,10 @@ class EndpointManager:
             else:
                 self._spoofing.pop(iface, None)
             self._rpf_dirty = True
-        self._set_routes(pid, ep, iface)
+        # While this key stays active on this interface nothing else sets the interface's routes (a
+        # takeover or removal deactivates it first), so equal inputs mean the routes are already these.
+        if old is None or old.route_inputs != route_inputs:
+            self._set_routes(pid, ep, iface)
         self._to_reconfigure.add(iface)
 
     def _allowed_spoofing(self, key: WlKey, ep: pb.WorkloadEndpoint) -> tuple[str, ...]:
@@ -255,11 +261,20 @@ class EndpointManager:
             return ()
         return prefixes
 
+    def _floating(self, pid: pb.WorkloadEndpointID) -> bool:
+        return self._floating_ips or pid.orchestrator_id == ORCHESTRATOR_OPENSTACK
+
+    def _route_inputs(self, pid: pb.WorkloadEndpointID, ep: pb.WorkloadEndpoint) -> tuple[Any, ...]:
+        """Everything ``_set_routes`` reads (the family and route priority are the manager's own)."""
+        v4 = self.ip_version == 4
+        nat = tuple(n.ext_ip for n in (ep.ipv4_nat if v4 else ep.ipv6_nat)) if self._floating(pid) else ()
+        return (ep.name, ep.state, tuple(ep.ipv4_nets if v4 else ep.ipv6_nets), nat, ep.mac)
+
     def _set_routes(self, pid: pb.WorkloadEndpointID, ep: pb.WorkloadEndpoint, iface: str) -> None:
         targets = []
         if ep.state == "active":
             nets = list(ep.ipv4_nets if self.ip_version == 4 else ep.ipv6_nets)
-            if self._floating_ips or pid.orchestrator_id == ORCHESTRATOR_OPENSTACK:
+            if self._floating(pid):
                 # The floating IP is DNAT'd to the workload: route it there too.
                 nets += [n.ext_ip for n in (ep.ipv4_nat if self.ip_version == 4 else ep.ipv6_nat)]
             for net in nets:

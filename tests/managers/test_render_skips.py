@@ -13,6 +13,7 @@ from .harness import (
     rule,
     tier,
     wep,
+    wep_remove,
 )
 
 
@@ -116,3 +117,30 @@ def test_a_policy_selector_change_regroups_an_unchanged_endpoint(node: Node, v: 
     assert regrouped != grouped
     assert all(filt.recorded_chain(t) is not None for t in regrouped)
     assert isinstance(node.f(v).endpoints, EndpointManager)
+
+
+def test_a_policy_only_update_keeps_the_routes_through_an_interface_takeover(node: Node, v: int) -> None:
+    """Routes are skipped for an update with the same addresses: they must still be the endpoint's own
+    after another endpoint took its interface and gave it back."""
+    node.link_up("calishared")
+    addr = {"wb": ("10.0.0.2/32", "fd00::2/128"), "wa": ("10.0.0.1/32", "fd00::1/128")}
+
+    def ep(name: str, ingress: list[str]) -> object:
+        a4, a6 = addr[name]
+        return wep(name, iface="calishared", ipv4=[a4], ipv6=[a6], profiles=["prof"], tiers=[tier(ingress=ingress)])
+
+    mine = {addr["wb"][0 if v == 4 else 1]}
+    started(node)
+    node.send(ep("wb", ["p1"]))
+    node.apply()
+    assert set(node.routes(v)) == mine
+    node.send(ep("wa", ["p1"]))  # lower ID: takes the interface, wb is shadowed
+    node.apply()
+    assert set(node.routes(v)) == {addr["wa"][0 if v == 4 else 1]}
+    node.send(wep_remove("wa"))  # wb gets it back
+    node.apply()
+    assert set(node.routes(v)) == mine
+    node.send(ep("wb", ["p2"]))  # same addresses, other policy: routes skipped
+    node.apply()
+    assert set(node.routes(v)) == mine
+    assert "cali-pi-gnp/p2" in node.f(v).filter.targets_of("cali-tw-calishared")
