@@ -30,6 +30,7 @@ sysctls syncer only record here, and reconcile in their own ``apply()``.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import sys
 from collections.abc import Mapping
@@ -72,6 +73,23 @@ class _Active:
     proto_id: pb.WorkloadEndpointID
     chains: list[str]
     groups: list[PolicyGroup]
+    # Everything the endpoint's chains are rendered from (see _chain_inputs): an update that keeps
+    # these (new addresses, a new MAC, labels…) leaves the chains, and the tables, alone.
+    inputs: tuple[Any, ...] = ()
+    # Likewise for its routes (see _route_inputs): a policy-only update leaves them alone.
+    route_inputs: tuple[Any, ...] = ()
+
+
+def _chain_inputs(ep: pb.WorkloadEndpoint, tiers: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The inputs of ``RuleRenderer.workload_endpoint_chains`` (the renderer's context aside)."""
+    qos = ep.qos_controls.SerializeToString(deterministic=True) if ep.HasField("qos_controls") else None
+    return (ep.name, ep.state == "active", tiers, tuple(ep.profile_ids), qos)
+
+
+@functools.lru_cache(maxsize=8192)
+def _cidr_version(cidr: str) -> int:
+    """4 or 6 for a CIDR ``cidr_problem`` accepted (pure; parsing is most of an endpoint's route cost)."""
+    return ipaddress.ip_network(cidr, strict=False).version
 
 
 class EndpointManager:
@@ -191,22 +209,30 @@ class EndpointManager:
             self._deactivate(key)
             self._promote_shadowed(previous.endpoint.name)  # the old interface is free now
         tiers = tiers_from_proto(ep.tiers, self._selectors)
-        new_groups = groups_to_program(tiers)
-        try:
-            chains = self._groups.render_holding(new_groups, lambda: self._r.workload_endpoint_chains(ep, tiers))
-        except Exception:
-            log.exception("Failed to render endpoint chains; endpoint left as it was", endpoint=key,
-                          iface=iface)
-            return
+        inputs = _chain_inputs(ep, tiers)
         old = self._active.get(key)
-        names = [c.name for c in chains]
-        if old is not None:
-            for stale in old.chains:
-                if stale not in names:
-                    self._filter.remove_chain_by_name(stale)
-            self._groups.decref(old.groups)
-        self._filter.update_chains(chains)
-        self._active[key] = _Active(ep, pid, names, new_groups)
+        route_inputs = self._route_inputs(pid, ep)
+        if old is not None and old.inputs == inputs:
+            # Same interface, policies (and their groups), profiles, admin state and QoS: the chains the
+            # tables hold are already these; only addresses/MAC/etc. changed (routes below).
+            self._active[key] = _Active(ep, pid, old.chains, old.groups, inputs, route_inputs)
+        else:
+            new_groups = groups_to_program(tiers)
+            try:
+                chains = self._groups.render_holding(new_groups,
+                                                     lambda: self._r.workload_endpoint_chains(ep, tiers))
+            except Exception:
+                log.exception("Failed to render endpoint chains; endpoint left as it was", endpoint=key,
+                              iface=iface)
+                return
+            names = [c.name for c in chains]
+            if old is not None:
+                for stale in old.chains:
+                    if stale not in names:
+                        self._filter.remove_chain_by_name(stale)
+                self._groups.decref(old.groups)
+            self._filter.update_chains(chains)
+            self._active[key] = _Active(ep, pid, names, new_groups, inputs, route_inputs)
         self._iface_to_key[iface] = key
         self._shadowed.pop(key, None)
         spoof = self._allowed_spoofing(key, ep)
@@ -216,7 +242,10 @@ class EndpointManager:
             else:
                 self._spoofing.pop(iface, None)
             self._rpf_dirty = True
-        self._set_routes(pid, ep, iface)
+        # While this key stays active on this interface nothing else sets the interface's routes (a
+        # takeover or removal deactivates it first), so equal inputs mean the routes are already these.
+        if old is None or old.route_inputs != route_inputs:
+            self._set_routes(pid, ep, iface)
         self._to_reconfigure.add(iface)
 
     def _allowed_spoofing(self, key: WlKey, ep: pb.WorkloadEndpoint) -> tuple[str, ...]:
@@ -232,11 +261,20 @@ class EndpointManager:
             return ()
         return prefixes
 
+    def _floating(self, pid: pb.WorkloadEndpointID) -> bool:
+        return self._floating_ips or pid.orchestrator_id == ORCHESTRATOR_OPENSTACK
+
+    def _route_inputs(self, pid: pb.WorkloadEndpointID, ep: pb.WorkloadEndpoint) -> tuple[Any, ...]:
+        """Everything ``_set_routes`` reads (the family and route priority are the manager's own)."""
+        v4 = self.ip_version == 4
+        nat = tuple(n.ext_ip for n in (ep.ipv4_nat if v4 else ep.ipv6_nat)) if self._floating(pid) else ()
+        return (ep.name, ep.state, tuple(ep.ipv4_nets if v4 else ep.ipv6_nets), nat, ep.mac)
+
     def _set_routes(self, pid: pb.WorkloadEndpointID, ep: pb.WorkloadEndpoint, iface: str) -> None:
         targets = []
         if ep.state == "active":
             nets = list(ep.ipv4_nets if self.ip_version == 4 else ep.ipv6_nets)
-            if self._floating_ips or pid.orchestrator_id == ORCHESTRATOR_OPENSTACK:
+            if self._floating(pid):
                 # The floating IP is DNAT'd to the workload: route it there too.
                 nets += [n.ext_ip for n in (ep.ipv4_nat if self.ip_version == 4 else ep.ipv6_nat)]
             for net in nets:
@@ -244,7 +282,7 @@ class EndpointManager:
                 try:
                     if (why := cidr_problem(cidr)) is not None:
                         raise ValueError(why)
-                    if ipaddress.ip_network(cidr, strict=False).version != self.ip_version:
+                    if _cidr_version(cidr) != self.ip_version:
                         raise ValueError(f"not an IPv{self.ip_version} address")
                     targets.append(Target(cidr=cidr, dest_mac=ep.mac or None,
                                           priority=self._route_priority or None))

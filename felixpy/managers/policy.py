@@ -10,7 +10,10 @@ the rest in filter — wherever an endpoint references them).
 
 Rendering happens in ``on_update`` (proportional to the message, as Felix);
 a rule that cannot be rendered for this family is dropped by the renderer with
-a log line naming the policy and rule index, never the whole policy.
+a log line naming the policy and rule index, never the whole policy.  An update
+whose policy (or profile) is byte-for-byte the one last rendered for that ID — a
+resend, e.g. after a resync — is not rendered again: the tables already hold
+its chains.
 """
 
 from __future__ import annotations
@@ -34,19 +37,29 @@ class PolicyManager:
         self._raw, self._mangle, self._filter = raw, mangle, filter
         self._policy_chains: dict[PolicyID, list[str]] = {}
         self._profile_chains: dict[str, list[str]] = {}
+        # The serialised content last rendered per ID (deterministic: equal messages, equal bytes).
+        self._policy_rendered: dict[PolicyID, bytes] = {}
+        self._profile_rendered: dict[str, bytes] = {}
 
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.ActivePolicyUpdate):
             self._on_policy(msg)
         elif isinstance(msg, pb.ActivePolicyRemove):
-            self._remove(self._policy_chains.pop(PolicyID.from_proto(msg.id), []), (self._raw, self._mangle, self._filter))
+            pid = PolicyID.from_proto(msg.id)
+            self._policy_rendered.pop(pid, None)
+            self._remove(self._policy_chains.pop(pid, []), (self._raw, self._mangle, self._filter))
         elif isinstance(msg, pb.ActiveProfileUpdate):
             self._on_profile(msg)
         elif isinstance(msg, pb.ActiveProfileRemove):
+            self._profile_rendered.pop(msg.id.name, None)
             self._remove(self._profile_chains.pop(msg.id.name, []), (self._mangle, self._filter))
 
     def _on_policy(self, msg: pb.ActivePolicyUpdate) -> None:
         pid = PolicyID.from_proto(msg.id)
+        content = msg.policy.SerializeToString(deterministic=True)
+        if self._policy_rendered.get(pid) == content:
+            return  # unchanged: its chains are in the tables already
+        self._policy_rendered.pop(pid, None)  # until this render succeeds
         try:
             chains = self._r.policy_chains(pid, msg.policy)
         except Exception:
@@ -61,8 +74,13 @@ class PolicyManager:
         for table in (self._raw, self._mangle, self._filter):
             table.update_chains(chains)
         self._policy_chains[pid] = names
+        self._policy_rendered[pid] = content
 
     def _on_profile(self, msg: pb.ActiveProfileUpdate) -> None:
+        content = msg.profile.SerializeToString(deterministic=True)
+        if self._profile_rendered.get(msg.id.name) == content:
+            return
+        self._profile_rendered.pop(msg.id.name, None)
         try:
             inbound, outbound = self._r.profile_chains(ProfileID(msg.id.name), msg.profile)
         except Exception:
@@ -72,6 +90,7 @@ class PolicyManager:
         for table in (self._mangle, self._filter):
             table.update_chains([inbound, outbound])
         self._profile_chains[msg.id.name] = [inbound.name, outbound.name]
+        self._profile_rendered[msg.id.name] = content
 
     @staticmethod
     def _remove(names: list[str], tables: tuple[Table, ...]) -> None:

@@ -24,11 +24,13 @@ write a ruleset the kernel rejects.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import structlog
 
@@ -100,33 +102,48 @@ class _Icmp:
     code: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _View:
-    """The proto rule's matchable fields as plain values (the renderer edits copies of this)."""
+class _View(NamedTuple):
+    """The proto rule's matchable fields as plain values (the renderer edits copies of this).
 
-    action: str
-    protocol: _Proto | None
-    not_protocol: _Proto | None
-    src_net: tuple[str, ...]
-    not_src_net: tuple[str, ...]
-    dst_net: tuple[str, ...]
-    not_dst_net: tuple[str, ...]
-    src_ports: tuple[PortRange, ...]
-    not_src_ports: tuple[PortRange, ...]
-    dst_ports: tuple[PortRange, ...]
-    not_dst_ports: tuple[PortRange, ...]
-    src_named_ports: tuple[str, ...]
-    not_src_named_ports: tuple[str, ...]
-    dst_named_ports: tuple[str, ...]
-    not_dst_named_ports: tuple[str, ...]
-    src_ip_sets: tuple[str, ...]
-    not_src_ip_sets: tuple[str, ...]
-    dst_ip_sets: tuple[str, ...]
-    not_dst_ip_sets: tuple[str, ...]
-    dst_ip_port_sets: tuple[str, ...]
-    icmp: _Icmp | None
-    not_icmp: _Icmp | None
-    annotations: tuple[tuple[str, str], ...]
+    A NamedTuple rather than a frozen dataclass: as immutable, and ~5x cheaper to build and copy."""
+
+    action: str = ""
+    protocol: _Proto | None = None
+    not_protocol: _Proto | None = None
+    src_net: tuple[str, ...] = ()
+    not_src_net: tuple[str, ...] = ()
+    dst_net: tuple[str, ...] = ()
+    not_dst_net: tuple[str, ...] = ()
+    src_ports: tuple[PortRange, ...] = ()
+    not_src_ports: tuple[PortRange, ...] = ()
+    dst_ports: tuple[PortRange, ...] = ()
+    not_dst_ports: tuple[PortRange, ...] = ()
+    src_named_ports: tuple[str, ...] = ()
+    not_src_named_ports: tuple[str, ...] = ()
+    dst_named_ports: tuple[str, ...] = ()
+    not_dst_named_ports: tuple[str, ...] = ()
+    src_ip_sets: tuple[str, ...] = ()
+    not_src_ip_sets: tuple[str, ...] = ()
+    dst_ip_sets: tuple[str, ...] = ()
+    not_dst_ip_sets: tuple[str, ...] = ()
+    dst_ip_port_sets: tuple[str, ...] = ()
+    icmp: _Icmp | None = None
+    not_icmp: _Icmp | None = None
+    annotations: tuple[tuple[str, str], ...] = ()
+
+
+# Proto repeated-string fields → their _View field.
+_STR_FIELDS = {
+    "src_net": "src_net", "not_src_net": "not_src_net", "dst_net": "dst_net", "not_dst_net": "not_dst_net",
+    "src_named_port_ip_set_ids": "src_named_ports", "not_src_named_port_ip_set_ids": "not_src_named_ports",
+    "dst_named_port_ip_set_ids": "dst_named_ports", "not_dst_named_port_ip_set_ids": "not_dst_named_ports",
+    "src_ip_set_ids": "src_ip_sets", "not_src_ip_set_ids": "not_src_ip_sets", "dst_ip_set_ids": "dst_ip_sets",
+    "not_dst_ip_set_ids": "not_dst_ip_sets", "dst_ip_port_set_ids": "dst_ip_port_sets",
+}
+# Validated in this order (the first bad one names the error), as the fields of _View.
+_PORT_FIELDS = ("src_ports", "not_src_ports", "dst_ports", "not_dst_ports")
+_ICMP_FIELDS = {"icmp_type": "icmp", "icmp_type_code": "icmp", "not_icmp_type": "not_icmp",
+                "not_icmp_type_code": "not_icmp"}
 
 
 def _proto_of(rule: pb.Rule, field: str) -> _Proto | None:
@@ -141,51 +158,47 @@ def _proto_of(rule: pb.Rule, field: str) -> _Proto | None:
     return _Proto()  # present but empty: rejected by check_rule
 
 
-def _icmp_of(rule: pb.Rule, oneof: str) -> _Icmp | None:
-    which = rule.WhichOneof(oneof)
-    if which is None:
-        return None
-    value = getattr(rule, which)
-    if isinstance(value, int):
-        return _Icmp(value)
-    return _Icmp(value.type, value.code)
-
-
-def _ports(ranges: Iterable[pb.PortRange]) -> tuple[tuple[int, int], ...]:
-    out = tuple((r.first, r.last) for r in ranges)
-    if any(a < 0 or b < 0 for a, b in out):  # -1 would read as "single port" to PortRange
+def _ports(ranges: Sequence[pb.PortRange]) -> tuple[PortRange, ...]:
+    if not ranges:  # the common case: no per-entry work
+        return ()
+    raw = [(r.first, r.last) for r in ranges]
+    if any(a < 0 or b < 0 for a, b in raw):  # -1 would read as "single port" to PortRange
         raise ValueError("negative port")
-    return out
+    return tuple(PortRange(a, b) for a, b in raw)
 
 
 def _view(rule: pb.Rule) -> _View:
-    def pr(raw: tuple[tuple[int, int], ...]) -> tuple[PortRange, ...]:
-        return tuple(PortRange(a, b) for a, b in raw)
+    """The rule's view; raises ValueError for a bad port range.
 
-    return _View(
-        action=rule.action,
-        protocol=_proto_of(rule, "protocol"),
-        not_protocol=_proto_of(rule, "not_protocol"),
-        src_net=tuple(rule.src_net), not_src_net=tuple(rule.not_src_net),
-        dst_net=tuple(rule.dst_net), not_dst_net=tuple(rule.not_dst_net),
-        src_ports=pr(_ports(rule.src_ports)), not_src_ports=pr(_ports(rule.not_src_ports)),
-        dst_ports=pr(_ports(rule.dst_ports)), not_dst_ports=pr(_ports(rule.not_dst_ports)),
-        src_named_ports=tuple(rule.src_named_port_ip_set_ids),
-        not_src_named_ports=tuple(rule.not_src_named_port_ip_set_ids),
-        dst_named_ports=tuple(rule.dst_named_port_ip_set_ids),
-        not_dst_named_ports=tuple(rule.not_dst_named_port_ip_set_ids),
-        src_ip_sets=tuple(rule.src_ip_set_ids), not_src_ip_sets=tuple(rule.not_src_ip_set_ids),
-        dst_ip_sets=tuple(rule.dst_ip_set_ids), not_dst_ip_sets=tuple(rule.not_dst_ip_set_ids),
-        dst_ip_port_sets=tuple(rule.dst_ip_port_set_ids),
-        icmp=_icmp_of(rule, "icmp"), not_icmp=_icmp_of(rule, "not_icmp"),
-        annotations=tuple(sorted(rule.metadata.annotations.items())) if rule.HasField("metadata") else (),
-    )
+    Reads only the fields that are present (``ListFields``; a rule sets a handful of its ~30): the
+    others keep the view's defaults, which are what an absent field reads as."""
+    kw: dict[str, Any] = {}
+    ports: dict[str, Any] = {}
+    for fd, value in rule.ListFields():
+        name = fd.name
+        if (target := _STR_FIELDS.get(name)) is not None:
+            kw[target] = tuple(value)
+        elif name in _PORT_FIELDS:
+            ports[name] = value
+        elif name == "action":
+            kw["action"] = value
+        elif name in ("protocol", "not_protocol"):
+            kw[name] = _proto_of(rule, name)
+        elif (oneof := _ICMP_FIELDS.get(name)) is not None:
+            kw[oneof] = _Icmp(value) if isinstance(value, int) else _Icmp(value.type, value.code)
+        elif name == "metadata":
+            kw["annotations"] = tuple(sorted(value.annotations.items()))
+    for name in _PORT_FIELDS:
+        if name in ports:
+            kw[name] = _ports(ports[name])
+    return _View(**kw)
 
 
 # ----------------------------------------------------------------------- validation
 _CIDR_FORM = re.compile(r"\A[0-9A-Fa-f:.]+(?:/[0-9]{1,3})?\Z")
 
 
+@functools.lru_cache(maxsize=8192)  # pure; parsing (an IPv6 CIDR especially) is the slow part of checking a rule
 def cidr_problem(cidr: str) -> str | None:
     """Why *cidr* is not an address or ``<address>/<prefix length>`` (None when it is).
 
@@ -234,10 +247,51 @@ def _is_family_icmp(p: _Proto | None, ip_version: int) -> bool:
 
 def check_rule(rule: pb.Rule, ip_version: int) -> str | None:
     """Why this rule cannot be rendered for ``ip_version`` (None when it can)."""
-    try:
-        v = _view(rule)
-    except ValueError as exc:  # PortRange validates 0 <= first <= last <= 65535
-        return f"bad port range ({exc})"
+    return _checked_view(rule, ip_version)[1]
+
+
+class _Checked:
+    """A rule's view (None if its ports are bad) and, per family once asked, why it can't render."""
+
+    __slots__ = ("bad_ports", "reasons", "view")
+
+    def __init__(self, view: _View | None, bad_ports: str | None) -> None:
+        self.view = view
+        self.bad_ports = bad_ports
+        self.reasons: dict[int, str | None] = {}
+
+
+VIEW_MEMO_SIZE = 4096
+# Rule content (its deterministic serialisation: equal rules, equal bytes; different rules, different
+# bytes) → its checked view.  Building a view costs ~40 µs, serialising ~2 µs: both families' renderers
+# share one view of each rule of an update, and a rule that recurs (``allow``, a namespace's selector…)
+# is read once.  The view is immutable and a pure function of the bytes, so the memo can't go stale;
+# eviction only costs a rebuild.
+_view_memo: OrderedDict[bytes, _Checked] = OrderedDict()
+
+
+def _checked_view(rule: pb.Rule, ip_version: int) -> tuple[_View | None, str | None]:
+    """(the rule's view, why it cannot be rendered for ``ip_version`` or None); one view per rule content."""
+    key = rule.SerializeToString(deterministic=True)
+    entry = _view_memo.get(key)
+    if entry is None:
+        try:
+            entry = _Checked(_view(rule), None)
+        except ValueError as exc:  # PortRange validates 0 <= first <= last <= 65535
+            entry = _Checked(None, f"bad port range ({exc})")
+        _view_memo[key] = entry
+        if len(_view_memo) > VIEW_MEMO_SIZE:
+            _view_memo.popitem(last=False)
+    else:
+        _view_memo.move_to_end(key)
+    if entry.view is None:
+        return None, entry.bad_ports
+    if ip_version not in entry.reasons:
+        entry.reasons[ip_version] = _check_view(entry.view, ip_version)
+    return entry.view, entry.reasons[ip_version]
+
+
+def _check_view(v: _View, ip_version: int) -> str | None:
     if v.action not in _ACTIONS:
         return f"unknown action {v.action!r}"
     for p, what in ((v.protocol, "protocol"), (v.not_protocol, "not_protocol")):
@@ -490,8 +544,9 @@ def _combine_match_and_actions(ctx: RenderContext, action: str, match: Match, ow
     if mark:
         out.append(Rule(match, SetMark(mark)))
         match = Match().mark_single_bit_set(mark)
+    criteria = match.criteria
     for r in action_rules:
-        out.append(replace(r, match=Match(r.match.criteria + match.criteria)))
+        out.append(Rule(Match(r.match.criteria + criteria) if r.match.criteria else match, r.action, r.comments))
     return out
 
 
@@ -504,15 +559,18 @@ def render_proto_rule(ctx: RenderContext, rule: pb.Rule, *, owner: str, directio
     if _icmp_rule_for_other_family(rule, ip):
         log.debug("Skipping ICMP rule of the other IP version", policy=_describe(ident), rule_index=index)
         return []
-    reason = check_rule(rule, ip)
-    if reason is not None:
+    view, reason = _checked_view(rule, ip)
+    if reason is not None or view is None:
         log.warning("Dropping policy rule that cannot be rendered for this IP version",
                     policy=_describe(ident), rule_index=index, direction=direction, ip_version=ip, reason=reason)
         return []
-    v = _view(rule)
+    v = view
     filtered: dict[str, tuple[str, ...]] = {}
     for field, negated in (("src_net", False), ("not_src_net", True), ("dst_net", False), ("not_dst_net", True)):
-        kept, why = _filter_nets(getattr(v, field), ip, negated)
+        nets = getattr(v, field)
+        if not nets:
+            continue
+        kept, why = _filter_nets(nets, ip, negated)
         if why is not None:
             # Normal for a family-less rule written for the other family; bad input otherwise.
             bad = rule.ip_version == ip or why.startswith("negated")
@@ -520,31 +578,34 @@ def render_proto_rule(ctx: RenderContext, rule: pb.Rule, *, owner: str, directio
                 "Dropping policy rule for this IP version", policy=_describe(ident), rule_index=index,
                 direction=direction, ip_version=ip, reason=f"{field}: {why}")
             return []
-        filtered[field] = kept
-    v = replace(v, src_net=filtered["src_net"], not_src_net=filtered["not_src_net"], dst_net=filtered["dst_net"],
-                not_dst_net=filtered["not_dst_net"])
+        if kept != nets:
+            filtered[field] = kept
+    if filtered:
+        get = filtered.get
+        v = v._replace(src_net=get("src_net", v.src_net), not_src_net=get("not_src_net", v.not_src_net),
+                       dst_net=get("dst_net", v.dst_net), not_dst_net=get("not_dst_net", v.not_dst_net))
 
     blocks = _MatchBlocks(ctx.marks.scratch0, ctx.marks.scratch1)
     src_splits = split_port_list(v.src_ports)
     if len(src_splits) + len(v.src_named_ports) > 1:
         blocks.ports(ctx, v.protocol, src_splits, v.src_named_ports, src=True)
-        v = replace(v, src_ports=(), src_named_ports=())
+        v = v._replace(src_ports=(), src_named_ports=())
     dst_splits = split_port_list(v.dst_ports)
     if len(dst_splits) + len(v.dst_named_ports) > 1:
         blocks.ports(ctx, v.protocol, dst_splits, v.dst_named_ports, src=False)
-        v = replace(v, dst_ports=(), dst_named_ports=())
+        v = v._replace(dst_ports=(), dst_named_ports=())
     if len(v.src_net) > 1:
         blocks.cidrs(v.src_net, src=True)
-        v = replace(v, src_net=())
+        v = v._replace(src_net=())
     if len(v.dst_net) > 1:
         blocks.cidrs(v.dst_net, src=False)
-        v = replace(v, dst_net=())
+        v = v._replace(dst_net=())
     if len(v.src_net) + len(v.not_src_net) > 1:
         blocks.negated_cidrs(v.not_src_net, src=True)
-        v = replace(v, not_src_net=())
+        v = v._replace(not_src_net=())
     if len(v.dst_net) + len(v.not_dst_net) > 1:
         blocks.negated_cidrs(v.not_dst_net, src=False)
-        v = replace(v, not_dst_net=())
+        v = v._replace(not_dst_net=())
 
     match = _rule_match(ctx, v)
     if blocks.using:
