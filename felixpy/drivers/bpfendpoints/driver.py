@@ -131,6 +131,7 @@ class BPFEndpoints:
         self._done: dict[str, _Programmed] = {}
         self._dirty: set[str] = set()
         self._start_of_day = True
+        self._sweep_sources = True  # the earlier run's policy sources (felixpy explain's), after the first apply
 
     # ------------------------------------------------------------------ desired state (API)
     def set_workload(self, ip_version: int, iface: str, policy: WorkloadPolicy) -> None:
@@ -195,6 +196,10 @@ class BPFEndpoints:
                 self._dirty.add(iface)
         if failures:
             raise EndpointProgrammingFailed(failures)
+        if self._sweep_sources:
+            # Every wanted slot now holds this run's program: the earlier run's sources can go.
+            self.kernel.policies.sweep_sources()
+            self._sweep_sources = False
         if unsupported:
             raise unsupported[0]
 
