@@ -190,17 +190,17 @@ def test_fails_closed_not_ready_empty_slot_missing_source_and_spoofed_source() -
     val.flags &= ~defs.IFACE_STATE_V4_READY
     st.set(ctypes.c_uint32(IFACES["cali-b"]), val)
     nr = ask(view(fb), ADDRS["cali-a"], ADDRS["cali-b"])
-    assert nr.verdict == "deny" and "not READY" in nr.decided_by["reason"]  # type: ignore[index]
+    assert nr.verdict == "deny" and "not READY" in nr.decided_by["reason"]
     # Empty slot on c's to-workload hook.
     entry = v.ifaces[IFACES["cali-c"]].to_wl_entry[4]
     fb.kernel.maps.jumps(defs.HOOK_TC_EGRESS).delete(ctypes.c_uint32(entry))
     empty = ask(view(fb), ADDRS["cali-a"], ADDRS["cali-c"])
-    assert empty.verdict == "deny" and "empty" in empty.decided_by["reason"]  # type: ignore[index]
+    assert empty.verdict == "deny" and "empty" in empty.decided_by["reason"]
     # A program without a source (not felixpy's, or an older felixpy).
     for name in fb.kernel.policies.sources.names():
         fb.kernel.policies.sources.remove(name)
     nosrc = ask(view(fb), ADDRS["cali-c"], ADDRS["cali-a"])
-    assert nosrc.verdict == "deny" and "source is not pinned" in nosrc.decided_by["reason"]  # type: ignore[index]
+    assert nosrc.verdict == "deny" and "source is not pinned" in nosrc.decided_by["reason"]
 
 
 @pytest.mark.parametrize("dport,expect", [(80, "allow"), (443, "deny")])
