@@ -214,3 +214,20 @@ def test_named_ports_and_negations_match_as_the_program(dport: int, expect: str)
     m.set(mt.ipset_key(sid, ADDRS["cali-b"], port=80, protocol=6), ctypes.c_uint32(1))
     assert ask(view(fb), ADDRS["cali-a"], ADDRS["cali-b"], dport).verdict == expect
     assert ask(view(fb), ADDRS["cali-a"], ADDRS["cali-b"], 22).verdict == "deny"
+
+
+def test_text_output_says_what_decided_in_bpf_mode() -> None:
+    from felixpy.explain.output import to_json, to_text
+
+    fb, _ = programmed({"cali-a": WorkloadPolicy(ALLOW_ALL, ALLOW_ALL), "cali-b": WorkloadPolicy(TIERED, ALLOW_ALL),
+                        "cali-c": WorkloadPolicy(DENY_ALL, ALLOW_ALL)})
+    v = view(fb)
+    text = to_text(ask(v, ADDRS["cali-a"], ADDRS["cali-b"]))
+    assert "verdict:  DENY" in text and "tier tier2" in text
+    assert "decided:  policy GlobalNetworkPolicy t2 rule 0 (cali-b to-workload program)" in text
+    text = to_text(ask(v, ADDRS["cali-a"], ADDRS["cali-c"]))
+    assert "decided:  default-deny (cali-c to-workload program): no policy or profile allowed it" in text
+    import json
+
+    doc = json.loads(to_json(ask(v, ADDRS["cali-c"], ADDRS["cali-b"])))
+    assert doc["verdict"] == "allow" and doc["mode"] == "bpf-legacy"
