@@ -224,6 +224,9 @@ def read_host(runner: CommandRunner, ip_version: int) -> HostView:
     return host_view(addrs.stdout if addrs.ok else "[]", routes.stdout if routes.ok else "[]")
 
 
+PIN_ROOT_ENV = "FELIXPY_BPF_PIN_ROOT"   # = felixpy.drivers.bpfendpoints.kernel.PIN_ROOT_ENV (a test checks)
+
+
 class BPFReader:
     """BPF mode: the programs' state from the pins under ``pin_root`` (:mod:`.bpf`).  BPF maps are
     not per network namespace; interfaces are, so ifindexes come from the runner's namespace."""
@@ -231,9 +234,13 @@ class BPFReader:
     mode = "bpf"
 
     def __init__(self, pin_root: str | None = None) -> None:
-        from felixpy.drivers.bpfendpoints.kernel import configured_pin_root
+        import os
 
-        self.pin_root = pin_root or configured_pin_root()
+        from felixpy.bpf.maps import DEFAULT_PIN_ROOT
+
+        # The daemon's own choice (felixpy.drivers.bpfendpoints.kernel.configured_pin_root), not imported
+        # from there: that package pulls in the driver and pyroute2 (~1 s of an answer).
+        self.pin_root = pin_root or os.environ.get(PIN_ROOT_ENV, DEFAULT_PIN_ROOT)
 
     def read(self, runner: CommandRunner) -> BPFView:
         from felixpy.explain.bpf import read_pins

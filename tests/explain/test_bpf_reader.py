@@ -231,3 +231,15 @@ def test_text_output_says_what_decided_in_bpf_mode() -> None:
 
     doc = json.loads(to_json(ask(v, ADDRS["cali-c"], ADDRS["cali-b"])))
     assert doc["verdict"] == "allow" and doc["mode"] == "bpf-legacy"
+
+
+def test_default_pin_root_is_the_daemons(monkeypatch: pytest.MonkeyPatch) -> None:
+    from felixpy.drivers.bpfendpoints import kernel
+    from felixpy.explain.readers import PIN_ROOT_ENV, BPFReader
+
+    assert PIN_ROOT_ENV == kernel.PIN_ROOT_ENV
+    monkeypatch.delenv(PIN_ROOT_ENV, raising=False)
+    assert BPFReader().pin_root == kernel.configured_pin_root()
+    monkeypatch.setenv(PIN_ROOT_ENV, "/x/tc/globals")
+    assert BPFReader().pin_root == kernel.configured_pin_root() == "/x/tc/globals"
+    assert BPFReader("/y").pin_root == "/y"
