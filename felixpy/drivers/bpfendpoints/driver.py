@@ -1,7 +1,9 @@
 """The BPF endpoint driver: workload interfaces programmed in Felix's attach order.
 
 What it owns, per workload interface it is told about: the counters entries for both TC hooks;
-one policy jump-map entry per (TC hook, IP family) and the policy programs in those slots; the
+one policy jump-map entry per (TC hook, IP family) and the policy programs in those slots (with
+their pinned sources, :mod:`felixpy.bpf.policyload`, which an earlier run's are swept after the first
+apply that programs every wanted interface); the
 attach-point globals (``cali_ap_glob``); the preamble on both TC
 hooks (through :class:`~felixpy.drivers.bpfendpoints.attacher.Attacher`); and the interface's
 ``cali_iface`` entry (WEP flag, READY flag per family, policy entry indices).
