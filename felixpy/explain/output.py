@@ -32,8 +32,8 @@ def to_text(ex: Explanation) -> str:
             lines.append(f"decided:  routing: {d['reason']}")
         elif d.get("by") in ("policy", "profile"):
             where = f" ({d['iface']} {d['hook']} program)" if "hook" in d else ""   # BPF mode: which program
-            lines.append(f"decided:  {d['kind']} {d['name']}" + (f" rule {d['rule_index']}" if "rule_index" in d else "")
-                         + where)
+            rule = f" rule {d['rule_index']}" if "rule_index" in d else ""
+            lines.append(f"decided:  {d['kind']} {d['name']}{rule}{where}")
         elif "reason" in d:   # BPF mode: end of tier, default deny, not READY, no program...
             where = f" ({d['iface']} {d['hook']} program)" if "hook" in d else ""
             lines.append(f"decided:  {d['by']}{where}: {d['reason']}")

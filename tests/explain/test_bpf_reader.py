@@ -150,7 +150,8 @@ def test_tiers_pass_deny_allow_and_ip_sets() -> None:
 
 
 def test_end_of_tier_drops_unless_pass_and_profiles_decide_after_tiers() -> None:
-    tier_only = PolicySet(tiers=(Tier("t", (Policy("GlobalNetworkPolicy/p", (Rule(Action.ALLOW, dst_ports=ports(80)),)),)),),
+    web = Policy("GlobalNetworkPolicy/p", (Rule(Action.ALLOW, dst_ports=ports(80)),))
+    tier_only = PolicySet(tiers=(Tier("t", (web,)),),
                           profiles=ALLOW_ALL.profiles)
     passing = PolicySet(tiers=(Tier("t", tier_only.tiers[0].policies, Action.PASS),), profiles=ALLOW_ALL.profiles)
     fb, _ = programmed({"cali-a": WorkloadPolicy(ALLOW_ALL, ALLOW_ALL), "cali-b": WorkloadPolicy(tier_only, ALLOW_ALL),
