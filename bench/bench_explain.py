@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""``felixpy explain`` at the scale of ``bench/bench_scale.py``: answer time in every *tables mode.
+"""``felixpy explain`` at the scale of ``bench/bench_scale.py``: answer time in every *tables mode (and BPF mode).
 
 Per mode, a throwaway node namespace gets two real veth workloads (so the kernel has
 routes to them) among N Calico-style interface names; the real daemon is fed N
@@ -9,6 +9,8 @@ workload's ingress) and runs until ``DataplaneInSync``.  Then the daemon is stop
 process per answer, as an operator runs it (interpreter start, kernel read, parse,
 evaluate, print) — beside the raw dump tool it has to run (``ip[6]tables-*-save`` /
 ``nft -j list table``), measured in the same run.  The namespace is deleted afterwards.
+``--modes bpf-legacy``: BPF mode on a private bpffs (explain reads the pins, ``--bpf-pin-root``);
+its "raw tool" column is ``ip -j link`` (what explain runs besides the pin reads and the *tables probe).
 
 Usage: ``.venv/bin/python bench/bench_explain.py [--workloads 5000] [--policies 1000] [--modes …] [--runs 5]
 [--baseline DIR]``; ``--baseline`` times, in the same run and alternating with this tree's answers, the
@@ -40,8 +42,10 @@ from felixpy.testing.daemon import start_daemon  # noqa: E402
 MODES = {"iptables-legacy": {"FELIX_IPTABLESBACKEND": "legacy"},
          "iptables-nft": {"FELIX_IPTABLESBACKEND": "nft"},
          "nftables": {"FELIX_NFTABLESMODE": "Enabled"}}
+BPF_MODES = {"bpf-legacy": {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy",
+                            "FELIX_BPFATTACHTYPE": "TCX"}}
 RAW = {"iptables-legacy": ["iptables-legacy-save"], "iptables-nft": ["iptables-nft-save"],
-       "nftables": ["nft", "-j", "list", "table", "ip", "calico"]}
+       "nftables": ["nft", "-j", "list", "table", "ip", "calico"], "bpf-legacy": ["ip", "-j", "link"]}
 
 
 def timed(argv: list[str], env: dict[str, str] | None = None, cwd: str = "/") -> tuple[float, str, float]:
@@ -60,13 +64,20 @@ def timed(argv: list[str], env: dict[str, str] | None = None, cwd: str = "/") ->
 
 def one_mode(mode: str, n_workloads: int, n_policies: int, runs: int,
              baseline: str | None = None) -> dict[str, object]:
+    import contextlib
+
+    from felixpy.bpf.maps import private_bpffs
+
     names = iface_names(n_workloads)
-    with topology.node("fpyexpl") as node:
+    bpf = mode in BPF_MODES
+    with contextlib.ExitStack() as stack, topology.node("fpyexpl") as node:
+        pin_root = f"{stack.enter_context(private_bpffs())}/tc/globals" if bpf else None
         wls = [node.add_workload(f"w{i}", v4(i), v6(i), iface=names[i]) for i in (0, 1)]
         macs = {i: wl.mac for i, wl in zip((0, 1), wls)}
         batch = [to_dataplane(seq, msg) for seq, msg in
                  enumerate(initial_batch(names, n_policies, "Felix", False, macs))]
-        d = start_daemon(node.netns, env=MODES[mode])
+        env = {**MODES, **BPF_MODES}[mode]
+        d = start_daemon(node.netns, env={**env, "FELIXPY_BPF_PIN_ROOT": pin_root} if pin_root else env)
         try:
             c = connect(d.target)
             t0 = time.perf_counter()
@@ -80,7 +91,8 @@ def one_mode(mode: str, n_workloads: int, n_policies: int, runs: int,
             # Workload 0 → workload 1 on TCP 8001: policy pol-1 (workload 1's first ingress policy) admits
             # members of s:clients-1 on 8001 — workload 0 is not one of them, pol-2's rule 3 (pool CIDR) allows.
             cli = [sys.executable, "-m", "felixpy", "explain", "--netns", node.netns, "--src", v4(0),
-                   "--dst", v4(1), "--proto", "tcp", "--dport", "8001", "--json"]
+                   "--dst", v4(1), "--proto", "tcp", "--dport", "8001", "--json",
+                   *(["--bpf-pin-root", pin_root] if pin_root else [])]
             answers, cpus, raws, raw_cpus, base, base_cpus = [], [], [], [], [], []
             base_env = {**os.environ, "PYTHONPATH": baseline} if baseline else None
             last = ""
@@ -98,7 +110,8 @@ def one_mode(mode: str, n_workloads: int, n_policies: int, runs: int,
             raws.append(t_raw)
             raw_cpus.append(raw_cpu)
             result = json.loads(last)
-            rules = raw_out.count("\n-A ") if mode != "nftables" else raw_out.count('{"rule"')
+            rules: object = (raw_out.count("\n-A ") if mode.startswith("iptables") else raw_out.count('{"rule"')
+                             if mode == "nftables" else "programs")
         finally:
             d.stop()
     return {"mode": mode, "programmed_s": programmed, "load": os.getloadavg()[0], "answer_median": statistics.median(answers),
@@ -113,7 +126,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workloads", type=int, default=5000)
     ap.add_argument("--policies", type=int, default=1000)
-    ap.add_argument("--modes", nargs="*", default=list(MODES))
+    ap.add_argument("--modes", nargs="*", default=list(MODES), choices=[*MODES, *BPF_MODES])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--baseline", metavar="DIR", help="also time the explain CLI of the felixpy tree in DIR")
     args = ap.parse_args()

@@ -10,6 +10,15 @@ How a fresh process recognises them: program names start ``p<4|6><i|e|x>_``; the
 slot indices are recorded in ``cali_iface`` (by the endpoint manager) so a restart can reclaim
 them.
 
+Each loaded program's *source* is kept beside the pins for ``felixpy explain`` (which reads the
+kernel, never the daemon): ``<pin root>/felixpy-policy/<program name>`` holds the
+:class:`PolicySet` and the IP-set name -> id map it was built with (:func:`source_doc`, JSON,
+zlib-compressed).  bpffs refuses regular files (``open(O_CREAT)`` is EPERM), so the source is a
+pinned one-entry array map (:class:`PinnedSources`; tests use :class:`MemorySources`).  It is
+written before :meth:`PolicyPrograms.acquire` returns, i.e. before any slot holds the program,
+and removed when the program is closed; :meth:`PolicyPrograms.sweep_sources` removes those an
+earlier run left once this run has replaced its programs.
+
 Apply contract: :meth:`PolicyPrograms.install` writes part k at ``entry + k*stride`` and
 deletes any higher parts a previous, larger program left behind, so a slot is always either
 the old or the new program (prog-array updates are atomic per slot).
@@ -17,11 +26,16 @@ the old or the new program (prog-array updates are atomic per slot).
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import hashlib
+import json
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Protocol
 
 import structlog
 
@@ -29,6 +43,8 @@ from felixpy.bpf import defs
 from felixpy.bpf import syscall as sc
 from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.maps import MapSet
+from felixpy.bpf import policy_ir as ir
+from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.policy_ir import PolicySet
 from felixpy.bpf.polprog import (
     DEFAULT_MAX_INSNS,
@@ -42,6 +58,154 @@ from felixpy.bpf.polprog import (
 log = structlog.get_logger(__name__)
 
 _HOOK_CHAR = {defs.HOOK_TC_INGRESS: "i", defs.HOOK_TC_EGRESS: "e", defs.HOOK_XDP: "x"}
+
+
+SOURCE_DIR = "felixpy-policy"
+SOURCE_FORMAT = 1
+_SOURCE_MAP_NAME = "fpy_polsrc"
+
+
+def _plain(v: Any) -> Any:
+    if is_dataclass(v) and not isinstance(v, type):
+        return {f.name: _plain(getattr(v, f.name)) for f in fields(v)}
+    if isinstance(v, enum.Enum):
+        return v.value
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    return v
+
+
+_IR_CLASSES: dict[str, type] = {"tiers": ir.Tier, "host_pre_dnat_tiers": ir.Tier, "host_forward_tiers": ir.Tier,
+                                "host_normal_tiers": ir.Tier, "policies": ir.Policy, "rules": ir.Rule,
+                                "profiles": ir.Profile, "host_profiles": ir.Profile}
+_PORT_FIELDS = frozenset({"src_ports", "not_src_ports", "dst_ports", "not_dst_ports"})
+
+
+def _build(cls: type, d: Mapping[str, Any]) -> Any:
+    kw: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in d:
+            continue
+        v = d[f.name]
+        if f.name in _IR_CLASSES:
+            v = tuple(_build(_IR_CLASSES[f.name], x) for x in v)
+        elif f.name in _PORT_FIELDS:
+            v = tuple(ir.PortRange(int(x["first"]), int(x["last"])) for x in v)
+        elif f.name in ("action", "default_action"):
+            v = ir.Action(v)
+        elif isinstance(v, list):
+            v = tuple(v)
+        kw[f.name] = v
+    return cls(**kw)
+
+
+def source_doc(ps: PolicySet, *, name: str, hook: int, v6: bool, ipset_ids: Mapping[str, int]) -> bytes:
+    """A program's source as explain reads it back (:func:`parse_source`)."""
+    doc = {"format": SOURCE_FORMAT, "program": name, "hook": hook, "ip_version": 6 if v6 else 4,
+           "ip_set_ids": dict(sorted(ipset_ids.items())), "policy_set": _plain(ps)}
+    return zlib.compress(json.dumps(doc, separators=(",", ":")).encode())
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySource:
+    program: str
+    hook: int
+    ip_version: int
+    ip_set_ids: dict[str, int]
+    policy_set: PolicySet
+
+
+def parse_source(blob: bytes) -> PolicySource:
+    doc = json.loads(zlib.decompress(blob))
+    if doc.get("format") != SOURCE_FORMAT:
+        raise ValueError(f"policy source format {doc.get('format')!r}, this felixpy reads {SOURCE_FORMAT}")
+    return PolicySource(str(doc["program"]), int(doc["hook"]), int(doc["ip_version"]),
+                        {str(k): int(v) for k, v in doc["ip_set_ids"].items()},
+                        _build(PolicySet, doc["policy_set"]))
+
+
+class SourceStore(Protocol):
+    """Where the loaded programs' sources live (by program name)."""
+
+    def write(self, name: str, blob: bytes) -> None: ...
+    def read(self, name: str) -> bytes | None: ...
+    def remove(self, name: str) -> None: ...
+    def names(self) -> list[str]: ...
+
+
+@dataclass
+class MemorySources:
+    """The fakes' store (and a process without a pin root)."""
+
+    blobs: dict[str, bytes] = field(default_factory=dict)
+
+    def write(self, name: str, blob: bytes) -> None:
+        self.blobs[name] = blob
+
+    def read(self, name: str) -> bytes | None:
+        return self.blobs.get(name)
+
+    def remove(self, name: str) -> None:
+        self.blobs.pop(name, None)
+
+    def names(self) -> list[str]:
+        return sorted(self.blobs)
+
+
+@dataclass
+class PinnedSources:
+    """One pinned array map per program under ``<pin root>/felixpy-policy``: key 0, value =
+    4-byte little-endian length + the compressed document (bpffs holds no regular files)."""
+
+    pin_root: str
+
+    @property
+    def directory(self) -> str:
+        return os.path.join(self.pin_root, SOURCE_DIR)
+
+    def write(self, name: str, blob: bytes) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        value = len(blob).to_bytes(4, "little") + blob
+        value += bytes(-len(value) % 8)
+        fd = sc.map_create(sc.MAP_TYPE_ARRAY, 4, len(value), 1, name=_SOURCE_MAP_NAME)
+        try:
+            sc.map_update(fd, bytes(4), value)
+            path = os.path.join(self.directory, name)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # an earlier run's source of the same name: this one replaces it
+            sc.obj_pin(fd, path)
+        finally:
+            os.close(fd)
+
+    def read(self, name: str) -> bytes | None:
+        return read_pinned_source(os.path.join(self.directory, name))
+
+    def remove(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.directory, name))
+
+    def names(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self.directory))
+        except FileNotFoundError:
+            return []
+
+
+def read_pinned_source(path: str) -> bytes | None:
+    """The compressed document pinned at ``path`` (None: no such pin)."""
+    try:
+        fd = sc.obj_get(path)
+    except (BPFSyscallError, FileNotFoundError):
+        return None
+    try:
+        info = sc.map_info(fd)
+        raw = sc.map_lookup(fd, bytes(4), info.value_size)
+    finally:
+        os.close(fd)
+    if raw is None or len(raw) < 4:
+        return None
+    n = int.from_bytes(raw[:4], "little")
+    return raw[4:4 + n]
 
 
 @dataclass
@@ -64,6 +228,7 @@ class PolicyPrograms:
     # Kernel access, injectable so drivers can be tested over in-memory fakes.
     prog_load: Callable[..., int] = sc.prog_load
     close_fd: Callable[[int], None] = os.close
+    sources: SourceStore = field(default_factory=MemorySources)
     _cache: dict[tuple[object, ...], PolicyProgram] = field(default_factory=dict)
     _installed: dict[tuple[int, int], PolicyProgram] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=lambda: {"loads": 0, "hits": 0})
@@ -105,6 +270,13 @@ class PolicyPrograms:
                 self.close_fd(fd)
             raise
         t2 = time.perf_counter()
+        try:
+            ids = {s: self.ipset_ids.get_or_alloc(s) for s in ps.ip_sets()}
+            self.sources.write(name, source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=ids))
+        except Exception:
+            for fd in fds:
+                self.close_fd(fd)
+            raise
         prog = PolicyProgram(key, name, fds, [len(p) // 8 for p in parts], 1, t1 - t0, t2 - t1)
         self._cache[key] = prog
         self.stats["loads"] += 1
@@ -124,6 +296,17 @@ class PolicyPrograms:
             for fd in prog.fds:
                 self.close_fd(fd)
             prog.fds = []
+            self.sources.remove(prog.name)
+
+    def sweep_sources(self) -> int:
+        """Remove every source no program of this process has (an earlier run's); returns how many."""
+        mine = {p.name for p in self._cache.values()}
+        gone = 0
+        for name in self.sources.names():
+            if name not in mine:
+                self.sources.remove(name)
+                gone += 1
+        return gone
 
     # -- slots ---------------------------------------------------------------------------------
 

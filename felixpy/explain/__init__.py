@@ -3,9 +3,11 @@
 It reads the *live* kernel state — never the daemon's memory, so it works with
 the daemon running or stopped — and evaluates one packet against it:
 
-* :mod:`.readers` — one reader per dataplane mode behind the :class:`~.readers.Reader`
-  protocol (iptables-legacy, iptables-nft, nftables; a BPF reader plugs in the same
-  way later) and :func:`~.readers.detect`, which finds whose chains hold felixpy's state;
+* :mod:`.readers` — one reader per *tables mode behind the :class:`~.readers.Reader`
+  protocol (iptables-legacy, iptables-nft, nftables), :class:`~.readers.BPFReader` for BPF
+  mode's pins, and :func:`~.readers.read_kernel`, which finds whose chains hold felixpy's state;
+* :mod:`.bpf` — BPF mode: ``cali_iface``, the policy jump maps, the policy programs' pinned
+  sources, the IP-set and routes maps, and the programs' semantics for one packet;
 * :mod:`.ipt_parse`, :mod:`.nft_parse`, :mod:`.ipset_parse`, :mod:`.host` — small pure
   parsers of ``ip[6]tables-save``, ``nft -j list table``, ``ipset save`` and ``ip -j``
   output into :mod:`.ruleset` (rules as the typed criteria of

@@ -25,12 +25,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--netns", help="network namespace to read (default: this process's)")
     p.add_argument("--mode", choices=[r.mode for r in READERS],
                    help="read only this dataplane mode (default: the first that holds felixpy's state)")
+    p.add_argument("--bpf-pin-root",
+                   help="BPF mode: where the daemon pins its maps (default: $FELIXPY_BPF_PIN_ROOT or "
+                        "/sys/fs/bpf/tc/globals); read in this process's mount namespace")
     p.add_argument("--json", action="store_true", help="print a JSON object (verdict, path, …)")
 
 
 def main(args: argparse.Namespace) -> int:
     """0: explained; 2: bad arguments; 3: the kernel holds no felixpy state explain can read (none, or
-    BPF mode, whose programs it cannot read yet)."""
+    BPF mode without felixpy's pins at the pin root)."""
     try:
         pkt = make_packet(args.src, args.dst, args.proto, sport=args.sport, dport=args.dport,
                           icmp_type=args.icmp_type, icmp_code=args.icmp_code)
@@ -38,7 +41,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"felixpy explain: {exc}", file=sys.stderr)
         return 2
     runner = SubprocessRunner(netns=args.netns)
-    reading = in_background(lambda: read_kernel(runner, pkt.ip_version, mode=args.mode))
+    reading = in_background(lambda: read_kernel(runner, pkt.ip_version, mode=args.mode,
+                                                 bpf_pin_root=args.bpf_pin_root))
     # The evaluator, the rule model and the printer are imported while the dump tools run.
     from felixpy.explain.output import to_json, to_text
     from felixpy.explain.query import NotFelixpyState, explain_packet

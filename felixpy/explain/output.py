@@ -31,7 +31,12 @@ def to_text(ex: Explanation) -> str:
         if d.get("by") == "routing":
             lines.append(f"decided:  routing: {d['reason']}")
         elif d.get("by") in ("policy", "profile"):
-            lines.append(f"decided:  {d['kind']} {d['name']}" + (f" rule {d['rule_index']}" if "rule_index" in d else ""))
+            where = f" ({d['iface']} {d['hook']} program)" if "hook" in d else ""   # BPF mode: which program
+            rule = f" rule {d['rule_index']}" if "rule_index" in d else ""
+            lines.append(f"decided:  {d['kind']} {d['name']}{rule}{where}")
+        elif "reason" in d:   # BPF mode: end of tier, default deny, not READY, no program...
+            where = f" ({d['iface']} {d['hook']} program)" if "hook" in d else ""
+            lines.append(f"decided:  {d['by']}{where}: {d['reason']}")
         else:
             why = "; ".join(d.get("comments") or []) or d.get("action", "")
             lines.append(f"decided:  {d['chain']} rule {d['rule']} (cali:{d['hash']}) {why}")

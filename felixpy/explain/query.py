@@ -27,7 +27,7 @@ class BPFModeState(NotFelixpyState):
 BPF_MODE_MARKER = "Pre-approved by BPF programs"
 
 
-def _bpf_mode(state: KernelState) -> bool:
+def is_bpf_mode(state: KernelState) -> bool:
     rs = state.ruleset
     if rs is None:
         return False
@@ -45,11 +45,12 @@ def explain_packet(state: KernelState, pkt: Packet, *, from_iface: str | None = 
         raise NotFelixpyState(
             f"no felixpy state for IPv{state.ip_version} in this network namespace: no cali- chains in "
             "iptables-nft-save or iptables-legacy-save, and no nftables 'calico' table")
-    if _bpf_mode(state):
+    bpf = is_bpf_mode(state)
+    if bpf and state.bpf is None:
         raise BPFModeState(
             f"felixpy runs this node in BPF mode ({rs.backend} holds only the guards around the BPF programs, "
-            "which decide the policy): explain cannot read the BPF programs yet, and evaluating the guards "
-            "alone would give a wrong answer")
+            f"which decide the policy), but its BPF state cannot be read: "
+            f"{state.bpf_problem or 'the pins were not read'}")
     iif, oif, notes = interfaces_for(state.host, pkt.src, pkt.dst)
     if from_iface is not None:
         iif = from_iface
@@ -59,6 +60,16 @@ def explain_packet(state: KernelState, pkt: Packet, *, from_iface: str | None = 
         notes = [n for n in notes if "out interface" not in n]
     pkt = replace(pkt, iif=iif, oif=oif)
     direction = direction_of(pkt, rs.local_addrs)
+    if bpf and state.bpf is not None:
+        from felixpy.explain.bpf import explain_bpf
+
+        mode = "bpf-legacy" if rs.backend == "iptables-legacy" else "bpf-nft"
+        if oif is None and direction != "input":
+            return Explanation(pkt.describe(), mode, rs.ip_version, direction, "deny",
+                               decided_by={"by": "routing", "reason": f"no route to {pkt.dst}"}, notes=notes)
+        ex = explain_bpf(state.bpf, pkt, direction, mode)
+        ex.notes = notes + ex.notes
+        return ex
     if oif is None and direction != "input":
         # No route: the kernel drops it (or the sender gets ENETUNREACH) before any rule is met.
         return Explanation(pkt.describe(), rs.backend, rs.ip_version, direction, "deny",

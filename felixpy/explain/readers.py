@@ -6,10 +6,9 @@ drivers do after a restart: ``cali-`` chains in ``ip[6]tables-save``, the ``cali
 table in nftables (whose chains, sets and maps a single answer reads over netlink,
 :mod:`.nft_netlink`, when the runner is the real one).  :func:`read_kernel` tries them
 in turn (nftables, iptables-nft, iptables-legacy) and says which one holds felixpy's
-state — or that none does.  A
-BPF reader (maps, ifstate, the policy programs' IR) would be another :class:`Reader`;
-there is none yet, and :mod:`.query` refuses BPF mode's *tables guards rather than
-evaluating them alone.
+state — or that none does.  When that state is BPF mode's guards, :class:`BPFReader`
+reads the programs' state from the pins (:mod:`.bpf`), and :mod:`.query` evaluates the
+packet there, never against the guards alone.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from felixpy.drivers.cmdshim import CommandResult, CommandRunner
 from felixpy.explain.host import HostView, host_view
 
 if TYPE_CHECKING:
+    from felixpy.explain.bpf import BPFView
     from felixpy.explain.nft_netlink import NftNetlink
     from felixpy.explain.ruleset import IPSetContents, Ruleset
 
@@ -214,6 +214,8 @@ class KernelState:
     ip_version: int
     ruleset: Ruleset | None
     host: HostView
+    bpf: BPFView | None = None        # BPF mode: the pins (None: not BPF mode, or no pins found)
+    bpf_problem: str | None = None    # BPF mode without readable felixpy pins: why
 
 
 def read_host(runner: CommandRunner, ip_version: int) -> HostView:
@@ -222,12 +224,42 @@ def read_host(runner: CommandRunner, ip_version: int) -> HostView:
     return host_view(addrs.stdout if addrs.ok else "[]", routes.stdout if routes.ok else "[]")
 
 
+PIN_ROOT_ENV = "FELIXPY_BPF_PIN_ROOT"   # = felixpy.drivers.bpfendpoints.kernel.PIN_ROOT_ENV (a test checks)
+
+
+class BPFReader:
+    """BPF mode: the programs' state from the pins under ``pin_root`` (:mod:`.bpf`).  BPF maps are
+    not per network namespace; interfaces are, so ifindexes come from the runner's namespace."""
+
+    mode = "bpf"
+
+    def __init__(self, pin_root: str | None = None) -> None:
+        import os
+
+        from felixpy.bpf.maps import DEFAULT_PIN_ROOT
+
+        # The daemon's own choice (felixpy.drivers.bpfendpoints.kernel.configured_pin_root), not imported
+        # from there: that package pulls in the driver and pyroute2 (~1 s of an answer).
+        self.pin_root = pin_root or os.environ.get(PIN_ROOT_ENV, DEFAULT_PIN_ROOT)
+
+    def read(self, runner: CommandRunner) -> BPFView:
+        from felixpy.explain.bpf import read_pins
+
+        links = runner.run(["ip", "-j", "link"])
+        ifindex_of = {str(ln["ifname"]): int(ln["ifindex"]) for ln in json.loads(links.stdout or "[]")} \
+            if links.ok else {}
+        return read_pins(self.pin_root, ifindex_of)
+
+
 def read_kernel(runner: CommandRunner, ip_version: int, readers: Sequence[Reader] = READERS,
-                mode: str | None = None, full: bool | None = None) -> KernelState:
+                mode: str | None = None, full: bool | None = None,
+                bpf_pin_root: str | None = None) -> KernelState:
     """Read the family's felixpy state from the first mode that holds it (or from ``mode``).
 
     ``full``: True for one dump of everything (many packets against one read), False to list
     chains as the packet reaches them, None for what is cheaper in the mode (:attr:`Reader.prefers_full`).
+    When the *tables hold BPF mode's guards, the BPF state is read from the pins under
+    ``bpf_pin_root`` (default: the daemon's, ``$FELIXPY_BPF_PIN_ROOT`` or /sys/fs/bpf/tc/globals).
     """
     host_fut = in_background(lambda: read_host(runner, ip_version))   # beside the (slower) rule reads
     found: Ruleset | None = None
@@ -242,4 +274,15 @@ def read_kernel(runner: CommandRunner, ip_version: int, readers: Sequence[Reader
     host = host_fut.result()
     if found is not None:
         found.local_addrs = host.local_addrs
-    return KernelState(ip_version, found, host)
+    state = KernelState(ip_version, found, host)
+    from felixpy.explain.query import is_bpf_mode
+
+    if is_bpf_mode(state):
+        from felixpy.explain.bpf import NotFelixpyPins
+
+        bpf_reader = BPFReader(bpf_pin_root)
+        try:
+            state.bpf = bpf_reader.read(runner)
+        except NotFelixpyPins as exc:
+            state.bpf_problem = str(exc)
+    return state

@@ -14,7 +14,8 @@ What it owns
     * TCX links pinned in the TCX pin directory (``<iface without dots>_<ingress|egress>``):
       detached, then unlinked;
     * every pin under the pin root (and its subdirectories) whose name has one of our map
-      prefixes (``cali_``, ``calico_``, ``xdp_cali_``); programs held only by the prog arrays go
+      prefixes (``cali_``, ``calico_``, ``xdp_cali_``), and the policy programs' sources in
+      ``<pin root>/felixpy-policy`` (:mod:`felixpy.bpf.policyload`); programs held only by the prog arrays go
       with the last reference to those arrays.
 
     Foreign filters, links, pins and programs are never touched (a TCX program of ours attached
@@ -49,6 +50,7 @@ from felixpy.bpf import syscall as sc
 from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.maps import OWNED_PREFIXES, is_bpffs
 from felixpy.bpf.owned import is_owned_prog_name
+from felixpy.bpf.policyload import SOURCE_DIR
 from felixpy.drivers.bpfendpoints.attacher import HOOKS
 from felixpy.errors import DataplaneError
 
@@ -128,7 +130,8 @@ class BPFCleanup:
             for d, _dirs, files in os.walk(self.pin_root):
                 if os.path.abspath(d) == os.path.abspath(self.tcx_pin_dir):
                     continue
-                out.pins += [os.path.join(d, f) for f in sorted(files) if f.startswith(OWNED_PREFIXES)]
+                sources = os.path.basename(d) == SOURCE_DIR  # the policy programs' sources (felixpy explain's)
+                out.pins += [os.path.join(d, f) for f in sorted(files) if sources or f.startswith(OWNED_PREFIXES)]
         return out
 
     # ---------------------------------------------------------------------------- apply
@@ -161,7 +164,7 @@ class BPFCleanup:
         for pin in found.pins:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(pin)
-        for d in (self.tcx_pin_dir, os.path.join(self.pin_root, "old_jumps")):
+        for d in (self.tcx_pin_dir, os.path.join(self.pin_root, "old_jumps"), os.path.join(self.pin_root, SOURCE_DIR)):
             with contextlib.suppress(OSError):
                 os.rmdir(d)
         for k, v in (("tcx_links", len(found.tcx_pins)), ("tc_ifaces", len(found.tc)), ("pins", len(found.pins))):

@@ -1,7 +1,9 @@
 """The BPF endpoint driver: workload interfaces programmed in Felix's attach order.
 
 What it owns, per workload interface it is told about: the counters entries for both TC hooks;
-one policy jump-map entry per (TC hook, IP family) and the policy programs in those slots; the
+one policy jump-map entry per (TC hook, IP family) and the policy programs in those slots (with
+their pinned sources, :mod:`felixpy.bpf.policyload`, which an earlier run's are swept after the first
+apply that programs every wanted interface); the
 attach-point globals (``cali_ap_glob``); the preamble on both TC
 hooks (through :class:`~felixpy.drivers.bpfendpoints.attacher.Attacher`); and the interface's
 ``cali_iface`` entry (WEP flag, READY flag per family, policy entry indices).
@@ -138,6 +140,7 @@ class BPFEndpoints:
         self._dirty: set[str] = set()
         self._start_of_day = True
         self._deny_held: dict[tuple[int, int], PolicyProgram] = {}  # (hook, family), during an apply
+        self._sweep_sources = True  # the earlier run's policy sources (felixpy explain's), after the first apply
 
     # ------------------------------------------------------------------ desired state (API)
     def set_workload(self, ip_version: int, iface: str, policy: WorkloadPolicy) -> None:
@@ -207,6 +210,10 @@ class BPFEndpoints:
             self._deny_held.clear()
         if failures:
             raise EndpointProgrammingFailed(failures)
+        if self._sweep_sources:
+            # Every wanted slot now holds this run's program: the earlier run's sources can go.
+            self.kernel.policies.sweep_sources()
+            self._sweep_sources = False
         if unsupported:
             raise unsupported[0]
 

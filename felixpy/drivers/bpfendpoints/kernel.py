@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from felixpy.bpf.hook import ProgramsMap
 from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.maps import MapSet, ensure_pin_root
-from felixpy.bpf.policyload import JumpMapAllocator, PolicyPrograms
+from felixpy.bpf.policyload import JumpMapAllocator, PinnedSources, PolicyPrograms
 from felixpy.drivers.bpfendpoints.attacher import HOOKS, Attacher, KernelAttacher
 
 
@@ -65,5 +65,6 @@ def open_kernel(pin_root: str, attach_type: str, *, tcx_pin_dir: str | None = No
     ids = IPSetIDAllocator()
     tcx_dir = tcx_pin_dir or default_tcx_pin_dir(pin_root)
     return BPFKernel(maps=maps, programs=ProgramsMap(maps, pin_root, loader=WorkerLoader(pin_root)),
-                     policies=PolicyPrograms(maps, ids), attacher=KernelAttacher(attach_type, tcx_dir),
+                     policies=PolicyPrograms(maps, ids, sources=PinnedSources(pin_root)),
+                     attacher=KernelAttacher(attach_type, tcx_dir),
                      ipset_ids=ids, slots={hook: JumpMapAllocator() for hook in HOOKS})

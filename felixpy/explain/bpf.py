@@ -1,0 +1,493 @@
+"""BPF mode: the path of a packet through felixpy's BPF programs, read from the pins.
+
+What is read (kernel only: the daemon may be stopped), all under the pin root:
+
+* ``cali_iface`` — per ifindex: flags (WEP, READY per family, NOT_MANAGED), the interface
+  name and the policy entry of each hook (``egress_policy_v<n>``: the from-workload program,
+  in ``cali_jump_ing``; ``ingress_policy_v<n>``: the to-workload program, in ``cali_jump_egr``);
+* the policy jump map slot — a prog-array lookup gives the program id, its info its name
+  (``p<4|6><i|e>_<digest>``);
+* ``felixpy-policy/<program name>`` — the program's source the daemon pinned beside it
+  (:mod:`felixpy.bpf.policyload`): the :class:`~felixpy.bpf.policy_ir.PolicySet` and the
+  IP-set name → id map it was built with;
+* ``cali_v<n>_ip_sets`` (LPM: membership of the packet's address, port and protocol, keyed
+  exactly as the program builds the key) and ``cali_v<n>_routes`` (local host / local
+  workload on this ifindex).
+
+The evaluation follows the main program (``bpf-gpl/tc.c``) and the policy program generator
+(:mod:`felixpy.bpf.polprog`): from a workload the source must route to a local workload on
+that interface (RPF); host → local workload skips policy; ND/MLD skips policy; then the
+policy program: pre-DNAT host tiers, forward or normal host tiers, workload tiers in order
+(a rule's allow/deny ends the program, pass goes to the tier's end, the end of a tier drops
+unless its default is pass or all its policies are staged; staged policies are skipped),
+profiles, default deny.  An empty slot on a workload drops; an interface that is not READY
+for the family fails closed.  Not modelled: conntrack (a non-NEW packet is taken as an
+established flow, which skips policy), NAT, failsafes and host endpoints' own flags beyond
+what the PolicySet carries.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from felixpy.bpf import defs
+from felixpy.bpf import maptypes as mt
+from felixpy.bpf.policy_ir import Action, PolicySet, PortRange, Rule, Tier
+from felixpy.bpf.policyload import SOURCE_DIR, PolicySource, parse_source, read_pinned_source
+from felixpy.explain.packet import Packet
+from felixpy.explain.path import Explanation
+
+_READY = {4: defs.IFACE_STATE_V4_READY, 6: defs.IFACE_STATE_V6_READY}
+_ND_MLD = frozenset({130, 131, 132, 133, 135, 136})
+IFSTATE_PIN = "cali_iface"
+
+
+class NotFelixpyPins(Exception):
+    """The pin root holds no felixpy BPF state (no ``cali_iface`` of ours)."""
+
+
+@dataclass(slots=True)
+class Iface:
+    ifindex: int
+    name: str
+    flags: int
+    from_wl_entry: dict[int, int]   # family -> entry in cali_jump_ing (the workload's egress policy)
+    to_wl_entry: dict[int, int]     # family -> entry in cali_jump_egr (the workload's ingress policy)
+
+    @property
+    def is_wep(self) -> bool:
+        return bool(self.flags & defs.IFACE_STATE_WEP)
+
+    def ready(self, v: int) -> bool:
+        return bool(self.flags & _READY[v])
+
+    def describe_flags(self) -> str:
+        names = [n for n, bit in (("WEP", defs.IFACE_STATE_WEP), ("V4_READY", defs.IFACE_STATE_V4_READY),
+                                  ("V6_READY", defs.IFACE_STATE_V6_READY), ("HEP", defs.IFACE_STATE_HEP),
+                                  ("NOT_MANAGED", defs.IFACE_STATE_NOT_MANAGED)) if self.flags & bit]
+        return "|".join(names) or "0"
+
+
+@dataclass
+class BPFView:
+    """What one read of the pins gives explain; lookups are lazy (one answer reads what it needs)."""
+
+    pin_root: str
+    ifaces: dict[int, Iface]
+    slot_program: Callable[[int, int], str | None]   # (hook, entry) -> program name, None: empty slot
+    source: Callable[[str], PolicySource | None]
+    ipset_member: Callable[[int, int, str, int, int], bool]   # (v, set id, addr, port, proto)
+    route_flags: Callable[[int, str], tuple[int, int] | None]  # (v, addr) -> (flags, ifindex)
+    ifindex_of: dict[str, int] = field(default_factory=dict)   # interface name -> ifindex (ip -j link)
+
+
+def iface_from_value(ifindex: int, val: Any) -> Iface:
+    name = bytes(val.name).split(b"\0", 1)[0].decode(errors="replace")
+    from_wl = {v: int(getattr(val, f"egress_policy_v{v}")) for v in (4, 6)}
+    to_wl = {v: int(getattr(val, f"ingress_policy_v{v}")) for v in (4, 6)}
+    return Iface(ifindex, name, int(val.flags), {v: e for v, e in from_wl.items() if e >= 0},
+                 {v: e for v, e in to_wl.items() if e >= 0})
+
+
+def view_from_maps(pin_root: str, maps: Callable[[str], Any], prog_name: Callable[[int], str | None],
+                   source_blob: Callable[[str], bytes | None], ifindex_of: dict[str, int]) -> BPFView:
+    """A view over map objects (the kernel's pinned :class:`~felixpy.bpf.maps.Map` or the fakes):
+    ``maps(name)`` opens a map by spec name, ``prog_name`` resolves a prog-array value."""
+    from felixpy.bpf import maps as bm
+
+    ifstate = maps(bm.IFSTATE.name)
+    ifaces: dict[int, Iface] = {}
+    for key, val in ifstate.items():
+        idx = int(key.value) if hasattr(key, "value") else int(key)
+        ifaces[idx] = iface_from_value(idx, val)
+
+    def slot_program(hook: int, entry: int) -> str | None:
+        jm = maps((bm.JUMP_ING if hook == defs.HOOK_TC_INGRESS else bm.JUMP_EGR).name)
+        got = jm.get(ctypes.c_uint32(entry))
+        if got is None:
+            return None
+        return prog_name(int(got.value) if hasattr(got, "value") else int(got))
+
+    sources: dict[str, PolicySource | None] = {}
+
+    def source(name: str) -> PolicySource | None:
+        if name not in sources:
+            blob = source_blob(name)
+            sources[name] = parse_source(blob) if blob is not None else None
+        return sources[name]
+
+    def ipset_member(v: int, set_id: int, addr: str, port: int, proto: int) -> bool:
+        m = maps((bm.IPSETS6 if v == 6 else bm.IPSETS4).name)
+        k = mt.ipset_key(set_id, addr, port=port, protocol=proto, v6=(v == 6))
+        k.prefixlen = mt.IPSET_FULL_PREFIX_V6 if v == 6 else mt.IPSET_FULL_PREFIX_V4
+        return m.get(k) is not None
+
+    def route_flags(v: int, addr: str) -> tuple[int, int] | None:
+        m = maps((bm.ROUTES6 if v == 6 else bm.ROUTES4).name)
+        got = m.get(mt.route_key(f"{addr}/{128 if v == 6 else 32}"))
+        return None if got is None else (int(got.flags), int(got.if_index))
+
+    return BPFView(pin_root, ifaces, slot_program, source, ipset_member, route_flags, ifindex_of)
+
+
+def _kernel_prog_name(prog_id: int) -> str | None:
+    from felixpy.bpf import syscall as sc
+    from felixpy.bpf.errors import BPFSyscallError
+
+    try:
+        fd = sc.prog_get_fd_by_id(prog_id)
+    except BPFSyscallError:
+        return f"<program id {prog_id}: gone>"
+    try:
+        return str(sc.prog_info(fd).name)
+    finally:
+        os.close(fd)
+
+
+def read_pins(pin_root: str, ifindex_of: dict[str, int]) -> BPFView:
+    """The kernel's view: maps opened from their pins (read only; nothing is created)."""
+    from felixpy.bpf import maps as bm
+    from felixpy.bpf import syscall as sc
+    from felixpy.bpf.errors import BPFSyscallError
+
+    if not os.path.exists(os.path.join(pin_root, bm.IFSTATE.name)):
+        raise NotFelixpyPins(f"no felixpy BPF pins under {pin_root} (no {bm.IFSTATE.name}); "
+                             "pass --bpf-pin-root where the daemon pins (FELIXPY_BPF_PIN_ROOT)")
+    specs = {s.name: s for s in bm.ALL_SPECS}
+    opened: dict[str, bm.Map] = {}
+
+    def maps(name: str) -> bm.Map:
+        if name not in opened:
+            path = os.path.join(pin_root, name)
+            try:
+                fd = sc.obj_get(path)
+            except (BPFSyscallError, FileNotFoundError) as exc:
+                raise NotFelixpyPins(f"cannot open {path}: {exc}") from exc
+            info = sc.map_info(fd)
+            spec = specs[name]
+            if (info.type, info.key_size, info.value_size) != (spec.map_type, spec.key_size, spec.value_size):
+                os.close(fd)
+                raise NotFelixpyPins(f"{path} is not felixpy's {name} (type/key/value sizes "
+                                     f"{info.type}/{info.key_size}/{info.value_size})")
+            opened[name] = bm.Map(spec.sized(info.max_entries), fd, path)
+        return opened[name]
+
+    return view_from_maps(pin_root, maps, _kernel_prog_name,
+                          lambda n: read_pinned_source(os.path.join(pin_root, SOURCE_DIR, n)), ifindex_of)
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluation
+
+
+@dataclass
+class _Leg:
+    """One policy program run: which interface, which way, what it decided."""
+
+    iface: str
+    hook: str                 # "from-workload" | "to-workload"
+    verdict: str = "allow"
+    program: str | None = None
+    reason: str = ""
+    policies: list[dict[str, Any]] = field(default_factory=list)
+    tiers: list[str] = field(default_factory=list)
+    decided: dict[str, Any] | None = None
+    ip_sets: list[dict[str, str]] = field(default_factory=list)
+    path: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class _Env:
+    view: BPFView
+    src: Any
+    dst: Any
+    pkt: Packet
+    ids: dict[str, int]
+    leg: _Leg
+    dest_is_host: bool
+    src_is_host: bool
+
+
+def display_policy(name: str) -> str:
+    """``GlobalNetworkPolicy/x`` → ``GlobalNetworkPolicy x`` (the *tables comments' form)."""
+    kind, sep, rest = name.partition("/")
+    return f"{kind} {rest}" if sep else name
+
+
+def _port(p: Packet, src: bool) -> int:
+    """The port the program reads from its state: 0 for a protocol without ports."""
+    if not p.has_ports:
+        return 0
+    return p.sport if src else p.dport
+
+
+def _in_ports(port: int, ranges: tuple[PortRange, ...]) -> bool:
+    return any(r.first <= port <= r.last for r in ranges)
+
+
+def _set_hit(env: _Env, name: str, leg_is_src: bool, direction: str) -> bool:
+    set_id = env.ids.get(name)
+    if set_id is None:
+        return False  # the program's id map has every set it uses; unknown would be a bad source
+    addr = env.src if leg_is_src else env.dst
+    port = _port(env.pkt, leg_is_src)
+    hit = env.view.ipset_member(env.pkt.ip_version, set_id, addr.compressed, port, env.pkt.proto)
+    if hit:
+        entry = {"set": name, "direction": direction, "member": addr.compressed}
+        if entry not in env.leg.ip_sets:
+            env.leg.ip_sets.append(entry)
+    return hit
+
+
+def rule_matches(env: _Env, rule: Rule) -> bool:
+    """The generated program's tests, in its order (polprog.PolicyProgramBuilder._rule)."""
+    p = env.pkt
+    if rule.protocol is not None and p.proto != rule.protocol:
+        return False
+    if rule.not_protocol is not None and p.proto == rule.not_protocol:
+        return False
+    for nets, addr, neg in ((rule.src_nets, env.src, False), (rule.not_src_nets, env.src, True),
+                            (rule.dst_nets, env.dst, False), (rule.not_dst_nets, env.dst, True)):
+        if nets:
+            inside = any(addr in ipaddress.ip_network(n, strict=False) for n in nets)
+            if inside == neg:
+                return False
+    for sets, is_src, want, d in ((rule.src_ip_sets, True, True, "src"), (rule.not_src_ip_sets, True, False, "src"),
+                                  (rule.dst_ip_sets, False, True, "dst"), (rule.not_dst_ip_sets, False, False, "dst"),
+                                  (rule.dst_ip_port_sets, False, True, "dst")):
+        for s in sets:
+            if _set_hit(env, s, is_src, d) != want:
+                return False
+    for ranges, named, is_src, neg in (
+            (rule.src_ports, rule.src_named_port_ip_sets, True, False),
+            (rule.not_src_ports, rule.not_src_named_port_ip_sets, True, True),
+            (rule.dst_ports, rule.dst_named_port_ip_sets, False, False),
+            (rule.not_dst_ports, rule.not_dst_named_port_ip_sets, False, True)):
+        if ranges or named:
+            port = _port(p, is_src)
+            hit = _in_ports(port, ranges) or any(_set_hit(env, s, is_src, "src" if is_src else "dst") for s in named)
+            if hit == neg:
+                return False
+    # The program compares the state's ICMP type/code bytes: for a non-ICMP packet they are 0.
+    itype = p.icmp_type if p.icmp_type is not None else 0
+    icode = p.icmp_code if p.icmp_code is not None else 0
+    if rule.icmp_type is not None:
+        if itype != rule.icmp_type or (rule.icmp_code is not None and icode != rule.icmp_code):
+            return False
+    if rule.not_icmp_type is not None:
+        if itype == rule.not_icmp_type and (rule.not_icmp_code is None or icode == rule.not_icmp_code):
+            return False
+    return True
+
+
+def _run_tiers(env: _Env, tiers: tuple[Tier, ...], what: str) -> str | None:
+    """'allow' / 'deny' if a rule or a tier's end decided, None to go on."""
+    v6 = env.pkt.ip_version == 6
+    for tier in tiers:
+        env.leg.tiers.append(tier.name)
+        for pol in tier.policies:
+            if pol.staged:
+                continue
+            visit: dict[str, Any] = {"kind": "policy", "name": display_policy(pol.name), "tier": tier.name,
+                                     "direction": what, "chain": env.leg.program, "outcome": "no-match"}
+            env.leg.policies.append(visit)
+            family_rules = [r for r in (rr.for_family(v6) for rr in pol.rules) if r is not None]
+            for i, r in enumerate(family_rules):
+                if r.action is Action.LOG or not rule_matches(env, r):
+                    continue
+                visit["outcome"] = r.action.value
+                visit["rule_index"] = i
+                if r.rule_id:
+                    visit["rule_id"] = r.rule_id
+                env.leg.path.append({"program": env.leg.program, "tier": tier.name, "policy": visit["name"],
+                                     "rule_index": i, "action": r.action.value})
+                if r.action is Action.PASS:
+                    break
+                env.leg.decided = {"by": "policy", "kind": "policy", "name": visit["name"], "tier": tier.name,
+                                   "rule_index": i, "iface": env.leg.iface, "hook": env.leg.hook}
+                return "allow" if r.action is Action.ALLOW else "deny"
+            else:
+                continue
+            break   # a pass: the rest of this tier is skipped
+        else:
+            if tier.end_action is Action.DENY:
+                env.leg.decided = {"by": "end-of-tier", "tier": tier.name, "iface": env.leg.iface,
+                                   "hook": env.leg.hook, "reason": f"no policy in tier {tier.name} allowed or "
+                                                                    "denied it: the end of the tier drops"}
+                env.leg.path.append({"program": env.leg.program, "tier": tier.name, "action": "end-of-tier deny"})
+                return "deny"
+    return None
+
+
+def _run_profiles(env: _Env, ps_profiles: Any, what: str) -> str:
+    v6 = env.pkt.ip_version == 6
+    for prof in ps_profiles:
+        visit: dict[str, Any] = {"kind": "profile", "name": f"Profile {prof.name}", "tier": None,
+                                 "direction": what, "chain": env.leg.program, "outcome": "no-match"}
+        env.leg.policies.append(visit)
+        family_rules = [r for r in (rr.for_family(v6) for rr in prof.rules) if r is not None]
+        for i, r in enumerate(family_rules):
+            if r.action is Action.LOG or not rule_matches(env, r):
+                continue
+            verdict = "allow" if r.action is Action.ALLOW else "deny"   # pass in a profile: deny
+            visit["outcome"] = verdict
+            visit["rule_index"] = i
+            env.leg.decided = {"by": "profile", "kind": "profile", "name": visit["name"], "rule_index": i,
+                               "iface": env.leg.iface, "hook": env.leg.hook}
+            env.leg.path.append({"program": env.leg.program, "profile": visit["name"], "rule_index": i,
+                                 "action": verdict})
+            return verdict
+    env.leg.decided = {"by": "default-deny", "iface": env.leg.iface, "hook": env.leg.hook,
+                       "reason": "no policy or profile allowed it: default deny"}
+    env.leg.path.append({"program": env.leg.program, "action": "default deny"})
+    return "deny"
+
+
+def run_policy_set(env: _Env, ps: PolicySet, what: str) -> str:
+    """The program's structure (polprog.PolicyProgramBuilder.build, TC)."""
+    got = _run_tiers(env, ps.host_pre_dnat_tiers, what)
+    if got == "deny":
+        return got
+    if got is None:
+        to_or_from_host = env.dest_is_host or env.src_is_host
+        if to_or_from_host:
+            if not ps.suppress_normal_host_policy:
+                got = _run_tiers(env, ps.host_normal_tiers, what)
+                if got is None:
+                    got = _run_profiles(env, ps.host_profiles, what)   # ends in allow or the default deny
+                if got == "deny":
+                    return got
+        else:
+            got = _run_tiers(env, ps.host_forward_tiers, what)
+            if got == "deny":
+                return got
+    # allowed_by_host_policy
+    if ps.for_host_interface:
+        return "allow"
+    got = _run_tiers(env, ps.tiers, what)
+    if got is not None:
+        return got
+    return _run_profiles(env, ps.profiles, what)
+
+
+def _is_local_host(view: BPFView, v: int, addr: str) -> bool:
+    r = view.route_flags(v, addr)
+    return r is not None and (r[0] & (defs.RT_LOCAL | defs.RT_HOST)) == (defs.RT_LOCAL | defs.RT_HOST)
+
+
+def _leg(view: BPFView, pkt: Packet, iface: Iface, hook: int, *, src_is_host: bool,
+         dest_is_host: bool, seen: bool) -> _Leg:
+    v = pkt.ip_version
+    what = "egress" if hook == defs.HOOK_TC_INGRESS else "ingress"
+    leg = _Leg(iface.name, "from-workload" if hook == defs.HOOK_TC_INGRESS else "to-workload")
+    if not iface.ready(v):
+        leg.verdict = "deny"
+        leg.reason = (f"{iface.name} is not READY for IPv{v} in cali_iface (flags {iface.describe_flags()}): "
+                      "its programs are not (yet) in place, felixpy fails closed")
+        return leg
+    if hook == defs.HOOK_TC_INGRESS:
+        # wep_rpf_ok: the source must route to a local workload on this interface.
+        link_local = v == 6 and pkt.proto == 58 and ipaddress.ip_address(pkt.src) in ipaddress.ip_network("fe80::/10")
+        r = view.route_flags(v, pkt.src.compressed)
+        ok = r is not None and (r[0] & (defs.RT_LOCAL | defs.RT_WORKLOAD)) == (defs.RT_LOCAL | defs.RT_WORKLOAD) \
+            and r[1] == iface.ifindex
+        if not (ok or link_local):
+            leg.verdict = "deny"
+            leg.reason = (f"source check: {pkt.src} is not a local workload address of {iface.name} "
+                          "in the routes map (unauthorised source)")
+            return leg
+    if hook == defs.HOOK_TC_EGRESS and src_is_host and not seen:
+        leg.reason = "from the local host to a local workload: policy skipped (always allowed)"
+        leg.path.append({"iface": iface.name, "hook": leg.hook, "action": "skip policy (host → workload)"})
+        return leg
+    if v == 6 and pkt.proto == 58 and pkt.icmp_type in _ND_MLD:
+        leg.reason = "neighbour discovery / MLD: policy skipped"
+        return leg
+    entry = (iface.from_wl_entry if hook == defs.HOOK_TC_INGRESS else iface.to_wl_entry).get(v)
+    name = view.slot_program(hook, entry) if entry is not None else None
+    jump = "cali_jump_ing" if hook == defs.HOOK_TC_INGRESS else "cali_jump_egr"
+    if name is None:
+        leg.verdict = "deny"
+        leg.reason = (f"no policy program for {iface.name} IPv{v} {leg.hook} "
+                      f"({jump}[{entry}] empty): a workload without one drops" if entry is not None else
+                      f"no IPv{v} {leg.hook} policy entry for {iface.name} in cali_iface: a workload without one drops")
+        return leg
+    leg.program = name
+    src = view.source(name)
+    if src is None:
+        leg.verdict = "deny"
+        leg.reason = (f"{jump}[{entry}] holds program {name}, whose source is not pinned in "
+                      f"{os.path.join(view.pin_root, SOURCE_DIR)} (not a felixpy policy program, or from a felixpy "
+                      "that did not keep sources): cannot evaluate it; taken as deny")
+        return leg
+    env = _Env(view, pkt.src, pkt.dst, pkt, src.ip_set_ids, leg, dest_is_host, src_is_host)
+    leg.path.append({"iface": iface.name, "hook": leg.hook, "slot": f"{jump}[{entry}]", "program": name})
+    leg.verdict = run_policy_set(env, src.policy_set, what)
+    return leg
+
+
+def explain_bpf(view: BPFView, pkt: Packet, direction: str, mode: str) -> Explanation:
+    """The packet's way through the programs of its in- and out-interface (either may be the host)."""
+    v = pkt.ip_version
+    by_name = {i.name: i for i in view.ifaces.values()}
+    ex = Explanation(pkt.describe(), mode, v, direction, "allow")
+    ex.notes.append(f"BPF pins read from {view.pin_root}")
+    if pkt.ct_state != "NEW":
+        ex.notes.append("not a NEW packet: taken as part of an established flow (conntrack skips policy; "
+                        "the conntrack map is not read)")
+        for name in (pkt.iif, pkt.oif):
+            i = by_name.get(name or "")
+            if i is not None and i.is_wep and not i.ready(v):
+                ex.verdict = "deny"
+                ex.decided_by = {"by": "not-ready", "iface": i.name,
+                                 "reason": f"{i.name} is not READY for IPv{v}: fails closed"}
+        return ex
+    src_is_host = pkt.iif is None or _is_local_host(view, v, pkt.src.compressed)
+    dest_is_host = pkt.oif is None or _is_local_host(view, v, pkt.dst.compressed)
+    legs: list[_Leg] = []
+    seen = False
+    for name, hook in ((pkt.iif, defs.HOOK_TC_INGRESS), (pkt.oif, defs.HOOK_TC_EGRESS)):
+        if name is None:
+            continue
+        i = by_name.get(name)
+        ex.hook_chains.append({"chain": f"{name} tc {'ingress' if hook == defs.HOOK_TC_INGRESS else 'egress'}",
+                               "outcome": "no felixpy entry" if i is None else i.describe_flags()})
+        if i is None:
+            if hook == defs.HOOK_TC_EGRESS and seen:
+                ex.verdict = "deny"
+                ex.decided_by = {"by": "fib", "iface": name, "reason": f"{name} is not in cali_iface: the "
+                                 "programs do not forward to it (fib_approve), and felixpy fails closed"}
+                return ex
+            ex.uncertain.append(f"{name} has no cali_iface entry: no felixpy BPF program runs there "
+                                "(felixpy's *tables guards, not modelled here, decide)")
+            continue
+        if not i.is_wep:
+            if i.flags & defs.IFACE_STATE_NOT_MANAGED:
+                ex.notes.append(f"{name}: not a felixpy endpoint (NOT_MANAGED), no policy there")
+            else:
+                ex.uncertain.append(f"{name}: flags {i.describe_flags()} (host endpoints are not modelled)")
+            continue
+        ex.endpoints.append(f"{name} ({'from' if hook == defs.HOOK_TC_INGRESS else 'to'}-workload)")
+        leg = _leg(view, pkt, i, hook, src_is_host=src_is_host and not seen, dest_is_host=dest_is_host, seen=seen)
+        legs.append(leg)
+        seen = True
+        ex.policies += leg.policies
+        ex.tiers += [t for t in leg.tiers if t not in ex.tiers]
+        ex.ip_sets += leg.ip_sets
+        ex.path += leg.path
+        if leg.reason:
+            ex.notes.append(leg.reason)
+        if leg.program:
+            ex.dispatch.append(f"{name} {leg.hook}: {leg.program}")
+        if leg.verdict == "deny":
+            ex.verdict = "deny"
+            ex.decided_by = leg.decided or {"by": "bpf", "iface": name, "hook": leg.hook, "reason": leg.reason}
+            return ex
+        if leg.decided is not None:
+            ex.decided_by = leg.decided
+    return ex
