@@ -23,6 +23,7 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("replace_dataplane_keys"), st.lists(KEYS, max_size=10)),
     st.tuples(st.just("replace_dataplane"), st.lists(KEYS, max_size=10)),
     st.tuples(st.just("write_pending"), st.just("")),
+    st.tuples(st.just("compact"), st.just("")),     # MemberTracker only: packs the keys when in sync
 ), max_size=40)
 
 
@@ -35,6 +36,9 @@ def _apply(t: Any, op: str, arg: Any) -> None:
         getattr(t, op)(arg, True)
     elif op in ("replace_all_desired", "replace_dataplane"):
         getattr(t, op)(dict.fromkeys(arg, True))
+    elif op == "compact":
+        if isinstance(t, MemberTracker):
+            assert t.compact(min_keys=1) == (t.in_sync() and t.desired_len() > 0)
     else:  # what the driver does after a successful restore
         for k in t.pending_deletions():
             t.delete_dataplane(k)
@@ -68,3 +72,26 @@ def test_member_tracker_holds_no_dataplane_copy_in_sync() -> None:
     mt.replace_dataplane_keys(members, True)        # a restart's read-back: in sync
     assert mt.in_sync() and mt.dataplane_len() == 5000
     assert not mt._pending_updates and not mt._pending_deletions   # only the desired dict is held
+
+
+def test_member_tracker_packs_ipv4_members_in_sync_and_unpacks_them_on_change() -> None:
+    mt: MemberTracker[str] = MemberTracker()
+    members = [f"10.{i >> 8}.{i & 255}.{i % 7}" for i in range(5000)][::-1]   # not sorted: order is kept
+    mt.replace_all_desired_keys(members, True)
+    assert not mt.compact()                         # pending updates: nothing packed
+    mt.replace_dataplane_keys(members, True)
+    assert mt.compact() and mt._desired == {}       # in sync: no str, no dict slot per member
+    assert mt.desired_keys() == members and mt.dataplane_len() == 5000 and mt.in_sync()
+    assert mt.get_dataplane("10.0.3.3") and mt.get_desired("10.0.3.3")
+    assert mt.get_desired("10.0.3.03") is None and mt.get_desired("10.0.3.99") is None
+    mt.delete_desired("10.0.3.3")                   # a change: unpacked, same order as before
+    assert mt._packed is None and mt.pending_deletions() == ["10.0.3.3"]
+    assert mt.desired_keys() == [m for m in members if m != "10.0.3.3"]
+
+
+def test_member_tracker_leaves_non_ipv4_members_unpacked() -> None:
+    for members in (["10.0.0.0/24", "10.0.1.0/24"], ["fd00::1", "fd00::2"], ["10.0.0.1,tcp:80", "10.0.0.2"]):
+        mt: MemberTracker[str] = MemberTracker()
+        mt.replace_all_desired_keys(members, True)
+        mt.replace_dataplane_keys(members, True)
+        assert not mt.compact(min_keys=1) and mt.desired_keys() == members

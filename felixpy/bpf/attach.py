@@ -49,7 +49,7 @@ _TCX_TYPE = {defs.HOOK_TC_INGRESS: sc.ATTACH_TCX_INGRESS, defs.HOOK_TC_EGRESS: s
 def _ipr() -> Any:
     """A pyroute2 IPRoute in the calling thread's namespace (imported lazily: pyroute2 is only
     needed by processes that attach)."""
-    from pyroute2 import IPRoute  # type: ignore[import-untyped]
+    from pyroute2.iproute.linux import IPRoute  # type: ignore[import-untyped]
 
     return IPRoute()
 

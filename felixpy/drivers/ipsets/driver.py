@@ -471,6 +471,7 @@ class IPSets:
         if missing or extras > 0:
             self._log.info("Resync found IP set members out of sync", set_name=name,
                            set_id=self._set_ids.get(name), num_missing=missing, num_extra=max(extras, 0))
+        tracker.compact()  # a no-op unless the read-back found the set in sync
         self._update_dirtiness(name)
 
     def _list_owned_names(self) -> list[str]:
@@ -634,6 +635,7 @@ class IPSets:
                 tracker.delete_dataplane(m)
             for m in adds:
                 tracker.set_dataplane(m, True)
+        tracker.compact()  # in sync now: IPv4 members held packed until the set next changes (#17, memory)
 
     def _create_line(self, name: str, meta: DataplaneMeta) -> str:
         return f"create {name} {meta.type} family {meta.family} maxelem {meta.max_size}\n"

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 # pyroute2 ships neither types nor stubs.  This module is its boundary: every message is converted
 # to a frozen :mod:`.types` value here, so its untyped values go no further.
-from pyroute2 import IPRoute  # type: ignore[import-untyped]
+from pyroute2.iproute.linux import IPRoute  # type: ignore[import-untyped]
 from pyroute2.netlink.exceptions import NetlinkError as PyNetlinkError  # type: ignore[import-untyped]
 
 from felixpy.drivers.cmdshim import CommandRunner, SubprocessRunner
@@ -295,7 +295,7 @@ class PyrouteNetlink:
 
     # -- wireguard (not exercisable on this project's kernel: no WIREGUARD) -----------
     def _wg(self) -> Any:
-        from pyroute2 import WireGuard
+        from pyroute2.netlink.generic.wireguard import WireGuard  # type: ignore[import-untyped]
 
         try:
             return call_in_netns(self.netns, WireGuard)
