@@ -394,7 +394,7 @@ class FvNode:
                 actual = self._recheck_misses(v, expected, actual)
             if actual == expected:
                 self.timings.setdefault("converge", []).append(time.monotonic() - t0)
-                if self.mode not in BPF_MODES:  # explain reads *tables state; its BPF reader is still to come
+                if self.mode not in BPF_MODES:  # BPF mode: fv/test_explain.py cross-checks its own matrices (pin root)
                     cross_check(self.netns, v, self.endpoints, actual, self.mode)  # explain agrees with the packets
                 return
             if once or time.monotonic() - t0 > timeout:
