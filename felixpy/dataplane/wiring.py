@@ -50,7 +50,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -86,6 +86,7 @@ from felixpy.managers.policy import PolicyManager
 from felixpy.managers.serviceloop import ServiceLoopManager
 from felixpy.managers.status import EndpointStatusCombiner
 from felixpy.rules import RendererOptions, RuleRenderer
+from felixpy.rules.static import KernelHook
 
 if TYPE_CHECKING:
     from felixpy.drivers.bpfendpoints import BPFEndpoints, BPFKernel
@@ -360,7 +361,12 @@ def program_static_chains(renderer: RuleRenderer, tables: Mapping[str, Table]) -
     manager-owned chains they jump to are created by their managers' first apply."""
     for name, table in tables.items():
         table.update_chains(renderer.static_chains(name))
-    for hook in renderer.kernel_hooks():
+    install_kernel_hooks(tables, renderer.kernel_hooks())
+
+
+def install_kernel_hooks(tables: Mapping[str, Table], hooks: Iterable[KernelHook]) -> None:
+    """Record felixpy's rules in the kernel chains (appended, or as ChainInsertMode says)."""
+    for hook in hooks:
         table = tables[hook.table]
         if hook.always_append:
             table.append_rules(hook.chain, hook.rules)
@@ -636,11 +642,7 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
         tables = ft.tables
         for name, table in tables.items():
             table.update_chains(bpfmode.static_chains(renderer.ctx, name))
-        for hook in bpfmode.kernel_hooks(renderer.ctx):
-            if hook.always_append:
-                tables[hook.table].append_rules(hook.chain, hook.rules)
-            else:
-                tables[hook.table].insert_or_append_rules(hook.chain, hook.rules)
+        install_kernel_hooks(tables, bpfmode.kernel_hooks(renderer.ctx))
         bpf_ipsets = BPFIPSetsDataplane(v, kernel)
         ft = FamilyTables(tables, bpf_ipsets, ft.maps, ft.to_apply, ft.backend)
         discard = {name: DiscardTable(name, v) for name in TABLE_NAMES}
