@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import urllib.error
-import urllib.request
 
 WILDCARDS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}  # listening on all → ask loopback
 
@@ -33,6 +31,11 @@ def url_for(host: str, port: int, ready: bool) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    # Imported here: the CLI registers this command for every invocation, and urllib is ~35 ms of
+    # every other command's start (``felixpy explain`` among them).
+    import urllib.error
+    import urllib.request
+
     from felixpy import config as configmod
 
     cfg, _ = configmod.load(config_file=args.config_file)
