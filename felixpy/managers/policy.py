@@ -8,12 +8,14 @@ endpoint chain refers to it, so pushing to every table costs nothing where the
 chain is unused (untracked policies end up in raw, pre-DNAT ones in mangle,
 the rest in filter — wherever an endpoint references them).
 
-Rendering happens in ``on_update`` (proportional to the message, as Felix);
-a rule that cannot be rendered for this family is dropped by the renderer with
-a log line naming the policy and rule index, never the whole policy.  An update
-whose policy (or profile) is byte-for-byte the one last rendered for that ID — a
-resend, e.g. after a resync — is not rendered again: the tables already hold
-its chains.
+``on_update`` only records the latest policy (or profile) per ID; rendering waits for
+``complete_deferred_work``, just before the apply.  Felix renders in ``OnUpdate``; here a
+batch that updates one policy many times (a churning calc graph, a flood) renders it once,
+in its final form — the chains the tables hold after the apply are the same either way.
+A rule that cannot be rendered for this family is dropped by the renderer with a log
+line naming the policy and rule index, never the whole policy.  An update whose policy
+(or profile) is byte-for-byte the one last rendered for that ID — a resend, e.g. after a
+resync — is not rendered again: the tables already hold its chains.
 """
 
 from __future__ import annotations
@@ -40,28 +42,33 @@ class PolicyManager:
         # The serialised content last rendered per ID (deterministic: equal messages, equal bytes).
         self._policy_rendered: dict[PolicyID, bytes] = {}
         self._profile_rendered: dict[str, bytes] = {}
+        # The latest update per ID since the last complete_deferred_work (insertion order kept: the
+        # renders, and so their log lines, come in the order the IDs first changed).
+        self._pending_policies: dict[PolicyID, pb.Policy] = {}
+        self._pending_profiles: dict[str, pb.Profile] = {}
 
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.ActivePolicyUpdate):
-            self._on_policy(msg)
+            self._pending_policies[PolicyID.from_proto(msg.id)] = msg.policy
         elif isinstance(msg, pb.ActivePolicyRemove):
             pid = PolicyID.from_proto(msg.id)
+            self._pending_policies.pop(pid, None)
             self._policy_rendered.pop(pid, None)
             self._remove(self._policy_chains.pop(pid, []), (self._raw, self._mangle, self._filter))
         elif isinstance(msg, pb.ActiveProfileUpdate):
-            self._on_profile(msg)
+            self._pending_profiles[msg.id.name] = msg.profile
         elif isinstance(msg, pb.ActiveProfileRemove):
+            self._pending_profiles.pop(msg.id.name, None)
             self._profile_rendered.pop(msg.id.name, None)
             self._remove(self._profile_chains.pop(msg.id.name, []), (self._mangle, self._filter))
 
-    def _on_policy(self, msg: pb.ActivePolicyUpdate) -> None:
-        pid = PolicyID.from_proto(msg.id)
-        content = msg.policy.SerializeToString(deterministic=True)
+    def _render_policy(self, pid: PolicyID, policy: pb.Policy) -> None:
+        content = policy.SerializeToString(deterministic=True)
         if self._policy_rendered.get(pid) == content:
             return  # unchanged: its chains are in the tables already
         self._policy_rendered.pop(pid, None)  # until this render succeeds
         try:
-            chains = self._r.policy_chains(pid, msg.policy)
+            chains = self._r.policy_chains(pid, policy)
         except Exception:
             # The renderer drops bad rules itself; anything else is a bug, but one policy
             # must not take down the rest (its chains stay as they were).
@@ -76,21 +83,21 @@ class PolicyManager:
         self._policy_chains[pid] = names
         self._policy_rendered[pid] = content
 
-    def _on_profile(self, msg: pb.ActiveProfileUpdate) -> None:
-        content = msg.profile.SerializeToString(deterministic=True)
-        if self._profile_rendered.get(msg.id.name) == content:
+    def _render_profile(self, name: str, profile: pb.Profile) -> None:
+        content = profile.SerializeToString(deterministic=True)
+        if self._profile_rendered.get(name) == content:
             return
-        self._profile_rendered.pop(msg.id.name, None)
+        self._profile_rendered.pop(name, None)
         try:
-            inbound, outbound = self._r.profile_chains(ProfileID(msg.id.name), msg.profile)
+            inbound, outbound = self._r.profile_chains(ProfileID(name), profile)
         except Exception:
-            log.exception("Failed to render profile; keeping its previous chains", profile=msg.id.name,
+            log.exception("Failed to render profile; keeping its previous chains", profile=name,
                           ip_version=self.ip_version)
             return
         for table in (self._mangle, self._filter):
             table.update_chains([inbound, outbound])
-        self._profile_chains[msg.id.name] = [inbound.name, outbound.name]
-        self._profile_rendered[msg.id.name] = content
+        self._profile_chains[name] = [inbound.name, outbound.name]
+        self._profile_rendered[name] = content
 
     @staticmethod
     def _remove(names: list[str], tables: tuple[Table, ...]) -> None:
@@ -99,4 +106,10 @@ class PolicyManager:
                 table.remove_chain_by_name(name)
 
     def complete_deferred_work(self) -> None:
-        pass  # the tables do the work in apply()
+        """Render what changed since the last call (the tables program it in apply())."""
+        policies, self._pending_policies = self._pending_policies, {}
+        for pid, policy in policies.items():
+            self._render_policy(pid, policy)
+        profiles, self._pending_profiles = self._pending_profiles, {}
+        for name, profile in profiles.items():
+            self._render_profile(name, profile)

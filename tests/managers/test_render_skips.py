@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from felixpy.managers.endpoints import EndpointManager
 
 from .harness import (
@@ -144,3 +148,56 @@ def test_a_policy_only_update_keeps_the_routes_through_an_interface_takeover(nod
     node.apply()
     assert set(node.routes(v)) == mine
     assert "cali-pi-gnp/p2" in node.f(v).filter.targets_of("cali-tw-calishared")
+
+
+def _count_renders(node: Node, v: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record each policy/profile render of family ``v`` (by ID) from now on."""
+    rendered: list[str] = []
+    r = node.f(v).renderer
+    real_policy, real_profile = r.policy_chains, r.profile_chains
+
+    def policy_chains(p: Any, pol: Any) -> Any:
+        rendered.append(p.describe())
+        return real_policy(p, pol)
+
+    def profile_chains(p: Any, prof: Any) -> Any:
+        rendered.append(f"profile {p}")
+        return real_profile(p, prof)
+
+    monkeypatch.setattr(r, "policy_chains", policy_chains)
+    monkeypatch.setattr(r, "profile_chains", profile_chains)
+    return rendered
+
+
+def test_a_batch_updating_a_policy_many_times_renders_it_once_in_its_final_form(
+        node: Node, v: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    started(node)
+    rendered = _count_renders(node, v, monkeypatch)
+    node.send(*[policy("p1", inbound=[rule(protocol="tcp", dst_ports=[port])]) for port in range(1000, 1050)],
+              *[profile("prof", inbound=[rule("deny")]) for _ in range(5)], profile("prof", inbound=[rule()]),
+              profile("prof", inbound=[rule(protocol="udp")]))
+    assert rendered == []          # on_update renders nothing
+    node.apply()
+    assert len([x for x in rendered if "p1" in x]) == 1
+    assert len([x for x in rendered if x.startswith("profile")]) == 1
+    rules = repr(node.f(v).filter.rules("cali-pi-gnp/p1"))
+    assert "1049" in rules and "1048" not in rules and "1000" not in rules
+    assert "17" in repr(node.f(v).filter.rules("cali-pri-prof")) or "udp" in repr(node.f(v).filter.rules("cali-pri-prof"))
+
+
+def test_an_update_then_a_remove_in_one_batch_leaves_no_chain_and_the_reverse_leaves_the_update(
+        node: Node, v: int) -> None:
+    started(node)
+    # Nothing references p2: make an endpoint use it, so its chain would be programmed if it existed.
+    w = dict(ipv4=["10.0.0.1/32"], ipv6=["fd00::1/128"], profiles=["prof"])
+    node.send(wep("w1", **w, tiers=[tier(ingress=["p1", "p2"])]))   # type: ignore[arg-type]
+    node.apply()
+    assert node.f(v).filter.recorded_chain("cali-pi-gnp/p2") is not None
+    node.send(policy("p2", inbound=[rule(protocol="tcp", dst_ports=[22])]), policy_remove("p2"))
+    node.apply()
+    assert node.f(v).filter.recorded_chain("cali-pi-gnp/p2") is None
+    node.send(wep("w1", **w, tiers=[tier(ingress=["p1"])]))   # type: ignore[arg-type]
+    node.apply()
+    node.send(policy_remove("p1"), policy("p1", inbound=[rule(protocol="tcp", dst_ports=[8443])]))
+    node.apply()
+    assert "8443" in repr(node.f(v).filter.rules("cali-pi-gnp/p1"))
