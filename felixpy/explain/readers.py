@@ -4,9 +4,9 @@ Each reader runs the mode's own dump tool through the command shim (so a namespa
 is just ``SubprocessRunner(netns=…)``) and recognises felixpy's state the way the
 drivers do after a restart: ``cali-`` chains in ``ip[6]tables-save``, the ``calico``
 table in nftables (whose chains, sets and maps a single answer reads over netlink,
-:mod:`.nft_netlink`, when the runner is the real one).  :func:`read_kernel` tries them
-in turn (nftables, iptables-nft, iptables-legacy) and says which one holds felixpy's
-state — or that none does.  When that state is BPF mode's guards, :class:`BPFReader`
+:mod:`.nft_netlink`, when the runner is the real one).  :func:`read_kernel` reads them
+side by side and takes the first, in the order nftables, iptables-nft, iptables-legacy, that
+holds felixpy's state — or says that none does.  When that state is BPF mode's guards, :class:`BPFReader`
 reads the programs' state from the pins (:mod:`.bpf`), and :mod:`.query` evaluates the
 packet there, never against the guards alone.
 """
