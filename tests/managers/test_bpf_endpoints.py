@@ -481,3 +481,36 @@ def test_a_policy_change_rebuilds_only_the_endpoints_that_use_it_and_converts_it
     n.apply()
     assert sorted(built) == sorted(users + others)
     assert all(programmed(n, fb, i) for i in users + others)
+
+
+def test_a_policy_only_change_writes_only_the_policy_slots_and_a_resync_rewrites_the_rest() -> None:
+    """The fast path of a policy change: counters, attach-point globals and cali_iface already hold
+    what the driver would write, so it does not write them (the maps below refuse every write, and
+    the swap still completes); a resync (the periodic refresh) writes them all again."""
+    n, fb = node()
+    n.link_up("cali1")
+    n.send(policy("p", inbound=[rule("deny", protocol="tcp"), rule("allow")], outbound=[rule("allow")]),
+           wep("a", "cali1", ipv4=["10.65.0.2/32"], tiers=[tier(ingress=["p"], egress=["p"])]))
+    n.apply()
+    idx = n.ifindex("cali1")
+    e = entries(fb, idx)
+    before = slot_fd(fb, EGR, e[1])
+    k = fb.kernel.maps
+    frozen = (k.counters, k.ap_globals, k.ifstate)
+    for m in frozen:
+        m.fail_updates = errno.EPERM
+    n.send(policy("p", inbound=[rule("deny", protocol="udp"), rule("allow")], outbound=[rule("allow")]))
+    n.apply()
+    assert slot_fd(fb, EGR, e[1]) != before and programmed(n, fb, "cali1")
+    for m in frozen:
+        m.fail_updates = None
+    # Out-of-band damage is repaired by the next resync, not left to the memo.
+    k.ap_globals.delete(mt.ApKey(idx, EGR))
+    k.counters.delete(mt.CountersKey(idx, ING))
+    k.ifstate.set(ctypes.c_uint32(idx), mt.ifstate_value(defs.IFACE_STATE_WEP, "cali1"))
+    for d in n.dp.devices:
+        d.queue_resync()
+    n.apply()
+    assert k.ap_globals.get(mt.ApKey(idx, EGR)) is not None
+    assert k.counters.get(mt.CountersKey(idx, ING)) is not None
+    assert entries(fb, idx) == e and programmed(n, fb, "cali1")

@@ -41,6 +41,11 @@ retried on the next apply, the others are programmed regardless):
 5. the preamble on both TC hooks -- only on interfaces that exist and are up;
 6. ``cali_iface`` with the WEP flag and each programmed family's READY flag.
 
+Steps 1, 4 and 6 write only what differs from what this process last wrote for the interface (a
+memo per ifindex and hook, forgotten with the interface): a policy change on a programmed interface
+is then just the slot swaps of step 3.  :meth:`queue_resync` (the periodic refresh) forgets the memo,
+so damage done behind the driver's back is rewritten there, as every write used to be.
+
 (The routes map -- the workload's addresses on this ifindex, which the from-workload source
 check needs -- is the routes driver's, :mod:`felixpy.drivers.bpfroutes`, a device syncer that
 runs before this one.)
@@ -141,6 +146,12 @@ class BPFEndpoints:
         self._start_of_day = True
         self._deny_held: dict[tuple[int, int], PolicyProgram] = {}  # (hook, family), during an apply
         self._sweep_sources = True  # the earlier run's policy sources (felixpy explain's), after the first apply
+        # What this process last wrote per interface, so a reconcile that only swaps policy programs
+        # does not rewrite identical counters / globals / cali_iface entries (a policy change reaches its
+        # slots sooner); forgotten with the interface and on queue_resync, which rewrites them all.
+        self._counted: set[tuple[int, int]] = set()  # (ifindex, hook) with a counters entry
+        self._globals: dict[tuple[int, int], AttachPoint] = {}  # (ifindex, hook) -> written from
+        self._ifstate_written: dict[str, tuple[int, int, tuple[tuple[str, int], ...]]] = {}
 
     # ------------------------------------------------------------------ desired state (API)
     def set_workload(self, ip_version: int, iface: str, policy: WorkloadPolicy) -> None:
@@ -170,6 +181,9 @@ class BPFEndpoints:
     def queue_resync(self) -> None:
         self._dirty.update(self._want)
         self._dirty.update(self._done)
+        self._counted.clear()
+        self._globals.clear()
+        self._ifstate_written.clear()
 
     def next_deadline(self) -> float | None:
         """Detaches wait for the apply after the *tables dropped the interface: come back soon."""
@@ -294,6 +308,8 @@ class BPFEndpoints:
             if want.get(name) != idx:
                 ifstate.delete(ctypes.c_uint32(idx))
                 del self._host_ifstate[name]
+                for wl in [w for w, rec in self._ifstate_written.items() if rec[0] == idx]:
+                    del self._ifstate_written[wl]  # an entry re-used at this ifindex: not ours to trust now
         for name, idx in want.items():
             if name not in self._host_ifstate:
                 ifstate.set(ctypes.c_uint32(idx), mt.ifstate_value(defs.IFACE_STATE_NOT_MANAGED, name))
@@ -331,7 +347,11 @@ class BPFEndpoints:
                 else:
                     self._release_slot(done, hook, v)
         for hook in HOOKS:                                                          # 4
-            configure(self._attach_point(iface, done, hook), k.programs, k.maps)
+            ap = self._attach_point(iface, done, hook)
+            if self._globals.get((ifindex, hook)) != ap:
+                self._globals.pop((ifindex, hook), None)  # unknown until written
+                configure(ap, k.programs, k.maps)
+                self._globals[(ifindex, hook)] = ap
         if self._hold_attach is not None and self._hold_attach(iface) and not done.attached:
             log.info("BPF attach held back (test hook)", iface=iface)
             self._dirty.add(iface)
@@ -352,11 +372,14 @@ class BPFEndpoints:
 
     # ------------------------------------------------------------------------------ steps
     def _ensure_counters(self, ifindex: int, hook: int) -> None:
+        if (ifindex, hook) in self._counted:
+            return
         try:
             self.kernel.maps.counters.set(mt.CountersKey(ifindex, hook), mt.CountersValue(), sc.NOEXIST)
         except BPFSyscallError as e:
             if e.errno != errno.EEXIST:
                 raise
+        self._counted.add((ifindex, hook))
 
     def _program_slot(self, iface: str, done: _Programmed, hook: int, v: int, ps: PolicySet) -> None:
         pol = self.kernel.policies
@@ -408,7 +431,12 @@ class BPFEndpoints:
             flags |= _READY[v]
         idx = {f"{'ingress' if hook == defs.HOOK_TC_EGRESS else 'egress'}_policy_v{v}": e
                for (hook, v), e in done.slots.items()}
+        written = (done.ifindex, flags, tuple(sorted(idx.items())))
+        if self._ifstate_written.get(iface) == written:
+            return
+        self._ifstate_written.pop(iface, None)  # unknown until written
         self.kernel.maps.ifstate.set(ctypes.c_uint32(done.ifindex), mt.ifstate_value(flags, iface, **idx))
+        self._ifstate_written[iface] = written
 
     def _retire(self, iface: str, done: _Programmed) -> None:
         """Phase 1 of removal: not READY, slots deny; phase 2 (next apply): detach and release."""
@@ -431,8 +459,11 @@ class BPFEndpoints:
         for hook, v in list(done.slots):
             self._release_slot(done, hook, v)
         for hook in HOOKS:
+            self._globals.pop((done.ifindex, hook), None)
+            self._counted.discard((done.ifindex, hook))
             unconfigure(AttachPoint(iface, done.ifindex, hook), k.maps)
             k.maps.counters.delete(mt.CountersKey(done.ifindex, hook))
+        self._ifstate_written.pop(iface, None)
         k.maps.ifstate.delete(ctypes.c_uint32(done.ifindex))
         del self._done[iface]
         log.info("BPF endpoint removed", iface=iface, ifindex=done.ifindex)
