@@ -514,3 +514,55 @@ def test_a_policy_only_change_writes_only_the_policy_slots_and_a_resync_rewrites
     assert k.ap_globals.get(mt.ApKey(idx, EGR)) is not None
     assert k.counters.get(mt.CountersKey(idx, ING)) is not None
     assert entries(fb, idx) == e and programmed(n, fb, "cali1")
+
+
+def test_policy_users_index_follows_endpoint_updates_shadowing_and_failed_builds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy-only change visits the endpoints that use it through an index (no scan of every
+    endpoint); the index must follow endpoints that stop using a policy, the shadowed endpoint of an
+    interface (the lower id wins) must not be programmed, and an endpoint whose policy could not be
+    built is retried at the next pass of any kind, as it was when every pass scanned."""
+    from felixpy.managers.bpf_endpoints import BPFEndpointManager
+
+    n, fb = node()
+    for iface in ("cali1", "cali2"):
+        n.link_up(iface)
+    n.send(profile("allow"), policy("p", inbound=[rule("allow", protocol="tcp")], outbound=[rule("allow")]),
+           policy("q", inbound=[rule("allow", protocol="udp")], outbound=[rule("allow")]),
+           wep("a", "cali1", profiles=["allow"], tiers=[tier(ingress=["p"], egress=["p"])]),
+           wep("z", "cali1", profiles=["allow"], tiers=[tier(ingress=["q"], egress=["q"])]),  # shadowed by "a"
+           wep("b", "cali2", profiles=["allow"], tiers=[tier(ingress=["p"], egress=["p"])]))
+    n.apply()
+    e1 = entries(fb, n.ifindex("cali1"))
+    built: list[str] = []
+    real = BPFEndpointManager._workload_policy
+    monkeypatch.setattr(BPFEndpointManager, "_workload_policy",
+                        lambda self, ep: (built.append(ep.name), real(self, ep))[1])
+    p_prog = slot_fd(fb, EGR, e1[1])
+    n.send(policy("q", inbound=[rule("deny")], outbound=[rule("allow")]))  # only the shadowed endpoint uses q
+    n.apply()
+    assert built == [] and slot_fd(fb, EGR, e1[1]) == p_prog
+    n.send(wep("b", "cali2", profiles=["allow"], tiers=[tier(ingress=["q"], egress=["q"])]))  # b leaves p for q
+    n.apply()
+    built.clear()
+    n.send(policy("p", inbound=[rule("deny", protocol="tcp"), rule("allow")], outbound=[rule("allow")]))
+    n.apply()
+    assert built == ["cali1"] and slot_fd(fb, EGR, e1[1]) != p_prog
+    # A build that fails leaves the interface closed and is retried by an unrelated policy change.
+    n.link_up("cali3")
+    broken = {"on": True}
+
+    def flaky(self: BPFEndpointManager, ep: pb.WorkloadEndpoint) -> object:
+        built.append(ep.name)
+        if ep.name == "cali3" and broken["on"]:
+            raise ValueError("cannot build")
+        return real(self, ep)
+    monkeypatch.setattr(BPFEndpointManager, "_workload_policy", flaky)
+    n.send(wep("c", "cali3", profiles=["allow"], tiers=[tier(ingress=["p"], egress=["p"])]))
+    n.apply()
+    assert not programmed(n, fb, "cali3")
+    broken["on"] = False
+    built.clear()
+    n.send(policy("q", inbound=[rule("allow")], outbound=[rule("allow")]))
+    n.apply()
+    assert sorted(built) == ["cali2", "cali3"] and programmed(n, fb, "cali3")
