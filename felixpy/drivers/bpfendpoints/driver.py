@@ -28,7 +28,9 @@ their preambles detached. The conntrack map is never touched (it is reused by it
 :mod:`felixpy.bpf.maps`), so established flows survive the restart.
 
 Apply contract (per interface, in Felix's order; an interface that fails stays dirty and is
-retried on the next apply, the others are programmed regardless):
+retried on the next apply, the others are programmed regardless; steps 1-4 run for every dirty
+interface, then step 5 for all of them in one :meth:`Attacher.attach_many` call -- TC mode sends
+the clsact and filter requests in netlink batches -- then step 6 for each one that attached):
 
 1. counters entries for both hooks (the programs drop packets without them);
 2. a policy entry per hook and family (allocated once, kept while the interface is wanted);
@@ -80,7 +82,7 @@ from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.policy_ir import DENY_ALL, PolicySet
 from felixpy.bpf.policyload import PolicyProgram
 from felixpy.drivers.bpfendpoints.api import WorkloadPolicy
-from felixpy.drivers.bpfendpoints.attacher import HOOKS
+from felixpy.drivers.bpfendpoints.attacher import HOOKS, AttachRequest
 from felixpy.drivers.bpfendpoints.kernel import BPFKernel
 from felixpy.errors import UnsupportedFeature
 from felixpy.ifacemonitor.events import IfaceState
@@ -207,17 +209,37 @@ class BPFEndpoints:
         unsupported: list[UnsupportedFeature] = []
         todo = sorted(self._dirty)
         self._dirty.clear()
+        def failed(iface: str, e: Exception) -> None:
+            if isinstance(e, UnsupportedFeature):
+                unsupported.append(e)  # not retried: the kernel cannot do it
+                return
+            log.warning("BPF endpoint not programmed; will retry", iface=iface, error=str(e),
+                        error_type=type(e).__name__)
+            failures[iface] = e
+            self._dirty.add(iface)
+
         try:
+            attaching: dict[str, list[AttachRequest]] = {}
             for iface in todo:
                 try:
-                    self._reconcile(iface)
-                except UnsupportedFeature as e:
-                    unsupported.append(e)  # not retried: the kernel cannot do it
+                    reqs = self._reconcile(iface)                                   # steps 1-4
+                    if reqs:
+                        attaching[iface] = reqs
+                    elif reqs is not None:
+                        self._attached(iface)                                       # step 6
                 except Exception as e:  # one interface's failure must not stop the others
-                    log.warning("BPF endpoint not programmed; will retry", iface=iface, error=str(e),
-                                error_type=type(e).__name__)
-                    failures[iface] = e
-                    self._dirty.add(iface)
+                    failed(iface, e)
+            # Step 5 for every interface of the batch at once (TC mode: batched netlink requests).
+            refused = self.kernel.attacher.attach_many([r for reqs in attaching.values() for r in reqs]) \
+                if attaching else {}
+            for iface in attaching:
+                try:
+                    err = refused.get(iface)
+                    if err is not None:
+                        raise err
+                    self._attached(iface)                                           # step 6
+                except Exception as e:
+                    failed(iface, e)
         finally:
             for prog in self._deny_held.values():
                 self.kernel.policies.release(prog)
@@ -322,7 +344,10 @@ class BPFEndpoints:
             except (OSError, UnsupportedFeature):
                 yield False
 
-    def _reconcile(self, iface: str) -> None:
+    def _reconcile(self, iface: str) -> list[AttachRequest] | None:
+        """Steps 1-4 for *iface*; returns the attaches step 5 needs (the caller makes them, with
+        every other interface's, then calls :meth:`_attached`), or None when nothing more is to
+        be done this apply (removed, not up, attach held)."""
         want = self._want.get(iface)
         link = self._ifaces.get(iface)
         done = self._done.get(iface)
@@ -332,7 +357,7 @@ class BPFEndpoints:
         if not want or link is None or not link[1]:
             if done is not None:
                 self._retire(iface, done)
-            return
+            return None
         ifindex = link[0]
         if done is None:
             done = self._done[iface] = _Programmed(ifindex)
@@ -355,19 +380,26 @@ class BPFEndpoints:
         if self._hold_attach is not None and self._hold_attach(iface) and not done.attached:
             log.info("BPF attach held back (test hook)", iface=iface)
             self._dirty.add(iface)
-            return
+            return None
+        reqs: list[AttachRequest] = []
         if not done.attached or not all(self._attached_any(iface, ifindex)):         # 5
             for hook in HOOKS:
                 fd = k.programs.preamble_fd(hook)
                 if done.reclaimed and k.attacher.is_current(iface, ifindex, hook, fd):
                     continue  # the previous run's preamble: the same code over the same maps
-                k.attacher.attach(iface, ifindex, hook, fd)
-            done.attached = True
+                reqs.append(AttachRequest(iface, ifindex, hook, fd))
+        return reqs
+
+    def _attached(self, iface: str) -> None:
+        """After step 5 (both hooks carry the preamble): step 6, READY for each programmed family."""
+        done = self._done[iface]
+        want = self._want[iface]
+        done.attached = True
         done.reclaimed.clear()
         ready = frozenset(want)
         self._write_ifstate(iface, done, ready)                                     # 6
         done.ready = ready
-        log.debug("BPF endpoint programmed", iface=iface, ifindex=ifindex, families=sorted(ready),
+        log.debug("BPF endpoint programmed", iface=iface, ifindex=done.ifindex, families=sorted(ready),
                   slots=_slots_for_log(done))
 
     # ------------------------------------------------------------------------------ steps
