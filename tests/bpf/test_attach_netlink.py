@@ -271,3 +271,35 @@ def test_attach_many_attaches_like_attach_and_names_only_the_interfaces_that_fai
     finally:
         os.close(prog)
         os.close(other)
+
+
+@pytest.mark.bpf
+@pytest.mark.kernel
+@pytest.mark.parametrize("attach_type", ["TC", "TCX"])
+def test_a_fresh_attacher_sees_attachments_without_asking_any_link_kind(ns: str, attach_type: str) -> None:
+    """The restart sweep asks a new process's attacher about every interface of the namespace: it
+    must see what an earlier attacher attached (and what it did not) without a link-kind query for
+    each interface that carries nothing of ours (the kind cache stays empty for them)."""
+    if attach_type == "TCX" and not attach.tcx_supported():
+        pytest.skip("kernel without TCX")
+    from felixpy.bpf import maps
+
+    prog = sc.prog_load(sc.PROG_TYPE_SCHED_CLS, RET0, name=attach.PREAMBLE_NAME)
+    try:
+        with maps.private_bpffs() as root, nsutil.entered(ns):
+            pins = os.path.join(root, "tcx")
+            first = KernelAttacher(attach_type, pins)
+            for n in ("cali1", "cali2"):
+                nsutil.run_in(ns, "ip", "link", "set", n, "up")
+                for hook in HOOKS:
+                    first.attach(n, socket.if_nametoindex(n), hook, prog)
+            first.nl.close()
+            fresh = KernelAttacher(attach_type, pins)
+            for n in ("cali1", "cali2", "cali3", "p1", "vx0", "br0", "lo"):
+                want = n in ("cali1", "cali2")
+                assert [fresh.is_attached(n, socket.if_nametoindex(n), hook) for hook in HOOKS] == [want, want], n
+            # TC: no kind asked at all; TCX: only where a link pin of ours exists.
+            assert set(fresh._modes) <= ({"cali1", "cali2"} if attach_type == "TCX" else set())
+            fresh.nl.close()
+    finally:
+        os.close(prog)

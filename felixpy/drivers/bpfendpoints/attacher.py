@@ -235,6 +235,14 @@ class KernelAttacher:
                 bpfattach.detach_tcx(pin_path=os.path.join(self.tcx_pin_dir, pin))
 
     def is_attached(self, iface: str, ifindex: int, hook: int) -> bool:
+        if iface not in self._modes:
+            # The start-of-day sweep asks this of every interface of the namespace; the answer does
+            # not need the link kind (it only singles out netkit, which never carries our preamble),
+            # so no link query per interface: TC checks the filter, TCX first the link pin.
+            if self.attach_type.lower() == "tc" or not bpfattach.tcx_supported():
+                return bpfattach.PREAMBLE_NAME in bpfattach.tc_filters(ifindex, hook, nl=self.nl)
+            if not os.path.exists(self._pin(iface, hook)):
+                return False
         if self._mode(iface) is bpfattach.AttachMode.TC:
             return bpfattach.PREAMBLE_NAME in bpfattach.tc_filters(ifindex, hook, nl=self.nl)
         return os.path.exists(self._pin(iface, hook)) and bool(bpfattach.tcx_programs(ifindex, hook))
