@@ -566,3 +566,28 @@ def test_policy_users_index_follows_endpoint_updates_shadowing_and_failed_builds
     n.send(policy("q", inbound=[rule("allow")], outbound=[rule("allow")]))
     n.apply()
     assert sorted(built) == ["cali2", "cali3"] and programmed(n, fb, "cali3")
+
+
+def test_an_attach_batch_failing_as_a_whole_retries_every_interface_in_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 5 runs once for all the apply's interfaces: if that call fails outright (a socket error),
+    none of them is READY or admitted, and the next apply programs them all."""
+    n, fb = node()
+    for iface in ("cali1", "cali2"):
+        n.link_up(iface)
+    n.send(policy("p", inbound=[rule("allow")], outbound=[rule("allow")]),
+           wep("a", "cali1", tiers=[tier(ingress=["p"], egress=["p"])]),
+           wep("b", "cali2", tiers=[tier(ingress=["p"], egress=["p"])]))
+    real = fb.attacher.attach_many
+    calls = {"n": 0}
+
+    def broken_once(requests):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(errno.ENOBUFS, "socket overrun")
+        return real(requests)
+    monkeypatch.setattr(fb.attacher, "attach_many", broken_once)
+    report = n.apply(expect_ok=False)
+    assert not report.ok
+    assert not programmed(n, fb, "cali1") and not programmed(n, fb, "cali2") and allowed(n) == []
+    n.apply()
+    assert programmed(n, fb, "cali1") and programmed(n, fb, "cali2")

@@ -209,6 +209,7 @@ class BPFEndpoints:
         unsupported: list[UnsupportedFeature] = []
         todo = sorted(self._dirty)
         self._dirty.clear()
+
         def failed(iface: str, e: Exception) -> None:
             if isinstance(e, UnsupportedFeature):
                 unsupported.append(e)  # not retried: the kernel cannot do it
@@ -230,8 +231,12 @@ class BPFEndpoints:
                 except Exception as e:  # one interface's failure must not stop the others
                     failed(iface, e)
             # Step 5 for every interface of the batch at once (TC mode: batched netlink requests).
-            refused = self.kernel.attacher.attach_many([r for reqs in attaching.values() for r in reqs]) \
-                if attaching else {}
+            refused: dict[str, Exception] = {}
+            if attaching:
+                try:
+                    refused = self.kernel.attacher.attach_many([r for reqs in attaching.values() for r in reqs])
+                except Exception as e:  # nothing is known about any of them: all are retried
+                    refused = dict.fromkeys(attaching, e)
             for iface in attaching:
                 try:
                     err = refused.get(iface)
