@@ -28,7 +28,7 @@ network namespaces and private bpffs mounts.
   is profiled; the top functions and the netlink sockets the attacher opened are printed.
 
 Usage: ``.venv/bin/python bench/bench_bpf_scale.py [--workloads N] [--policies N] [--attach TCX|TC]
-[--profile]``.
+[--profile] [--daemon-env K=V]``.
 """
 
 from __future__ import annotations
@@ -87,10 +87,10 @@ def ifindexes(ns: str, names: list[str]) -> dict[str, int]:
 
 
 def daemon_run(ns: str, pin_root: str, cache: str, names: list[str], n_policies: int, attach: str,
-               settle: float) -> dict[str, float]:
+               settle: float, extra_env: dict[str, str] | None = None) -> dict[str, float]:
     env = {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy",
            "FELIX_BPFATTACHTYPE": attach, "FELIXPY_BPF_PIN_ROOT": pin_root, "FELIXPY_BPF_CACHE_DIR": cache,
-           "FELIX_BPFMAPSIZEIFSTATE": str(ifstate_size(len(names)))}
+           "FELIX_BPFMAPSIZEIFSTATE": str(ifstate_size(len(names))), **(extra_env or {})}
     batch = [to_dataplane(seq, m) for seq, m in enumerate(initial_batch(names, n_policies, "Felix", True))]
     d = start_daemon(ns, env=env)
     res: dict[str, float] = {}
@@ -273,6 +273,8 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--profile", action="store_true", help="cProfile the endpoint driver's apply alone")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--daemon-env", action="append", default=[], metavar="K=V",
+                    help="extra environment for the daemon (e.g. a PYTHONPATH with a profiling sitecustomize)")
     args = ap.parse_args()
     os.environ["BCC_KERNEL_SOURCE"] = headers_dir()
     names = iface_names(args.workloads)
@@ -286,7 +288,8 @@ def main() -> None:
                 pin_root = os.path.join(bpffs, "globals")
                 make_veths(ns, names)
                 idx = ifindexes(ns, names)
-                res = daemon_run(ns, pin_root, cache, names, args.policies, args.attach, args.settle)
+                res = daemon_run(ns, pin_root, cache, names, args.policies, args.attach, args.settle,
+                                 dict(kv.split("=", 1) for kv in args.daemon_env))
                 res["ready"] = check_ready(ns, pin_root, idx, args.attach)
                 out[run] = res
                 print(run, json.dumps(res), flush=True)

@@ -201,6 +201,22 @@ def test_apply_runs_steps_in_felix_order() -> None:
     assert tl.index("route-table") > tl.index("fdb")  # FDB before routes
 
 
+def test_optional_hooks_are_found_per_class_for_every_instance() -> None:
+    """The loop answers "does this manager have hook X" once per class (typing's runtime check is
+    slow): every instance of a class with the hook gets it called, no instance of one without."""
+    dp, clock, tl = make()
+    for name in ("r1", "r2"):
+        dp.register_manager(Resolver(tl, name))
+    for name in ("m1", "m2"):
+        dp.register_manager(FakeManager(tl, name))
+    ready(dp)
+    for _ in range(2):
+        report = dp.apply()
+        assert report.ok
+    assert [e for e in tl if e.startswith("resolve:")] == ["resolve:r1", "resolve:r2"] * 2
+    assert tl.count("complete:m1") == tl.count("complete:m2") == 2
+
+
 def test_failed_step_keeps_work_dirty_and_independent_steps_complete() -> None:
     dp, clock, tl = make()
     flaky = FakeManager(tl, "flaky", fail_times=1)

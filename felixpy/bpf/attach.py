@@ -26,7 +26,8 @@ import errno
 import functools
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,22 @@ class RouteSocket:
                 return str(kind) if kind else None
         return None
 
+    def tc_batch(self, requests: Sequence[TcRequest]) -> list[Exception | None]:
+        """Send *requests* (clsact/filter changes, as ``IPRoute.tc`` would) a chunk of
+        :data:`TC_BATCH` at a time, each chunk in one ``send`` (the kernel acts on them in order),
+        and return each one's outcome: None, or the kernel's ``NetlinkError`` for that request.
+
+        pyroute2's per-call path (an asyncio loop run, one send and one read per request) cost
+        ~3-5 ms a request at 3,000 requests against ~0.1 ms of kernel work; this builds each
+        message with pyroute2's own request machinery (what ``IPRoute.tc`` and
+        ``nlm_request_batch`` use) and reads every ack back, so a failure is attributed to its
+        request.  A non-netlink error closes the socket (:meth:`use`)."""
+        out: list[Exception | None] = []
+        with self.use() as ipr:
+            for k in range(0, len(requests), TC_BATCH):
+                out += ipr._run_with_cleanup(_tc_batch, ipr.asyncore, requests[k:k + TC_BATCH])
+        return out
+
     def close_socket(self) -> None:
         ipr, self._ipr = self._ipr, None
         if ipr is not None:
@@ -133,6 +150,67 @@ class RouteSocket:
     def close(self) -> None:
         self.close_socket()
         self._ns = None
+
+
+TC_BATCH = 128  # requests per send: ~15 KiB of filter requests, well inside the socket buffers
+
+
+@dataclass(frozen=True, slots=True)
+class TcRequest:
+    """One ``IPRoute.tc(command, kind, ifindex, **args)`` call, to be sent in a batch."""
+
+    command: str  # "add" (a qdisc) or "replace-filter"
+    kind: str
+    ifindex: int
+    args: tuple[tuple[str, Any], ...] = ()
+
+
+def clsact_request(ifindex: int) -> TcRequest:
+    return TcRequest("add", "clsact", ifindex)
+
+
+def filter_request(ifindex: int, hook: int, prog_fd: int, *, prio: int = TC_PRIO) -> TcRequest:
+    """The preamble filter of :func:`replace_tc_filter`, as a batch request."""
+    return TcRequest("replace-filter", "bpf", ifindex, _filter_args(hook, prog_fd, prio))
+
+
+def _filter_args(hook: int, prog_fd: int, prio: int) -> tuple[tuple[str, Any], ...]:
+    return (("handle", f":{TC_HANDLE}"), ("fd", prog_fd), ("name", PREAMBLE_NAME), ("parent", _PARENT[hook]),
+            ("classid", 1), ("direct_action", True), ("prio", prio), ("protocol", ETH_P_ALL))
+
+
+async def _tc_batch(core: Any, requests: Sequence[TcRequest]) -> list[Exception | None]:
+    """Build each request as ``AsyncIPRoute.tc`` does, send them all in one buffer, read each ack."""
+    from pyroute2.iproute.linux import get_arguments_processor, get_dump_filter
+    from pyroute2.netlink.nlsocket import NetlinkRequest  # type: ignore[import-untyped]
+    from pyroute2.netlink.rtnl import RTM_NEWQDISC, RTM_NEWTFILTER  # type: ignore[import-untyped]
+    from pyroute2.netlink.rtnl.tcmsg import tcmsg  # type: ignore[import-untyped]
+
+    NetlinkError = _netlink_error()
+    commands = {"add": (RTM_NEWQDISC, "create"), "replace-filter": (RTM_NEWTFILTER, "replace")}
+    built = []
+    for r in requests:
+        _dump, kwarg = get_dump_filter("tc", r.command, {**dict(r.args), "kind": r.kind, "index": r.ifindex})
+        req = NetlinkRequest(core, tcmsg(), r.command, commands, None,
+                             get_arguments_processor("tc", r.command, kwarg))
+        await req.prepare()
+        built.append(req)
+    out: list[Exception | None] = []
+    unread = 0  # built[unread:] have not had their reply read (response() frees what it reads)
+    try:
+        core.send(b"".join(req.msg.data for req in built))
+        for req in built:
+            unread += 1
+            try:
+                async for _ in req.response():
+                    pass
+                out.append(None)
+            except NetlinkError as e:
+                out.append(e)
+    finally:
+        for req in built[unread:]:
+            req.cleanup()  # never sent or never answered: free its sequence number and queue
+    return out
 
 
 @contextlib.contextmanager
@@ -234,9 +312,7 @@ def replace_tc_filter(ifindex: int, hook: int, prog_fd: int, *, prio: int = TC_P
                       nl: RouteSocket | None = None) -> None:
     """The filter half of :func:`attach_tc`: the clsact qdisc must be there (NetlinkError if not)."""
     with _route(nl) as ipr:
-        ipr.tc("replace-filter", "bpf", ifindex, f":{TC_HANDLE}", fd=prog_fd, name=PREAMBLE_NAME,
-               parent=_PARENT[hook], classid=1, direct_action=True, prio=prio,
-               protocol=ETH_P_ALL)
+        ipr.tc("replace-filter", "bpf", ifindex, **dict(_filter_args(hook, prog_fd, prio)))
 
 
 def tc_filters(ifindex: int, hook: int, *, nl: RouteSocket | None = None) -> list[str]:

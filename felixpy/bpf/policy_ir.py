@@ -10,6 +10,7 @@ endpoints with identical policy share one loaded program.
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 from dataclasses import dataclass
 
@@ -87,7 +88,11 @@ class Rule:
 
         As the iptables renderer: skip on an ip_version mismatch; filter CIDR lists to the
         family; a positive CIDR list that becomes empty drops the rule; a negated catch-all
-        CIDR drops it too."""
+        CIDR drops it too.  A pure function of the value, memoised (bounded): every program
+        load of a policy change converts the same unchanged rules again."""
+        return _rule_for_family(self, v6)
+
+    def _for_family(self, v6: bool) -> Rule | None:
         fam = 6 if v6 else 4
         if self.ip_version is not None and self.ip_version != fam:
             return None
@@ -104,6 +109,11 @@ class Rule:
         from dataclasses import replace
 
         return replace(self, **out)  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=8192)
+def _rule_for_family(rule: Rule, v6: bool) -> Rule | None:
+    return rule._for_family(v6)
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,14 +65,30 @@ SOURCE_FORMAT = 1
 _SOURCE_MAP_NAME = "fpy_polsrc"
 
 
+_SCALARS = (str, int, bool, float, type(None))
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # IR dataclass -> its field names, in order
+
+
 def _plain(v: Any) -> Any:
-    if is_dataclass(v) and not isinstance(v, type):
-        return {f.name: _plain(getattr(v, f.name)) for f in fields(v)}
-    if isinstance(v, enum.Enum):
-        return v.value
-    if isinstance(v, tuple):
+    """``v`` as JSON-able values (dataclasses as dicts of every field, tuples as lists, enums as
+    values).  Called once per program load over the whole PolicySet, so the walk avoids
+    ``dataclasses.fields`` per object (it dominated a policy change's source writes)."""
+    cls = type(v)
+    if cls in _SCALARS:
+        return v
+    if cls is tuple:
         return [_plain(x) for x in v]
-    return v
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        if is_dataclass(v) and not isinstance(v, type):
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(v))
+        elif isinstance(v, enum.Enum):
+            return v.value
+        elif isinstance(v, tuple):
+            return [_plain(x) for x in v]
+        else:
+            return v
+    return {n: _plain(getattr(v, n)) for n in names}
 
 
 _IR_CLASSES: dict[str, type] = {"tiers": ir.Tier, "host_pre_dnat_tiers": ir.Tier, "host_forward_tiers": ir.Tier,

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeGuard, TypeVar
 
 import structlog
 from google.protobuf.message import Message
@@ -125,6 +125,22 @@ def _unique(items: Iterable[Syncer]) -> list[Syncer]:
     return out
 
 
+_CONFORMS: dict[tuple[type, object], bool] = {}
+
+
+def _conforms(obj: object, proto: object) -> TypeGuard[Any]:
+    """``isinstance(obj, proto)`` for the optional hook protocols of ``managers.base``, answered once
+    per class: they are all methods (no data members), so every instance of a class answers alike,
+    and typing's runtime check re-walks the protocol's members on every call (~20 us each, ~180 per
+    apply)."""
+    key = (type(obj), proto)
+    got = _CONFORMS.get(key)
+    if got is None:
+        assert isinstance(proto, type)
+        got = _CONFORMS[key] = isinstance(obj, proto)
+    return got
+
+
 def _family(obj: object) -> str:
     """``/v4`` or ``/v6`` for a per-family driver (step names), "" for anything else."""
     v = getattr(obj, "ip_version", None)
@@ -191,15 +207,15 @@ class InternalDataplane:
 
     def route_syncers(self) -> list[Syncer]:
         """Route tables of every manager, once each (managers may share the main table)."""
-        return _unique(s for m in self.managers if isinstance(m, ManagerWithRouteTables)
+        return _unique(s for m in self.managers if _conforms(m, ManagerWithRouteTables)
                        for s in m.route_table_syncers())
 
     def rule_syncers(self) -> list[Syncer]:
-        return _unique(s for m in self.managers if isinstance(m, ManagerWithRouteRules)
+        return _unique(s for m in self.managers if _conforms(m, ManagerWithRouteRules)
                        for s in m.route_rule_syncers())
 
     def _iface_watchers(self) -> list[WatchesIfaces]:
-        return [s for s in [*self.route_syncers(), *self.fdbs, *self.devices] if isinstance(s, WatchesIfaces)]
+        return [s for s in [*self.route_syncers(), *self.fdbs, *self.devices] if _conforms(s, WatchesIfaces)]
 
     # ------------------------------------------------------------------------- inputs
     def on_datastore_message(self, msg: Message) -> None:
@@ -297,7 +313,7 @@ class InternalDataplane:
 
     def _resolve(self, report: ApplyReport) -> None:
         for mgr in self.managers:
-            if isinstance(mgr, UpdateBatchResolver):
+            if _conforms(mgr, UpdateBatchResolver):
                 self._step(report, f"resolve:{type(mgr).__name__}", mgr.resolve_update_batch)
 
     def _program(self, report: ApplyReport) -> None:
@@ -308,7 +324,7 @@ class InternalDataplane:
         for syncer in self.devices:
             self._step(report, f"devices:{type(syncer).__name__}{_family(syncer)}", syncer.apply)
         for mgr in self.managers:
-            if isinstance(mgr, DevicesConsumer):
+            if _conforms(mgr, DevicesConsumer):
                 self._step(report, f"after-devices:{type(mgr).__name__}", mgr.on_devices_applied)
 
     def _queue_refreshes(self) -> None:
@@ -372,9 +388,9 @@ class InternalDataplane:
         updates: list[EndpointStatus] = []
         messages: list[Message] = []
         for mgr in self.managers:
-            if isinstance(mgr, ManagerWithStatus):
+            if _conforms(mgr, ManagerWithStatus):
                 updates.extend(self._step(report, f"status:{type(mgr).__name__}", mgr.pop_status_updates) or ())
-            if isinstance(mgr, FeedReporter):
+            if _conforms(mgr, FeedReporter):
                 messages.extend(self._step(report, f"feed:{type(mgr).__name__}", mgr.pop_feed_messages) or ())
         if updates and self._status_sink is not None:
             self._status_sink(updates)
@@ -386,7 +402,7 @@ class InternalDataplane:
         holders: Sequence[object] = [*self.managers, *self.devices, *self.route_syncers(), *self.rule_syncers(),
                                      *self.fdbs]
         for obj in holders:
-            if isinstance(obj, HasDeadline):
+            if _conforms(obj, HasDeadline):
                 left = obj.next_deadline()
                 if left is not None:
                     report.delays.append(max(left, MIN_RESCHEDULE))

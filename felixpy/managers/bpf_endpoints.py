@@ -9,7 +9,8 @@ the *tables allow list (Felix's ``bpfEndpointManager``, the desired-state half).
   :mod:`felixpy.bpf.from_proto`), and hands them to the BPF endpoint
   driver (:class:`~felixpy.drivers.bpfendpoints.api.BPFEndpointsAPI`).  The driver compares
   values, so an unchanged endpoint costs nothing and a changed policy swaps only the programs
-  whose policy set changed.  A policy or profile update rebuilds only the endpoints that use it,
+  whose policy set changed.  A policy or profile update rebuilds only the endpoints that use it
+  (found through a policy/profile -> endpoints index, as Felix keeps; no scan of every endpoint),
   and each message's rules are converted once (``from_proto.RuleCache``), not once per endpoint.  Two endpoints on one interface: the lower id wins (as the *tables
   endpoint manager does).  (The routes map -- workload and host addresses -- is the BPF route
   manager's, :mod:`felixpy.managers.bpf_maps`.)
@@ -24,7 +25,7 @@ This manager never touches the kernel.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -39,10 +40,19 @@ from felixpy.rules.context import RenderContext
 log = structlog.get_logger(__name__)
 
 WlKey = tuple[str, str, str]
+K = TypeVar("K")
 
 
 def _key(wid: pb.WorkloadEndpointID) -> WlKey:
     return (wid.orchestrator_id, wid.workload_id, wid.endpoint_id)
+
+
+def _drop_user(index: dict[K, set[WlKey]], item: K, key: WlKey) -> None:
+    users = index.get(item)
+    if users is not None:
+        users.discard(key)
+        if not users:
+            del index[item]
 
 
 class BPFEndpointManager:
@@ -59,6 +69,11 @@ class BPFEndpointManager:
         self._dirty_policies: set[from_proto.PolicyKey] = set()
         self._dirty_profiles: set[str] = set()
         self._rules = from_proto.RuleCache()  # each message's rules converted once, not per endpoint
+        # Who uses what (Felix keeps the same index): a policy or profile change visits only its users.
+        self._policy_users: dict[from_proto.PolicyKey, set[WlKey]] = {}
+        self._profile_users: dict[str, set[WlKey]] = {}
+        self._by_name: dict[str, set[WlKey]] = {}  # interface -> endpoints naming it (the lowest id wins)
+        self._unbuilt: set[WlKey] = set()  # winners whose policy could not be built: retried every pass
         self._programmed: dict[str, WorkloadPolicy] = {}  # iface -> what we gave the driver
         self._allowed: frozenset[str] | None = None
         self._host_endpoints: set[str] = set()  # ids the feed sent; BPF mode does not attach them yet
@@ -66,11 +81,16 @@ class BPFEndpointManager:
     # ----------------------------------------------------------------------- updates
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.WorkloadEndpointUpdate):
-            self._endpoints[_key(msg.id)] = msg.endpoint
-            self._dirty_keys.add(_key(msg.id))
+            key = _key(msg.id)
+            self._unindex(key)
+            self._endpoints[key] = msg.endpoint
+            self._index(key, msg.endpoint)
+            self._dirty_keys.add(key)
         elif isinstance(msg, pb.WorkloadEndpointRemove):
-            self._endpoints.pop(_key(msg.id), None)
-            self._dirty_keys.add(_key(msg.id))
+            key = _key(msg.id)
+            self._unindex(key)
+            self._endpoints.pop(key, None)
+            self._dirty_keys.add(key)
         elif isinstance(msg, pb.ActivePolicyUpdate):
             key = from_proto.policy_key(msg.id)
             self._rules.forget(self._policies.get(key))
@@ -92,6 +112,32 @@ class BPFEndpointManager:
         elif isinstance(msg, pb.HostEndpointRemove):
             self._host_endpoints.discard(msg.id.endpoint_id)
 
+    @staticmethod
+    def _uses(ep: pb.WorkloadEndpoint) -> tuple[set[from_proto.PolicyKey], set[str]]:
+        pols = {from_proto.policy_key(pid) for ti in ep.tiers for pid in (*ti.ingress_policies, *ti.egress_policies)}
+        return pols, set(ep.profile_ids)
+
+    def _index(self, key: WlKey, ep: pb.WorkloadEndpoint) -> None:
+        pols, profs = self._uses(ep)
+        for pk in pols:
+            self._policy_users.setdefault(pk, set()).add(key)
+        for pr in profs:
+            self._profile_users.setdefault(pr, set()).add(key)
+        if ep.name:
+            self._by_name.setdefault(ep.name, set()).add(key)
+
+    def _unindex(self, key: WlKey) -> None:
+        ep = self._endpoints.get(key)
+        if ep is None:
+            return
+        pols, profs = self._uses(ep)
+        for pk in pols:
+            _drop_user(self._policy_users, pk, key)
+        for pr in profs:
+            _drop_user(self._profile_users, pr, key)
+        if ep.name:
+            _drop_user(self._by_name, ep.name, key)
+
     # ---------------------------------------------------------------------- programming
     def complete_deferred_work(self) -> None:
         self._program_workloads()
@@ -102,19 +148,19 @@ class BPFEndpointManager:
                                      f"{min(self._host_endpoints)!r}): their policy is not enforced; "
                                      "use an iptables or nftables mode for host endpoints")
 
-    def _uses_changed_policy(self, ep: pb.WorkloadEndpoint) -> bool:
-        if self._dirty_profiles and not self._dirty_profiles.isdisjoint(ep.profile_ids):
-            return True
-        if self._dirty_policies:
-            for ti in ep.tiers:
-                for pid in (*ti.ingress_policies, *ti.egress_policies):
-                    if from_proto.policy_key(pid) in self._dirty_policies:
-                        return True
-        return False
-
     def _program_workloads(self) -> None:
         if not (self._dirty_keys or self._dirty_policies or self._dirty_profiles):
             return
+        if self._dirty_keys:
+            self._program_all()
+        else:
+            self._program_users_of_changed_policy()
+        self._dirty_keys.clear()
+        self._dirty_policies.clear()
+        self._dirty_profiles.clear()
+
+    def _program_all(self) -> None:
+        """Endpoints changed: work out every interface's winner again (the lower id wins)."""
         winners: dict[str, tuple[WlKey, pb.WorkloadEndpoint]] = {}
         for key in sorted(self._endpoints):
             ep = self._endpoints[key]
@@ -127,21 +173,43 @@ class BPFEndpointManager:
         for iface in sorted(set(self._programmed) - set(winners)):
             self._driver.remove_workload(self.ip_version, iface)
             del self._programmed[iface]
+        changed = self._users_of_changed_policy()
+        self._unbuilt.clear()
         for iface, (key, ep) in winners.items():
-            if key not in self._dirty_keys and iface in self._programmed and not self._uses_changed_policy(ep):
+            if key not in self._dirty_keys and iface in self._programmed and key not in changed:
                 continue
-            try:
-                want = self._workload_policy(ep)
-            except Exception:
-                log.exception("Workload endpoint policy could not be built; interface stays closed",
-                              iface=iface, ip_version=self.ip_version)
+            self._build(iface, key, ep)
+
+    def _program_users_of_changed_policy(self) -> None:
+        """Only policies/profiles changed: the winners don't move; visit just their users (and any
+        winner whose policy could not be built before)."""
+        for key in sorted(self._users_of_changed_policy() | self._unbuilt):
+            ep = self._endpoints.get(key)
+            if ep is None or not ep.name or ep.state != "active" or min(self._by_name[ep.name]) != key:
                 continue
-            if self._programmed.get(iface) != want:
-                self._driver.set_workload(self.ip_version, iface, want)
-                self._programmed[iface] = want
-        self._dirty_keys.clear()
-        self._dirty_policies.clear()
-        self._dirty_profiles.clear()
+            self._build(ep.name, key, ep)
+
+    def _users_of_changed_policy(self) -> set[WlKey]:
+        keys: set[WlKey] = set()
+        for pk in self._dirty_policies:
+            keys |= self._policy_users.get(pk, set())
+        for pr in self._dirty_profiles:
+            keys |= self._profile_users.get(pr, set())
+        return keys
+
+    def _build(self, iface: str, key: WlKey, ep: pb.WorkloadEndpoint) -> None:
+        try:
+            want = self._workload_policy(ep)
+        except Exception:
+            log.exception("Workload endpoint policy could not be built; interface stays closed",
+                          iface=iface, ip_version=self.ip_version)
+            if iface not in self._programmed:
+                self._unbuilt.add(key)  # retried on every pass, as an unprogrammed winner always was
+            return
+        self._unbuilt.discard(key)
+        if self._programmed.get(iface) != want:
+            self._driver.set_workload(self.ip_version, iface, want)
+            self._programmed[iface] = want
 
     def _workload_policy(self, ep: pb.WorkloadEndpoint) -> WorkloadPolicy:
         action = self._ctx.config.DefaultEndpointToHostAction

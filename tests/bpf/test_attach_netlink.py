@@ -223,3 +223,83 @@ def test_tc_attach_adds_clsact_back_when_it_was_removed_under_the_attacher(ns: s
             a.nl.close()
     finally:
         os.close(prog)
+
+
+@pytest.mark.bpf
+@pytest.mark.kernel
+@pytest.mark.parametrize("attach_type", ["TC", "TCX"])
+def test_attach_many_attaches_like_attach_and_names_only_the_interfaces_that_failed(ns: str,
+                                                                                     attach_type: str) -> None:
+    """The batched attach (TC: clsact and filters in chunked netlink batches, acks read back per
+    request) leaves the kernel as per-call attach does, replaces atomically when repeated, refuses
+    just the interface that is gone, and re-adds a clsact removed under it."""
+    if attach_type == "TCX" and not attach.tcx_supported():
+        pytest.skip("kernel without TCX")
+    from felixpy.bpf import maps
+    from felixpy.drivers.bpfendpoints.attacher import AttachRequest
+
+    prog = sc.prog_load(sc.PROG_TYPE_SCHED_CLS, RET0, name=attach.PREAMBLE_NAME)
+    other = sc.prog_load(sc.PROG_TYPE_SCHED_CLS, RET0[:8] * 2 + RET0[8:], name=attach.PREAMBLE_NAME)
+    try:
+        with maps.private_bpffs() as root, nsutil.entered(ns):
+            a = KernelAttacher(attach_type, os.path.join(root, "tcx"))
+            names = [f"cali{i}" for i in range(20)]
+            idx = {n: socket.if_nametoindex(n) for n in names}
+            for n in names:
+                nsutil.run_in(ns, "ip", "link", "set", n, "up")
+            reqs = [AttachRequest(n, idx[n], hook, prog) for n in names for hook in HOOKS]
+            gone = AttachRequest("cali99", 99999, defs.HOOK_TC_INGRESS, prog)  # no such interface
+            if attach_type == "TC":
+                a._modes["cali99"] = attach.AttachMode.TC  # a kind asked before it vanished
+            failed = a.attach_many(reqs[:10] + [gone] + reqs[10:])
+            assert set(failed) == {"cali99"}
+            for n in names:
+                assert all(a.is_attached(n, idx[n], hook) for hook in HOOKS)
+                assert all(a.is_current(n, idx[n], hook, prog) for hook in HOOKS)
+            # Again with another program: an atomic replace, nothing failed.
+            if attach_type == "TC":
+                nsutil.run_in(ns, "tc", "qdisc", "del", "dev", "cali3", "clsact")  # someone else's doing
+            assert a.attach_many([AttachRequest(n, idx[n], hook, other) for n in names for hook in HOOKS]) == {}
+            for n in names:
+                assert all(a.is_current(n, idx[n], hook, other) for hook in HOOKS)
+                assert not any(a.is_current(n, idx[n], hook, prog) for hook in HOOKS)
+                if attach_type == "TC":
+                    for hook in HOOKS:
+                        assert attach.tc_filters(idx[n], hook, nl=a.nl) == [attach.PREAMBLE_NAME]
+            assert a.nl.opened == 1
+            a.nl.close()
+    finally:
+        os.close(prog)
+        os.close(other)
+
+
+@pytest.mark.bpf
+@pytest.mark.kernel
+@pytest.mark.parametrize("attach_type", ["TC", "TCX"])
+def test_a_fresh_attacher_sees_attachments_without_asking_any_link_kind(ns: str, attach_type: str) -> None:
+    """The restart sweep asks a new process's attacher about every interface of the namespace: it
+    must see what an earlier attacher attached (and what it did not) without a link-kind query for
+    each interface that carries nothing of ours (the kind cache stays empty for them)."""
+    if attach_type == "TCX" and not attach.tcx_supported():
+        pytest.skip("kernel without TCX")
+    from felixpy.bpf import maps
+
+    prog = sc.prog_load(sc.PROG_TYPE_SCHED_CLS, RET0, name=attach.PREAMBLE_NAME)
+    try:
+        with maps.private_bpffs() as root, nsutil.entered(ns):
+            pins = os.path.join(root, "tcx")
+            first = KernelAttacher(attach_type, pins)
+            for n in ("cali1", "cali2"):
+                nsutil.run_in(ns, "ip", "link", "set", n, "up")
+                for hook in HOOKS:
+                    first.attach(n, socket.if_nametoindex(n), hook, prog)
+            first.nl.close()
+            fresh = KernelAttacher(attach_type, pins)
+            for n in ("cali1", "cali2", "cali3", "p1", "vx0", "br0", "lo"):
+                want = n in ("cali1", "cali2")
+                assert [fresh.is_attached(n, socket.if_nametoindex(n), hook) for hook in HOOKS] == [want, want], n
+            # TC: no kind asked at all; TCX: only where a link pin of ours exists.
+            assert set(fresh._modes) <= ({"cali1", "cali2"} if attach_type == "TCX" else set())
+            fresh.nl.close()
+    finally:
+        os.close(prog)

@@ -481,3 +481,113 @@ def test_a_policy_change_rebuilds_only_the_endpoints_that_use_it_and_converts_it
     n.apply()
     assert sorted(built) == sorted(users + others)
     assert all(programmed(n, fb, i) for i in users + others)
+
+
+def test_a_policy_only_change_writes_only_the_policy_slots_and_a_resync_rewrites_the_rest() -> None:
+    """The fast path of a policy change: counters, attach-point globals and cali_iface already hold
+    what the driver would write, so it does not write them (the maps below refuse every write, and
+    the swap still completes); a resync (the periodic refresh) writes them all again."""
+    n, fb = node()
+    n.link_up("cali1")
+    n.send(policy("p", inbound=[rule("deny", protocol="tcp"), rule("allow")], outbound=[rule("allow")]),
+           wep("a", "cali1", ipv4=["10.65.0.2/32"], tiers=[tier(ingress=["p"], egress=["p"])]))
+    n.apply()
+    idx = n.ifindex("cali1")
+    e = entries(fb, idx)
+    before = slot_fd(fb, EGR, e[1])
+    k = fb.kernel.maps
+    frozen = (k.counters, k.ap_globals, k.ifstate)
+    for m in frozen:
+        m.fail_updates = errno.EPERM
+    n.send(policy("p", inbound=[rule("deny", protocol="udp"), rule("allow")], outbound=[rule("allow")]))
+    n.apply()
+    assert slot_fd(fb, EGR, e[1]) != before and programmed(n, fb, "cali1")
+    for m in frozen:
+        m.fail_updates = None
+    # Out-of-band damage is repaired by the next resync, not left to the memo.
+    k.ap_globals.delete(mt.ApKey(idx, EGR))
+    k.counters.delete(mt.CountersKey(idx, ING))
+    k.ifstate.set(ctypes.c_uint32(idx), mt.ifstate_value(defs.IFACE_STATE_WEP, "cali1"))
+    for d in n.dp.devices:
+        d.queue_resync()
+    n.apply()
+    assert k.ap_globals.get(mt.ApKey(idx, EGR)) is not None
+    assert k.counters.get(mt.CountersKey(idx, ING)) is not None
+    assert entries(fb, idx) == e and programmed(n, fb, "cali1")
+
+
+def test_policy_users_index_follows_endpoint_updates_shadowing_and_failed_builds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy-only change visits the endpoints that use it through an index (no scan of every
+    endpoint); the index must follow endpoints that stop using a policy, the shadowed endpoint of an
+    interface (the lower id wins) must not be programmed, and an endpoint whose policy could not be
+    built is retried at the next pass of any kind, as it was when every pass scanned."""
+    from felixpy.managers.bpf_endpoints import BPFEndpointManager
+
+    n, fb = node()
+    for iface in ("cali1", "cali2"):
+        n.link_up(iface)
+    n.send(profile("allow"), policy("p", inbound=[rule("allow", protocol="tcp")], outbound=[rule("allow")]),
+           policy("q", inbound=[rule("allow", protocol="udp")], outbound=[rule("allow")]),
+           wep("a", "cali1", profiles=["allow"], tiers=[tier(ingress=["p"], egress=["p"])]),
+           wep("z", "cali1", profiles=["allow"], tiers=[tier(ingress=["q"], egress=["q"])]),  # shadowed by "a"
+           wep("b", "cali2", profiles=["allow"], tiers=[tier(ingress=["p"], egress=["p"])]))
+    n.apply()
+    e1 = entries(fb, n.ifindex("cali1"))
+    built: list[str] = []
+    real = BPFEndpointManager._workload_policy
+    monkeypatch.setattr(BPFEndpointManager, "_workload_policy",
+                        lambda self, ep: (built.append(ep.name), real(self, ep))[1])
+    p_prog = slot_fd(fb, EGR, e1[1])
+    n.send(policy("q", inbound=[rule("deny")], outbound=[rule("allow")]))  # only the shadowed endpoint uses q
+    n.apply()
+    assert built == [] and slot_fd(fb, EGR, e1[1]) == p_prog
+    n.send(wep("b", "cali2", profiles=["allow"], tiers=[tier(ingress=["q"], egress=["q"])]))  # b leaves p for q
+    n.apply()
+    built.clear()
+    n.send(policy("p", inbound=[rule("deny", protocol="tcp"), rule("allow")], outbound=[rule("allow")]))
+    n.apply()
+    assert built == ["cali1"] and slot_fd(fb, EGR, e1[1]) != p_prog
+    # A build that fails leaves the interface closed and is retried by an unrelated policy change.
+    n.link_up("cali3")
+    broken = {"on": True}
+
+    def flaky(self: BPFEndpointManager, ep: pb.WorkloadEndpoint) -> object:
+        built.append(ep.name)
+        if ep.name == "cali3" and broken["on"]:
+            raise ValueError("cannot build")
+        return real(self, ep)
+    monkeypatch.setattr(BPFEndpointManager, "_workload_policy", flaky)
+    n.send(wep("c", "cali3", profiles=["allow"], tiers=[tier(ingress=["p"], egress=["p"])]))
+    n.apply()
+    assert not programmed(n, fb, "cali3")
+    broken["on"] = False
+    built.clear()
+    n.send(policy("q", inbound=[rule("allow")], outbound=[rule("allow")]))
+    n.apply()
+    assert sorted(built) == ["cali2", "cali3"] and programmed(n, fb, "cali3")
+
+
+def test_an_attach_batch_failing_as_a_whole_retries_every_interface_in_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 5 runs once for all the apply's interfaces: if that call fails outright (a socket error),
+    none of them is READY or admitted, and the next apply programs them all."""
+    n, fb = node()
+    for iface in ("cali1", "cali2"):
+        n.link_up(iface)
+    n.send(policy("p", inbound=[rule("allow")], outbound=[rule("allow")]),
+           wep("a", "cali1", tiers=[tier(ingress=["p"], egress=["p"])]),
+           wep("b", "cali2", tiers=[tier(ingress=["p"], egress=["p"])]))
+    real = fb.attacher.attach_many
+    calls = {"n": 0}
+
+    def broken_once(requests):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(errno.ENOBUFS, "socket overrun")
+        return real(requests)
+    monkeypatch.setattr(fb.attacher, "attach_many", broken_once)
+    report = n.apply(expect_ok=False)
+    assert not report.ok
+    assert not programmed(n, fb, "cali1") and not programmed(n, fb, "cali2") and allowed(n) == []
+    n.apply()
+    assert programmed(n, fb, "cali1") and programmed(n, fb, "cali2")

@@ -13,7 +13,9 @@ code (program tag) over the same maps (map ids) -- so a restart with the same fe
 nothing; for a clsact filter the program is read with libbpf's ``bpf_tc_query``.
 :meth:`KernelAttacher.sweep` detaches and unlinks TCX link pins whose interface is gone.
 
-Apply contract: :meth:`KernelAttacher.attach` is idempotent and atomic per hook;
+Apply contract: :meth:`KernelAttacher.attach` is idempotent and atomic per hook
+(:meth:`KernelAttacher.attach_many` is the same for many interfaces at once: in TC mode their
+clsact and filter requests go out in chunked netlink batches with every ack read back);
 :meth:`KernelAttacher.detach` removes what is there and treats absence as done.  The mechanism
 (TCX by default, clsact where the kernel lacks TCX or ``BPFAttachType=TC``) is chosen in one
 place, :func:`felixpy.bpf.attach.resolve_attach_mode`; a netkit device raises
@@ -26,7 +28,10 @@ when the namespace changes or after an error that may have left it out of step.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
@@ -43,8 +48,21 @@ HOOKS = (defs.HOOK_TC_INGRESS, defs.HOOK_TC_EGRESS)
 NETKIT_FEATURE = "BPF netkit attach"
 
 
+@dataclass(frozen=True, slots=True)
+class AttachRequest:
+    iface: str
+    ifindex: int
+    hook: int
+    prog_fd: int
+
+
 class Attacher(Protocol):
     def attach(self, iface: str, ifindex: int, hook: int, prog_fd: int) -> None: ...
+
+    def attach_many(self, requests: Sequence[AttachRequest]) -> dict[str, Exception]:
+        """:meth:`attach` for each request (per interface, in order); returns the interfaces whose
+        attach failed, with the error (an interface that failed is not attached further)."""
+        ...
 
     def detach(self, iface: str, ifindex: int) -> None: ...
 
@@ -97,6 +115,58 @@ class KernelAttacher:
         link = bpfattach.attach(mode, ifindex, hook, prog_fd, link_pin=self._pin(iface, hook), nl=self.nl)
         if link is not None:
             os.close(link)  # the pin holds the link
+
+    def attach_many(self, requests: Sequence[AttachRequest]) -> dict[str, Exception]:
+        """TC-mode interfaces: every clsact and filter request of the batch goes through
+        :meth:`~felixpy.bpf.attach.RouteSocket.tc_batch` (one send per chunk instead of a pyroute2
+        round trip each), then exactly what :meth:`attach` does after its filter (the stale TCX
+        link removed); a filter refused for a missing qdisc takes :meth:`attach`'s own path (qdisc
+        added back, filter retried).  Every other interface: :meth:`attach` per request."""
+        failed: dict[str, Exception] = {}
+        tc: list[AttachRequest] = []
+        for r in requests:
+            if r.iface in failed:
+                continue
+            try:
+                if self._mode(r.iface) is bpfattach.AttachMode.TC:
+                    tc.append(r)
+                else:
+                    self.attach(r.iface, r.ifindex, r.hook, r.prog_fd)
+            except Exception as e:
+                failed[r.iface] = e
+        if not tc:
+            return failed
+        batch: list[bpfattach.TcRequest] = []
+        owner: list[AttachRequest | int] = []  # per batch entry: its filter's request, or a clsact's ifindex
+        qdiscs: set[int] = set()
+        for r in tc:
+            if r.ifindex not in self._clsact and r.ifindex not in qdiscs:
+                batch.append(bpfattach.clsact_request(r.ifindex))  # once per interface, as attach does
+                owner.append(r.ifindex)
+                qdiscs.add(r.ifindex)
+            batch.append(bpfattach.filter_request(r.ifindex, r.hook, r.prog_fd))
+            owner.append(r)
+        try:
+            results = self.nl.tc_batch(batch)
+        except Exception as e:  # the socket failed: nothing is known about this batch
+            for r in tc:
+                failed.setdefault(r.iface, e)
+            return failed
+        for who, err in zip(owner, results):
+            if isinstance(who, int):
+                if err is None or getattr(err, "code", None) == errno.EEXIST:
+                    self._clsact.add(who)
+                continue
+            if who.iface in failed:
+                continue
+            try:
+                if err is not None:
+                    self._attach_tc(who.ifindex, who.hook, who.prog_fd)  # its retry, or the error again
+                # A TCX link left by a previous mode would run first: remove it after the swap.
+                bpfattach.detach_tcx(pin_path=self._pin(who.iface, who.hook))
+            except Exception as e:
+                failed[who.iface] = e
+        return failed
 
     def _attach_tc(self, ifindex: int, hook: int, prog_fd: int) -> None:
         """clsact once per interface (the second hook's add was a netlink round trip that only
@@ -165,6 +235,14 @@ class KernelAttacher:
                 bpfattach.detach_tcx(pin_path=os.path.join(self.tcx_pin_dir, pin))
 
     def is_attached(self, iface: str, ifindex: int, hook: int) -> bool:
+        if iface not in self._modes:
+            # The start-of-day sweep asks this of every interface of the namespace; the answer does
+            # not need the link kind (it only singles out netkit, which never carries our preamble),
+            # so no link query per interface: TC checks the filter, TCX first the link pin.
+            if self.attach_type.lower() == "tc" or not bpfattach.tcx_supported():
+                return bpfattach.PREAMBLE_NAME in bpfattach.tc_filters(ifindex, hook, nl=self.nl)
+            if not os.path.exists(self._pin(iface, hook)):
+                return False
         if self._mode(iface) is bpfattach.AttachMode.TC:
             return bpfattach.PREAMBLE_NAME in bpfattach.tc_filters(ifindex, hook, nl=self.nl)
         return os.path.exists(self._pin(iface, hook)) and bool(bpfattach.tcx_programs(ifindex, hook))

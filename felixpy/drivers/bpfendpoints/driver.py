@@ -28,7 +28,9 @@ their preambles detached. The conntrack map is never touched (it is reused by it
 :mod:`felixpy.bpf.maps`), so established flows survive the restart.
 
 Apply contract (per interface, in Felix's order; an interface that fails stays dirty and is
-retried on the next apply, the others are programmed regardless):
+retried on the next apply, the others are programmed regardless; steps 1-4 run for every dirty
+interface, then step 5 for all of them in one :meth:`Attacher.attach_many` call -- TC mode sends
+the clsact and filter requests in netlink batches -- then step 6 for each one that attached):
 
 1. counters entries for both hooks (the programs drop packets without them);
 2. a policy entry per hook and family (allocated once, kept while the interface is wanted);
@@ -40,6 +42,11 @@ retried on the next apply, the others are programmed regardless):
 4. the attach-point globals (jump layout + policy entries);
 5. the preamble on both TC hooks -- only on interfaces that exist and are up;
 6. ``cali_iface`` with the WEP flag and each programmed family's READY flag.
+
+Steps 1, 4 and 6 write only what differs from what this process last wrote for the interface (a
+memo per ifindex and hook, forgotten with the interface): a policy change on a programmed interface
+is then just the slot swaps of step 3.  :meth:`queue_resync` (the periodic refresh) forgets the memo,
+so damage done behind the driver's back is rewritten there, as every write used to be.
 
 (The routes map -- the workload's addresses on this ifindex, which the from-workload source
 check needs -- is the routes driver's, :mod:`felixpy.drivers.bpfroutes`, a device syncer that
@@ -75,7 +82,7 @@ from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.policy_ir import DENY_ALL, PolicySet
 from felixpy.bpf.policyload import PolicyProgram
 from felixpy.drivers.bpfendpoints.api import WorkloadPolicy
-from felixpy.drivers.bpfendpoints.attacher import HOOKS
+from felixpy.drivers.bpfendpoints.attacher import HOOKS, AttachRequest
 from felixpy.drivers.bpfendpoints.kernel import BPFKernel
 from felixpy.errors import UnsupportedFeature
 from felixpy.ifacemonitor.events import IfaceState
@@ -141,6 +148,12 @@ class BPFEndpoints:
         self._start_of_day = True
         self._deny_held: dict[tuple[int, int], PolicyProgram] = {}  # (hook, family), during an apply
         self._sweep_sources = True  # the earlier run's policy sources (felixpy explain's), after the first apply
+        # What this process last wrote per interface, so a reconcile that only swaps policy programs
+        # does not rewrite identical counters / globals / cali_iface entries (a policy change reaches its
+        # slots sooner); forgotten with the interface and on queue_resync, which rewrites them all.
+        self._counted: set[tuple[int, int]] = set()  # (ifindex, hook) with a counters entry
+        self._globals: dict[tuple[int, int], AttachPoint] = {}  # (ifindex, hook) -> written from
+        self._ifstate_written: dict[str, tuple[int, int, tuple[tuple[str, int], ...]]] = {}
 
     # ------------------------------------------------------------------ desired state (API)
     def set_workload(self, ip_version: int, iface: str, policy: WorkloadPolicy) -> None:
@@ -170,6 +183,9 @@ class BPFEndpoints:
     def queue_resync(self) -> None:
         self._dirty.update(self._want)
         self._dirty.update(self._done)
+        self._counted.clear()
+        self._globals.clear()
+        self._ifstate_written.clear()
 
     def next_deadline(self) -> float | None:
         """Detaches wait for the apply after the *tables dropped the interface: come back soon."""
@@ -193,17 +209,42 @@ class BPFEndpoints:
         unsupported: list[UnsupportedFeature] = []
         todo = sorted(self._dirty)
         self._dirty.clear()
+
+        def failed(iface: str, e: Exception) -> None:
+            if isinstance(e, UnsupportedFeature):
+                unsupported.append(e)  # not retried: the kernel cannot do it
+                return
+            log.warning("BPF endpoint not programmed; will retry", iface=iface, error=str(e),
+                        error_type=type(e).__name__)
+            failures[iface] = e
+            self._dirty.add(iface)
+
         try:
+            attaching: dict[str, list[AttachRequest]] = {}
             for iface in todo:
                 try:
-                    self._reconcile(iface)
-                except UnsupportedFeature as e:
-                    unsupported.append(e)  # not retried: the kernel cannot do it
+                    reqs = self._reconcile(iface)                                   # steps 1-4
+                    if reqs:
+                        attaching[iface] = reqs
+                    elif reqs is not None:
+                        self._attached(iface)                                       # step 6
                 except Exception as e:  # one interface's failure must not stop the others
-                    log.warning("BPF endpoint not programmed; will retry", iface=iface, error=str(e),
-                                error_type=type(e).__name__)
-                    failures[iface] = e
-                    self._dirty.add(iface)
+                    failed(iface, e)
+            # Step 5 for every interface of the batch at once (TC mode: batched netlink requests).
+            refused: dict[str, Exception] = {}
+            if attaching:
+                try:
+                    refused = self.kernel.attacher.attach_many([r for reqs in attaching.values() for r in reqs])
+                except Exception as e:  # nothing is known about any of them: all are retried
+                    refused = dict.fromkeys(attaching, e)
+            for iface in attaching:
+                try:
+                    err = refused.get(iface)
+                    if err is not None:
+                        raise err
+                    self._attached(iface)                                           # step 6
+                except Exception as e:
+                    failed(iface, e)
         finally:
             for prog in self._deny_held.values():
                 self.kernel.policies.release(prog)
@@ -294,6 +335,8 @@ class BPFEndpoints:
             if want.get(name) != idx:
                 ifstate.delete(ctypes.c_uint32(idx))
                 del self._host_ifstate[name]
+                for wl in [w for w, rec in self._ifstate_written.items() if rec[0] == idx]:
+                    del self._ifstate_written[wl]  # an entry re-used at this ifindex: not ours to trust now
         for name, idx in want.items():
             if name not in self._host_ifstate:
                 ifstate.set(ctypes.c_uint32(idx), mt.ifstate_value(defs.IFACE_STATE_NOT_MANAGED, name))
@@ -306,7 +349,10 @@ class BPFEndpoints:
             except (OSError, UnsupportedFeature):
                 yield False
 
-    def _reconcile(self, iface: str) -> None:
+    def _reconcile(self, iface: str) -> list[AttachRequest] | None:
+        """Steps 1-4 for *iface*; returns the attaches step 5 needs (the caller makes them, with
+        every other interface's, then calls :meth:`_attached`), or None when nothing more is to
+        be done this apply (removed, not up, attach held)."""
         want = self._want.get(iface)
         link = self._ifaces.get(iface)
         done = self._done.get(iface)
@@ -316,7 +362,7 @@ class BPFEndpoints:
         if not want or link is None or not link[1]:
             if done is not None:
                 self._retire(iface, done)
-            return
+            return None
         ifindex = link[0]
         if done is None:
             done = self._done[iface] = _Programmed(ifindex)
@@ -331,32 +377,46 @@ class BPFEndpoints:
                 else:
                     self._release_slot(done, hook, v)
         for hook in HOOKS:                                                          # 4
-            configure(self._attach_point(iface, done, hook), k.programs, k.maps)
+            ap = self._attach_point(iface, done, hook)
+            if self._globals.get((ifindex, hook)) != ap:
+                self._globals.pop((ifindex, hook), None)  # unknown until written
+                configure(ap, k.programs, k.maps)
+                self._globals[(ifindex, hook)] = ap
         if self._hold_attach is not None and self._hold_attach(iface) and not done.attached:
             log.info("BPF attach held back (test hook)", iface=iface)
             self._dirty.add(iface)
-            return
+            return None
+        reqs: list[AttachRequest] = []
         if not done.attached or not all(self._attached_any(iface, ifindex)):         # 5
             for hook in HOOKS:
                 fd = k.programs.preamble_fd(hook)
                 if done.reclaimed and k.attacher.is_current(iface, ifindex, hook, fd):
                     continue  # the previous run's preamble: the same code over the same maps
-                k.attacher.attach(iface, ifindex, hook, fd)
-            done.attached = True
+                reqs.append(AttachRequest(iface, ifindex, hook, fd))
+        return reqs
+
+    def _attached(self, iface: str) -> None:
+        """After step 5 (both hooks carry the preamble): step 6, READY for each programmed family."""
+        done = self._done[iface]
+        want = self._want[iface]
+        done.attached = True
         done.reclaimed.clear()
         ready = frozenset(want)
         self._write_ifstate(iface, done, ready)                                     # 6
         done.ready = ready
-        log.debug("BPF endpoint programmed", iface=iface, ifindex=ifindex, families=sorted(ready),
+        log.debug("BPF endpoint programmed", iface=iface, ifindex=done.ifindex, families=sorted(ready),
                   slots=_slots_for_log(done))
 
     # ------------------------------------------------------------------------------ steps
     def _ensure_counters(self, ifindex: int, hook: int) -> None:
+        if (ifindex, hook) in self._counted:
+            return
         try:
             self.kernel.maps.counters.set(mt.CountersKey(ifindex, hook), mt.CountersValue(), sc.NOEXIST)
         except BPFSyscallError as e:
             if e.errno != errno.EEXIST:
                 raise
+        self._counted.add((ifindex, hook))
 
     def _program_slot(self, iface: str, done: _Programmed, hook: int, v: int, ps: PolicySet) -> None:
         pol = self.kernel.policies
@@ -408,7 +468,12 @@ class BPFEndpoints:
             flags |= _READY[v]
         idx = {f"{'ingress' if hook == defs.HOOK_TC_EGRESS else 'egress'}_policy_v{v}": e
                for (hook, v), e in done.slots.items()}
+        written = (done.ifindex, flags, tuple(sorted(idx.items())))
+        if self._ifstate_written.get(iface) == written:
+            return
+        self._ifstate_written.pop(iface, None)  # unknown until written
         self.kernel.maps.ifstate.set(ctypes.c_uint32(done.ifindex), mt.ifstate_value(flags, iface, **idx))
+        self._ifstate_written[iface] = written
 
     def _retire(self, iface: str, done: _Programmed) -> None:
         """Phase 1 of removal: not READY, slots deny; phase 2 (next apply): detach and release."""
@@ -431,8 +496,11 @@ class BPFEndpoints:
         for hook, v in list(done.slots):
             self._release_slot(done, hook, v)
         for hook in HOOKS:
+            self._globals.pop((done.ifindex, hook), None)
+            self._counted.discard((done.ifindex, hook))
             unconfigure(AttachPoint(iface, done.ifindex, hook), k.maps)
             k.maps.counters.delete(mt.CountersKey(done.ifindex, hook))
+        self._ifstate_written.pop(iface, None)
         k.maps.ifstate.delete(ctypes.c_uint32(done.ifindex))
         del self._done[iface]
         log.info("BPF endpoint removed", iface=iface, ifindex=done.ifindex)

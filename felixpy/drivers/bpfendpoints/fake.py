@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -19,7 +20,7 @@ from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.fake import FakeMap
 from felixpy.bpf.maps import ALL_SPECS, Map, MapSet, MapSpec
 from felixpy.bpf.policyload import JumpMapAllocator, PolicyPrograms
-from felixpy.drivers.bpfendpoints.attacher import HOOKS
+from felixpy.drivers.bpfendpoints.attacher import HOOKS, AttachRequest
 from felixpy.drivers.bpfendpoints.kernel import BPFKernel
 
 
@@ -92,6 +93,16 @@ class FakeAttacher:
             raise OSError(errno.EBUSY, f"injected attach failure on {iface}")
         self.attached[(ifindex, hook)] = prog_fd
         self.names[ifindex] = iface
+
+    def attach_many(self, requests: Sequence[AttachRequest]) -> dict[str, Exception]:
+        failed: dict[str, Exception] = {}
+        for r in requests:
+            if r.iface not in failed:
+                try:
+                    self.attach(r.iface, r.ifindex, r.hook, r.prog_fd)
+                except Exception as e:
+                    failed[r.iface] = e
+        return failed
 
     def detach(self, iface: str, ifindex: int) -> None:
         for hook in HOOKS:

@@ -1,0 +1,57 @@
+"""Pure tests of the policy IR's per-family view and of the policy source document, both of which a
+policy change now takes from fast paths (a memoised ``for_family``, a field-name walk)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import zlib
+
+from felixpy.bpf import defs
+from felixpy.bpf.policy_ir import Action, Policy, PolicySet, Profile, Rule, Tier, ports
+from felixpy.bpf.policyload import parse_source, source_doc
+
+DUAL = Rule(Action.ALLOW, src_nets=("10.0.0.0/8", "fd00::/64"), not_dst_nets=("192.168.0.0/16",),
+            dst_ports=ports(80, (8000, 8080)), src_ip_sets=("s:a",), rule_id="r1")
+
+
+def test_for_family_filters_each_family_whichever_is_asked_first() -> None:
+    for order in ((False, True), (True, False)):
+        got = {v6: DUAL.for_family(v6) for v6 in order}
+        assert got[False] == dataclasses.replace(DUAL, src_nets=("10.0.0.0/8",))
+        assert got[True] == dataclasses.replace(DUAL, src_nets=("fd00::/64",), not_dst_nets=())
+        assert DUAL.for_family(False) == got[False] and DUAL.for_family(True) == got[True]  # again (memo)
+
+
+def test_for_family_drops_rules_that_cannot_match_in_a_family() -> None:
+    only_v4 = Rule(Action.DENY, dst_nets=("10.1.0.0/16",))
+    assert only_v4.for_family(True) is None and only_v4.for_family(False) == only_v4
+    assert Rule(ip_version=6).for_family(False) is None
+    assert Rule(not_src_nets=("::/0",)).for_family(True) is None
+    assert Rule(not_src_nets=("::/0",)).for_family(False) == Rule()
+    # Equal values, equal answers: a rule equal to a memoised one is not confused with another.
+    assert Rule(Action.DENY, dst_nets=("10.1.0.0/16",)).for_family(True) is None
+    assert Rule(Action.DENY, dst_nets=("fd00::/8",)).for_family(True) is not None
+
+
+def _reference_plain(ps: PolicySet) -> object:
+    """The document's policy_set as the plain dataclass walk gives it (asdict, enums as values)."""
+    def enc(o: object) -> object:
+        assert isinstance(o, enum.Enum)
+        return o.value
+    return json.loads(json.dumps(dataclasses.asdict(ps), default=enc))
+
+
+def test_source_document_holds_every_field_of_the_policy_set_and_parses_back() -> None:
+    ps = PolicySet(
+        tiers=(Tier("default", (Policy("default/p", (DUAL, Rule(Action.PASS)), staged=False),
+                                Policy("default/staged", (Rule(Action.LOG),), staged=True)), Action.PASS),),
+        profiles=(Profile("kns.default", (Rule(),)),),
+        host_normal_tiers=(Tier("t", (Policy("h", (Rule(Action.DENY, icmp_type=8, icmp_code=0),)),)),),
+        for_host_interface=True, suppress_normal_host_policy=False)
+    blob = source_doc(ps, name="p4i_0123abcd", hook=defs.HOOK_TC_INGRESS, v6=False, ipset_ids={"s:a": 7})
+    doc = json.loads(zlib.decompress(blob))
+    assert doc["policy_set"] == _reference_plain(ps)
+    assert doc["ip_set_ids"] == {"s:a": 7} and doc["program"] == "p4i_0123abcd"
+    assert parse_source(blob).policy_set == ps
