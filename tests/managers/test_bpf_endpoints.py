@@ -337,23 +337,6 @@ def test_host_addresses_become_local_host_routes() -> None:
     assert fb.kernel.maps.routes(False).get(mt.route_key("10.99.0.1/32")) is None
 
 
-def test_host_endpoints_are_reported_unsupported_in_bpf_mode_and_workloads_still_programmed() -> None:
-    from felixpy.proto import felixbackend_pb2 as pb
-
-    n, fb = node()
-    n.link_up("cali1")
-    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]),
-           pb.HostEndpointUpdate(id=pb.HostEndpointID(endpoint_id="eth0-hep"),
-                                 endpoint=pb.HostEndpoint(name="eth0")))
-    n.apply()  # unsupported is not a failure: the apply succeeds
-    assert programmed(n, fb, "cali1")
-    assert "host endpoints in BPF mode" in n.dp.unsupported
-    assert "eth0-hep" in n.dp.unsupported["host endpoints in BPF mode"]
-    n.send(pb.HostEndpointRemove(id=pb.HostEndpointID(endpoint_id="eth0-hep")))
-    n.apply()
-    assert programmed(n, fb, "cali1")
-
-
 def test_status_counts_bpf_programs_attach_points_and_map_sets() -> None:
     from types import SimpleNamespace
 

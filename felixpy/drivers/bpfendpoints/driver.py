@@ -74,7 +74,7 @@ from felixpy.bpf.build import EpType
 from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.policy_ir import DENY_ALL, PolicySet
 from felixpy.bpf.policyload import PolicyProgram
-from felixpy.drivers.bpfendpoints.api import WorkloadPolicy
+from felixpy.drivers.bpfendpoints.api import HostEndpointPolicy, WorkloadPolicy
 from felixpy.drivers.bpfendpoints.attacher import HOOKS
 from felixpy.drivers.bpfendpoints.kernel import BPFKernel
 from felixpy.errors import UnsupportedFeature
@@ -114,7 +114,12 @@ def _slots_for_log(done: _Programmed) -> dict[str, int]:
     return {f"hook{h}/v{v}": e for (h, v), e in sorted(done.slots.items())}
 
 
-def _hook_policy(want: WorkloadPolicy, hook: int) -> PolicySet:
+EndpointPolicy = WorkloadPolicy | HostEndpointPolicy
+
+
+def _hook_policy(want: EndpointPolicy, hook: int) -> PolicySet:
+    if isinstance(want, HostEndpointPolicy):  # host endpoints: the natural direction
+        return want.ingress if hook == defs.HOOK_TC_INGRESS else want.egress
     # TC ingress of the host-side interface sees packets *from* the workload.
     return want.from_workload if hook == defs.HOOK_TC_INGRESS else want.to_workload
 
@@ -134,7 +139,7 @@ class BPFEndpoints:
         self._flags = defs.GLOBALS_REDIRECT_PEER if redirect_peer else 0
         if nat_exclude_hosts:  # NATOutgoingExclusions=IPPoolsAndHostIPs
             self._flags |= defs.GLOBALS_NATOUTGOING_EXCLUDE_HOSTS
-        self._want: dict[str, dict[int, WorkloadPolicy]] = {}
+        self._want: dict[str, dict[int, EndpointPolicy]] = {}
         self._ifaces: dict[str, tuple[int, bool]] = {}  # name -> (ifindex, oper up)
         self._done: dict[str, _Programmed] = {}
         self._dirty: set[str] = set()
@@ -144,12 +149,24 @@ class BPFEndpoints:
 
     # ------------------------------------------------------------------ desired state (API)
     def set_workload(self, ip_version: int, iface: str, policy: WorkloadPolicy) -> None:
+        self._set(ip_version, iface, policy)
+
+    def remove_workload(self, ip_version: int, iface: str) -> None:
+        self._remove(ip_version, iface)
+
+    def set_host_endpoint(self, ip_version: int, iface: str, policy: HostEndpointPolicy) -> None:
+        self._set(ip_version, iface, policy)
+
+    def remove_host_endpoint(self, ip_version: int, iface: str) -> None:
+        self._remove(ip_version, iface)
+
+    def _set(self, ip_version: int, iface: str, policy: EndpointPolicy) -> None:
         fams = self._want.setdefault(iface, {})
         if fams.get(ip_version) != policy:
             fams[ip_version] = policy
             self._dirty.add(iface)
 
-    def remove_workload(self, ip_version: int, iface: str) -> None:
+    def _remove(self, ip_version: int, iface: str) -> None:
         fams = self._want.get(iface)
         if fams is not None and fams.pop(ip_version, None) is not None:
             if not fams:
@@ -186,9 +203,10 @@ class BPFEndpoints:
             self._restart_sync()
             self._start_of_day = False
         self._sync_host_ifstate()
-        fams = sorted({v for fam in self._want.values() for v in fam})
-        if fams:
-            self.kernel.programs.prefetch_tc(EpType.WEP, [v == 6 for v in fams])  # one compile run
+        for ep in (EpType.WEP, EpType.HEP):
+            fams = sorted({v for iface, fam in self._want.items() if self._ep_type(iface) is ep for v in fam})
+            if fams:
+                self.kernel.programs.prefetch_tc(ep, [v == 6 for v in fams])  # one compile run per type
         failures: dict[str, Exception] = {}
         unsupported: list[UnsupportedFeature] = []
         todo = sorted(self._dirty)
@@ -286,13 +304,19 @@ class BPFEndpoints:
     def _is_host_iface(self, name: str) -> bool:
         return not name.startswith(self._wl_prefixes)
 
+    def _ep_type(self, name: str) -> EpType:
+        return EpType.HEP if self._is_host_iface(name) else EpType.WEP
+
     def _sync_host_ifstate(self) -> None:
-        """NOT_MANAGED entries for exactly the existing non-workload interfaces (minimal delta)."""
-        want = {n: i for n, (i, _up) in self._ifaces.items() if self._is_host_iface(n)}
+        """NOT_MANAGED entries for exactly the existing non-workload interfaces that are not host
+        endpoints (minimal delta); a host endpoint's entry is written by its reconcile."""
+        want = {n: i for n, (i, _up) in self._ifaces.items()
+                if self._is_host_iface(n) and n not in self._want and n not in self._done}
         ifstate = self.kernel.maps.ifstate
         for name, idx in list(self._host_ifstate.items()):
             if want.get(name) != idx:
-                ifstate.delete(ctypes.c_uint32(idx))
+                if name not in self._want:  # a new host endpoint's reconcile overwrites it instead
+                    ifstate.delete(ctypes.c_uint32(idx))
                 del self._host_ifstate[name]
         for name, idx in want.items():
             if name not in self._host_ifstate:
@@ -397,13 +421,13 @@ class BPFEndpoints:
             self.kernel.slots[hook].put(entry)
 
     def _attach_point(self, iface: str, done: _Programmed, hook: int) -> AttachPoint:
-        return AttachPoint(iface, done.ifindex, hook, EpType.WEP,
+        return AttachPoint(iface, done.ifindex, hook, self._ep_type(iface),
                            ipv4=(hook, 4) in done.slots, ipv6=(hook, 6) in done.slots,
                            policy_idx_v4=done.slots.get((hook, 4), -1),
                            policy_idx_v6=done.slots.get((hook, 6), -1), flags=self._flags)
 
     def _write_ifstate(self, iface: str, done: _Programmed, ready: frozenset[int]) -> None:
-        flags = defs.IFACE_STATE_WEP
+        flags = defs.IFACE_STATE_HEP if self._is_host_iface(iface) else defs.IFACE_STATE_WEP
         for v in ready:
             flags |= _READY[v]
         idx = {f"{'ingress' if hook == defs.HOOK_TC_EGRESS else 'egress'}_policy_v{v}": e
@@ -411,7 +435,14 @@ class BPFEndpoints:
         self.kernel.maps.ifstate.set(ctypes.c_uint32(done.ifindex), mt.ifstate_value(flags, iface, **idx))
 
     def _retire(self, iface: str, done: _Programmed) -> None:
-        """Phase 1 of removal: not READY, slots deny; phase 2 (next apply): detach and release."""
+        """Phase 1 of removal: not READY, slots deny; phase 2 (next apply): detach and release.
+
+        A host endpoint has no *tables allow list to leave first and must not pass through deny
+        (removing it restores open traffic): detached and released at once, its interface back to
+        NOT_MANAGED."""
+        if self._is_host_iface(iface):
+            self._forget(iface, done, detach=True)
+            return
         if done.ready or not done.pending_detach:
             self._write_ifstate(iface, done, frozenset())
             for (hook, v), entry in done.slots.items():
@@ -433,6 +464,12 @@ class BPFEndpoints:
         for hook in HOOKS:
             unconfigure(AttachPoint(iface, done.ifindex, hook), k.maps)
             k.maps.counters.delete(mt.CountersKey(done.ifindex, hook))
-        k.maps.ifstate.delete(ctypes.c_uint32(done.ifindex))
+        link = self._ifaces.get(iface)
+        if self._is_host_iface(iface) and link is not None and link[0] == done.ifindex:
+            # A host interface that stops being a host endpoint: forwarding to it stays approved.
+            k.maps.ifstate.set(ctypes.c_uint32(done.ifindex), mt.ifstate_value(defs.IFACE_STATE_NOT_MANAGED, iface))
+            self._host_ifstate[iface] = done.ifindex
+        else:
+            k.maps.ifstate.delete(ctypes.c_uint32(done.ifindex))
         del self._done[iface]
         log.info("BPF endpoint removed", iface=iface, ifindex=done.ifindex)
