@@ -412,7 +412,8 @@ def test_nat_outgoing_exclusions_reach_the_programs_globals(exclusions: str, fla
 
 
 def test_raw_table_keeps_felix_bpf_mode_prerouting() -> None:
-    from felixpy.drivers.generictables.model import Goto, Jump, MarkMatchesWithMask, NoTrack, SetMaskedMark
+    from felixpy.drivers.generictables.model import (DestAddrType, Goto, InInterface, Jump, MarkClear,
+                                                     MarkMatchesWithMask, NoTrack, Return, SetMaskedMark)
     from felixpy.rules import bpfmode
 
     n, _ = node(families=(4, 6))
@@ -423,11 +424,15 @@ def test_raw_table_keeps_felix_bpf_mode_prerouting() -> None:
         pre = raw.rules("cali-PREROUTING")
         assert [(r.match.criteria, r.action) for r in pre] == [
             ((MarkMatchesWithMask(defs.MARK_BYPASS_XDP, 0xFFFFFFFF),), Goto("cali-untracked-policy")),
-        ]  # not Felix's SKIP_FIB marking of host-bound traffic: it carries SEEN (fv attach-gap test)
+            # Felix's SKIP_FIB marking of host-bound traffic, but never for an unseen workload's
+            # packets (SKIP_FIB carries SEEN: the fv attach-gap test).
+            ((InInterface("cali+"), MarkClear(defs.MARK_SEEN)), Return()),
+            ((DestAddrType("LOCAL"),), SetMaskedMark(defs.MARK_SKIP_FIB, defs.MARK_SKIP_FIB)),
+        ]
         assert [r.action for r in raw.rules("cali-untracked-policy")] == [SetMaskedMark(0, 0x1FF00000), NoTrack()]
         assert not raw.is_programmed("cali-untracked-flows")  # BPFHostConntrackBypass is not honoured
     # The rules' mark values are the programs' (bpf.h, mirrored in felixpy.bpf.defs).
-    for name in ("SEEN", "BYPASS", "BYPASS_XDP", "FALLTHROUGH", "NAT_OUT", "CT_ESTABLISHED"):
+    for name in ("SEEN", "BYPASS", "BYPASS_XDP", "FALLTHROUGH", "NAT_OUT", "CT_ESTABLISHED", "SKIP_FIB"):
         assert getattr(bpfmode, f"MARK_{name}") == getattr(defs, f"MARK_{name}"), name
     assert bpfmode.MARK_BYPASS_MASK == defs.MARK_BYPASS_MASK
 
