@@ -23,7 +23,9 @@ the *tables allow list (Felix's ``bpfEndpointManager``, the desired-state half).
   :meth:`~felixpy.drivers.bpfendpoints.api.BPFEndpointsAPI.set_host_endpoint`; the programs'
   failsafe checks come before policy.  A HEP with no policy denies everything but the failsafes
   (the policy program's end-of-profiles drop); an interface that stops being a HEP is detached
-  (traffic open again).  Untracked (XDP) policy, floating IPs and service-loop prevention are
+  (traffic open again).  The ``*`` HEP's pre-DNAT and forward tiers also go into every workload's
+  programs, in the inverse direction, its normal tiers never (Felix's current ``applyPolicyToWeps``:
+  :func:`felixpy.bpf.from_proto.workload_policy_set`).  Untracked (XDP) policy, floating IPs and service-loop prevention are
   reported unsupported by name (see docs/bpf.md for what Felix does with each).
 * ``on_devices_applied`` (after the driver's apply) reads which interfaces are READY for this
   family and rewrites ``cali-to-wl-dispatch`` to accept exactly those, so the *tables admit an
@@ -87,6 +89,7 @@ class BPFEndpointManager:
         self._floating_ips = ctx.config.FloatingIPs == "Enabled"
         self._service_cidrs: tuple[str, ...] = ()
         self._untracked_heps: set[str] = set()
+        self._wildcard_seen: pb.HostEndpoint | None = None  # the '*' HEP the workload programs were built with
 
     # ----------------------------------------------------------------------- updates
     def on_update(self, msg: Any) -> None:
@@ -137,6 +140,12 @@ class BPFEndpointManager:
     def complete_deferred_work(self) -> None:
         if self._dirty_policies or self._dirty_profiles:
             self._heps_dirty = self._heps_dirty or bool(self._heps)
+        wildcard = self._wildcard()
+        if wildcard is not self._wildcard_seen or (wildcard is not None and self._uses_dirty_policy(
+                (*wildcard.pre_dnat_tiers, *wildcard.forward_tiers))):
+            # The '*' HEP's pre-DNAT and forward tiers are part of every workload's programs.
+            self._dirty_keys.update(self._endpoints)
+            self._wildcard_seen = wildcard
         self._program_workloads()
         self._program_host_endpoints()
         # Reported once each by name (the loop's UnsupportedFeature path), never silently ignored.
@@ -170,12 +179,20 @@ class BPFEndpointManager:
     def _uses_changed_policy(self, ep: pb.WorkloadEndpoint) -> bool:
         if self._dirty_profiles and not self._dirty_profiles.isdisjoint(ep.profile_ids):
             return True
+        return self._uses_dirty_policy(ep.tiers)
+
+    def _uses_dirty_policy(self, tiers: Any) -> bool:
         if self._dirty_policies:
-            for ti in ep.tiers:
+            for ti in tiers:
                 for pid in (*ti.ingress_policies, *ti.egress_policies):
                     if from_proto.policy_key(pid) in self._dirty_policies:
                         return True
         return False
+
+    def _wildcard(self) -> pb.HostEndpoint | None:
+        """The ``*`` host endpoint that applies (the lowest ID, as resolution picks it), if any."""
+        ids = sorted(hid for hid, inp in self._hep_inputs.items() if inp.all_interfaces)
+        return self._heps[ids[0]] if ids else None
 
     def _program_workloads(self) -> None:
         if not (self._dirty_keys or self._dirty_policies or self._dirty_profiles):
@@ -210,11 +227,14 @@ class BPFEndpointManager:
 
     def _workload_policy(self, ep: pb.WorkloadEndpoint) -> WorkloadPolicy:
         action = self._ctx.config.DefaultEndpointToHostAction
+        wildcard = self._wildcard_seen
         return WorkloadPolicy(
             to_workload=from_proto.workload_policy_set(ep, self._policies, self._profiles, from_proto.INGRESS,
-                                                       ep_to_host_action=action, rules_of=self._rules),
+                                                       host_ep=wildcard, ep_to_host_action=action,
+                                                       rules_of=self._rules),
             from_workload=from_proto.workload_policy_set(ep, self._policies, self._profiles, from_proto.EGRESS,
-                                                         ep_to_host_action=action, rules_of=self._rules))
+                                                         host_ep=wildcard, ep_to_host_action=action,
+                                                         rules_of=self._rules))
 
     # ----------------------------------------------------------------- host endpoints
     def _program_host_endpoints(self) -> None:

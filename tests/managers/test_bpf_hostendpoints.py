@@ -244,3 +244,34 @@ def test_hep_status_is_reported_in_bpf_mode() -> None:
     n.send(hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS), hep("ghost", "eth9"))
     n.apply()
     assert n.host_status == {"eth0-hep": "up", "ghost": "error"}
+
+
+def test_wildcard_pre_dnat_and_forward_tiers_reach_workload_programs_in_the_inverse_direction() -> None:
+    n, fb = node()
+    n.apply()
+    wl_in, wl_out = slot_policy(n, fb, "cali1", ING), slot_policy(n, fb, "cali1", EGR)
+    # A '*' HEP with normal policy only: the workload's programs stay as they were (suppressed there).
+    n.send(hep("all", "*", tiers=DENY_ALL_TIERS))
+    n.apply()
+    assert (slot_policy(n, fb, "cali1", ING), slot_policy(n, fb, "cali1", EGR)) == (wl_in, wl_out)
+    n.send(policy("fwd", inbound=[rule("deny", protocol="udp")], outbound=[rule("deny", protocol="tcp")]),
+           policy("pd", inbound=[rule("deny", protocol="sctp")], pre_dnat=True),
+           hep("all", "*", tiers=DENY_ALL_TIERS, forward=[tier("default", ingress=["fwd"], egress=["fwd"])],
+               pre_dnat=[tier("default", ingress=["pd"])]))
+    n.apply()
+    from_wl, to_wl = slot_policy(n, fb, "cali1", ING), slot_policy(n, fb, "cali1", EGR)
+    # From the workload (TC ingress): the HEP's ingress side -- its pre-DNAT and inbound forward rules.
+    assert from_wl.host_forward_tiers[0].policies[0].rules[0].protocol == 17
+    assert from_wl.host_pre_dnat_tiers[0].policies[0].rules[0].protocol == 132
+    # To the workload (TC egress): the HEP's egress side -- outbound forward rules, no pre-DNAT.
+    assert to_wl.host_forward_tiers[0].policies[0].rules[0].protocol == 6 and not to_wl.host_pre_dnat_tiers
+    assert from_wl.suppress_normal_host_policy and to_wl.suppress_normal_host_policy
+    assert not from_wl.host_normal_tiers and not from_wl.for_host_interface
+    assert from_wl.profiles == wl_out.profiles  # the workload's own policy is still there
+    # A change of a policy only the '*' HEP uses reaches the workload programs too.
+    n.send(policy("fwd", inbound=[rule("deny", protocol="icmp")], outbound=[rule("deny", protocol="tcp")]))
+    n.apply()
+    assert slot_policy(n, fb, "cali1", ING).host_forward_tiers[0].policies[0].rules[0].protocol == 1
+    n.send(hep_remove("all"))
+    n.apply()
+    assert (slot_policy(n, fb, "cali1", ING), slot_policy(n, fb, "cali1", EGR)) == (wl_in, wl_out)
