@@ -275,3 +275,23 @@ def test_wildcard_pre_dnat_and_forward_tiers_reach_workload_programs_in_the_inve
     n.send(hep_remove("all"))
     n.apply()
     assert (slot_policy(n, fb, "cali1", ING), slot_policy(n, fb, "cali1", EGR)) == (wl_in, wl_out)
+
+
+def test_hep_interface_down_then_gone_leaves_no_cali_iface_entry() -> None:
+    n, fb = node()
+    n.apply()
+    idx = n.ifindex("eth0")
+    assert flags(n, fb, "eth0") == defs.IFACE_STATE_NOT_MANAGED
+    n.link_down("eth0")
+    n.send(hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS))
+    n.apply()
+    assert not fb.attacher.is_attached("eth0", idx, ING)  # programs only on an interface that is up
+    n.link_up("eth0")
+    n.apply()
+    assert hep_ifaces(fb) == {"eth0"}
+    n.link_down("eth0")
+    n.apply()
+    assert hep_ifaces(fb) == set() and flags(n, fb, "eth0") == defs.IFACE_STATE_NOT_MANAGED
+    n.link_gone("eth0")
+    n.apply()
+    assert ifstate(fb, idx) is None

@@ -45,8 +45,16 @@ retried on the next apply, the others are programmed regardless):
 check needs -- is the routes driver's, :mod:`felixpy.drivers.bpfroutes`, a device syncer that
 runs before this one.)
 
-Non-workload interfaces (names outside ``InterfacePrefix``: the uplink, the VXLAN devices, ...)
-get a ``cali_iface`` entry flagged NOT_MANAGED, so ``fib_approve`` lets the programs forward to
+Host endpoints (:meth:`set_host_endpoint`: a host data interface the manager resolved a HEP to) go
+through the same steps with the HEP program variants, the natural hook/direction relation and
+``cali_iface`` flag HEP (plus READY per family); a fresh process recognises and reclaims them exactly
+as workload entries (name + ifindex + policy entries in ``cali_iface``, the TCX pin / filter name),
+and detaches an existing interface that is no longer one.  Their removal has no deny phase (there is
+no *tables allow list to leave, and removing a HEP must restore open traffic): detached and released
+in one apply, the entry rewritten NOT_MANAGED.
+
+Non-workload interfaces that are not host endpoints (names outside ``InterfacePrefix``: the uplink,
+the VXLAN devices, ...) get a ``cali_iface`` entry flagged NOT_MANAGED, so ``fib_approve`` lets the programs forward to
 them (off-node and overlay traffic); every other interface without an entry -- a workload
 interface not attached yet, an unknown ``cali*`` -- is refused.
 
@@ -315,8 +323,9 @@ class BPFEndpoints:
         ifstate = self.kernel.maps.ifstate
         for name, idx in list(self._host_ifstate.items()):
             if want.get(name) != idx:
-                if name not in self._want:  # a new host endpoint's reconcile overwrites it instead
-                    ifstate.delete(ctypes.c_uint32(idx))
+                link = self._ifaces.get(name)
+                if name not in self._want or link is None or link[0] != idx:
+                    ifstate.delete(ctypes.c_uint32(idx))  # (a new host endpoint's reconcile overwrites it)
                 del self._host_ifstate[name]
         for name, idx in want.items():
             if name not in self._host_ifstate:
