@@ -161,7 +161,8 @@ class BPFEndpointManager:
             out.append(UnsupportedFeature(
                 "untracked host-endpoint policy in BPF mode",
                 f"host endpoint(s) {sorted(self._untracked_heps)} have untracked (doNotTrack) tiers: Felix runs "
-                "them in an XDP program on the interface, which felixpy does not attach yet; their normal, "
+                "their ingress side in an XDP program on the interface and their egress side in raw OUTPUT "
+                "chains with Linux IP sets, neither of which felixpy's BPF mode programs; their normal, "
                 "pre-DNAT and forward policy is enforced"))
         if self._floating_ips and any(ep.ipv4_nat or ep.ipv6_nat for ep in self._endpoints.values()):
             out.append(UnsupportedFeature(
