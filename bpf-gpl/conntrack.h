@@ -289,6 +289,12 @@ static CALI_BPF_INLINE int conntrack_create(struct cali_tc_ctx *ctx)
 	}
 	if (s->flags & CALI_ST_NAT_OUTGOING)
 		ct_value_set_flags(&v, CALI_CT_FLAG_NAT_OUT);
+	/* The host stack took this flow in for a local address and handed it to
+	 * this workload (its DNAT: a node port of the host's own): the replies must
+	 * go back through the host stack to be translated back, never straight
+	 * out by FIB (raw PREROUTING marked it SKIP_FIB). */
+	if (CALI_F_TO_WEP && (ctx->skb->mark & CALI_SKB_MARK_BYPASS_MASK) == CALI_SKB_MARK_SKIP_FIB)
+		ct_value_set_flags(&v, CALI_CT_FLAG_SKIP_FIB);
 	src_to_dst->syn_seen = syn;
 	src_to_dst->opener = 1;
 	src_to_dst->packets = 1;

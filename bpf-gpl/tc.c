@@ -87,6 +87,8 @@ static CALI_BPF_INLINE int pre_policy_processing(struct cali_tc_ctx *ctx)
 	}
 
 	calico_ct_lookup(ctx);
+	if (s->ct_result.flags & CALI_CT_FLAG_SKIP_FIB)
+		s->flags |= CALI_ST_SKIP_FIB;  /* a flow the host stack must keep seeing */
 
 	switch (ct_result_rc(s->ct_result.rc)) {
 	case CALI_CT_NEW:

@@ -330,7 +330,8 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     # BPF.
     BPFLogLevel: str = _ignored("off", _choice("off", "info", "debug"), _NO_BPF)
     BPFConntrackLogLevel: str = _ignored("off", _choice("off", "debug"), _NO_BPF)
-    BPFDataIfacePattern: str = _ignored(r"^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*)", _str, _NO_BPF)
+    BPFDataIfacePattern: str = _p(r"^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*)", _str, HONOURED,
+                                  "in BPF mode: host endpoints attach to matching interfaces only")
     BPFAttachType: str = _p("Netkit", _choice("Netkit", "TCX", "TC"), HONOURED, _BPF_OPT_IN)
     BPFRedirectToPeer: str = _p("Enabled", _choice("Enabled", "Disabled", "L2Only"), HONOURED, _BPF_OPT_IN)
     BPFPolicyDebugEnabled: bool = _ignored(True, _bool, _NO_BPF)

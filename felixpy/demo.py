@@ -7,8 +7,8 @@
    initial batch reaches ``DataplaneInSync``, and after each scripted step;
 4. plugs an "outside" namespace into the node's ``eth0`` and locks that host
    interface down with a deny-all host endpoint: only the failsafe ports
-   (SSH 22 here) still answer (not in ``--mode bpf``: host endpoints in BPF mode are not
-   attached yet, docs/bpf.md);
+   (SSH 22 here) still answer (in ``--mode bpf`` through the host-endpoint programs on
+   ``eth0``, docs/bpf.md);
 5. prints what the daemon programmed (our chains, sets) and tears it all down,
    also on Ctrl-C or failure.
 """
@@ -123,7 +123,7 @@ def _show_outside(title: str, outside_ns: str, out: Any) -> None:
         say(f"-- IPv{version} outside → node {out.node_ip(version)}: " + ", ".join(cells))
 
 
-def _host_endpoint_step(n: Any, client: Any, seq: int) -> None:
+def _host_endpoint_step(n: Any, client: Any, seq: int, *, bpf: bool = False) -> None:
     out = n.add_outside("eth0", "10.98.0", "fd00:98")
     servers = cc.Servers()
     try:
@@ -136,6 +136,11 @@ def _host_endpoint_step(n: Any, client: Any, seq: int) -> None:
                             and m.host_endpoint_status_update.status.status == "up", 10)
         except TimeoutError:
             say("(no 'up' status for the host endpoint within 10s)")
+        if bpf:  # the status is the resolution's; the programs may still be compiling (first start)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and cc.probe(out.netns, out.node_ip(4), "tcp", HEP_PORTS[1],
+                                                            timeout=0.5):
+                time.sleep(1.0)
         _show_outside("After a deny-all host endpoint on eth0: only failsafe ports answer", out.netns, out)
     finally:
         servers.stop()
@@ -175,10 +180,7 @@ def main(mode: str = "iptables-legacy", scenario: str = "demo") -> int:
                     time.sleep(1.0)
                     _show(f"After step {i}: {step.description}", eps)
                 last = sc.steps[-1].messages if sc.steps else sc.initial
-                if mode == "bpf":
-                    say("\n(host endpoints are not attached in BPF mode yet: host endpoint step skipped)")
-                else:
-                    _host_endpoint_step(n, client, last[-1].sequence_number + 1 if last else 0)
+                _host_endpoint_step(n, client, last[-1].sequence_number + 1 if last else 0, bpf=mode == "bpf")
                 _programmed(n.netns, mode)
                 statuses = [m for m in client.received if m.HasField("workload_endpoint_status_update")]
                 say(f"\nendpoint status reports received: {len(statuses)}")

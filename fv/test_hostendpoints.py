@@ -24,11 +24,9 @@ from felixpy.testing import conncheck as cc
 from felixpy.testing import netns as nsmod
 from felixpy.testing.topology import Outside, sh
 from fv.datastore import HOST, WORKLOADS, datastore, policy, tier, workload
-from fv.harness import FamilyView, FvNode, Pinger, compare_rulesets, parse_ruleset
+from fv.harness import BPF_MODES, FamilyView, FvNode, Pinger, compare_rulesets, parse_ruleset
 
-pytestmark = [pytest.mark.fv,
-              pytest.mark.tables_only("host endpoints are not attached in BPF mode yet (BPFDataIfacePattern; "
-                                      "the daemon reports them unsupported there): docs/bpf.md")]
+pytestmark = [pytest.mark.fv]
 
 SSH, BGP, WEB, WEB2 = 22, 179, 8080, 8081
 PROBE_TIMEOUT, SLOW_TIMEOUT = 0.5, 2.0
@@ -228,6 +226,12 @@ def _flush_conntrack(node_ns: str, v: int) -> None:
     nsmod.run_in(node_ns, "conntrack", "-D", "-f", "ipv4" if v == 4 else "ipv6", "-p", "tcp", check=False)
 
 
+@pytest.mark.bpf_skip("untracked (doNotTrack) host-endpoint policy in BPF mode not ported: Felix runs its ingress "
+                      "side in an XDP program on the host interface (bpf_ep_mgr.go attachXDPProgram, bpf-gpl/xdp.c) "
+                      "and its egress side in *tables raw OUTPUT chains with Linux IP sets (felix/fv/"
+                      "do_not_track_test.go, 'Having a Linux IP set for the egress policy'); felixpy's BPF mode "
+                      "attaches no XDP program and programs no raw host-endpoint chains, and reports 'untracked "
+                      "host-endpoint policy in BPF mode' unsupported")
 def test_untracked_allow_creates_no_conntrack_entry(fv: FamilyView, lab: Lab) -> None:
     v, a, node_ns = fv.v, lab.a, lab.node.netns
     untracked = policy("untracked-web", inbound=[{"action": "allow", "protocol": "tcp", "dst_ports": [WEB]}],
@@ -308,6 +312,9 @@ def test_forward_tier_policy_decides_forwarded_traffic(fv: FamilyView, lab: Lab)
 FLOATING = {4: "10.96.5.5", 6: "fd00:96:5::5"}
 
 
+@pytest.mark.bpf_skip("floating IPs in BPF mode: Felix's eBPF dataplane does not support floating IPs (Calico docs, "
+                      "'Enable the eBPF dataplane', not supported: floating IPs; projectcalico/calico#5251); felixpy "
+                      "reports 'floating IPs in BPF mode' unsupported")
 def test_floating_ip_is_reachable_from_outside(fv: FamilyView, lab: Lab) -> None:
     v, a = fv.v, lab.a
     wls = [workload(n) for n in WORKLOADS]
@@ -331,6 +338,10 @@ def test_floating_ip_is_reachable_from_outside(fv: FamilyView, lab: Lab) -> None
 SERVICE = {4: ("10.96.128.0/24", "10.96.128.9"), 6: ("fd00:96:128::/112", "fd00:96:128::9")}
 
 
+@pytest.mark.bpf_skip("service-loop prevention in BPF mode not ported: Felix flags the service CIDRs as blackhole routes "
+                      "in the BPF routes map (bpf_route_mgr.go, FlagBlackHoleDrop/Reject) that the TC programs on "
+                      "every data interface drop; felixpy has no blackhole check in its programs and attaches only to "
+                      "host-endpoint interfaces, and reports 'service-loop prevention in BPF mode' unsupported")
 def test_service_loop_prevention_drops_unallocated_service_ips(fv: FamilyView, lab: Lab) -> None:
     v, a, b, node_ns = fv.v, lab.a, lab.b, lab.node.netns
     cidr, target = SERVICE[v]
@@ -370,6 +381,7 @@ def test_restart_with_host_endpoints_rewrites_no_rule(fv: FamilyView, lab: Lab) 
     try:
         time.sleep(0.2)
         before = parse_ruleset(node.ruleset())
+        progs = node.bpf_programs() if fv.mode in BPF_MODES else {}
         node.stop_daemon()
         fv.apply(state)
         expect_tcp({(a.ns, a.node_ip(v), WEB): True, (a.ns, fv.addr("a"), WEB): True}, "after restart")
@@ -377,6 +389,11 @@ def test_restart_with_host_endpoints_rewrites_no_rule(fv: FamilyView, lab: Lab) 
         problems, grew = compare_rulesets(before, after)
         assert not problems, f"[{fv.mode}] the restart rewrote rules:\n" + "\n".join(problems)
         assert grew > 0, "no counter moved across the restart: the comparison would prove nothing"
+        if fv.mode in BPF_MODES:
+            # The host interfaces' programs (eth0's HEP, eth1 under '*') were reclaimed, not re-attached.
+            assert {k for k in progs if k[0] in ("eth0", "eth1")} == {
+                (i, h) for i in ("eth0", "eth1") for h in ("ingress", "egress")}, progs
+            assert node.bpf_programs() == progs, "the restart re-attached programs"
     finally:
         pinger.stop()
         fv.apply(with_heps())

@@ -167,17 +167,25 @@ def workload_policy_set(ep: Any, policies: Mapping[PolicyKey, Any], profiles: Ma
                         direction: str, *, host_ep: Any | None = None,
                         ep_to_host_action: str = "DROP", rules_of: RulesOf = _rules) -> PolicySet:
     """A workload's program for one policy direction; ``host_ep`` is the ``*`` host endpoint
-    whose host policy also applies to workload traffic, if any."""
+    whose host policy also applies to workload traffic, if any.
+
+    As Felix's current ``applyPolicyToWeps``: the ``*`` HEP's policy is taken in the *inverse*
+    direction (traffic from a workload enters the host through the workload interface: HEP
+    ingress, pre-DNAT included; traffic to it leaves the host: HEP egress), and its normal tiers
+    are always suppressed on workload programs (workload -> host is DefaultEndpointToHostAction's;
+    ``ep_to_host_action`` is kept for the caller's signature), so only its pre-DNAT and forward
+    tiers reach a workload program.  The suppressed normal tiers are left out of the value, so a
+    ``*`` HEP with only normal policy leaves every workload's program as it was."""
     ps_kwargs: dict[str, Any] = {}
     if host_ep is not None:
-        ps_kwargs = _host_policy(host_ep, policies, profiles, direction)
-    # Normal host policy is skipped for host->workload and, unless the endpoint-to-host action
-    # is RETURN, for workload->host (Felix's SuppressNormalHostPolicy).
-    suppress = direction == INGRESS or ep_to_host_action.upper() != "RETURN" or host_ep is None
+        inverse = EGRESS if direction == INGRESS else INGRESS
+        host = _host_policy(host_ep, policies, profiles, inverse)
+        ps_kwargs = {"host_pre_dnat_tiers": host["host_pre_dnat_tiers"],
+                     "host_forward_tiers": host["host_forward_tiers"]}
     return PolicySet(
         tiers=extract_tiers(ep.tiers, policies, direction, rules_of=rules_of),
         profiles=extract_profiles(ep.profile_ids, profiles, direction, rules_of=rules_of),
-        suppress_normal_host_policy=suppress,
+        suppress_normal_host_policy=True,
         **ps_kwargs,
     )
 

@@ -619,7 +619,8 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
     """BPF mode (Felix's ``BPFEnabled``): policy in BPF programs per workload interface, IP sets in
     the LPM maps, and only the attach-gap and fall-through rules in *tables
     (:mod:`felixpy.rules.bpfmode`).  The *tables endpoint manager still does routes, sysctls and
-    status, with its chains discarded.  Host endpoints in BPF mode are not built yet."""
+    status, with its chains discarded; host endpoints are programmed on the host data interfaces
+    (``BPFDataIfacePattern``) by the same BPF endpoint manager and driver."""
     from felixpy.drivers.bpfconntrack.scanner import ConntrackScanner
     from felixpy.drivers.bpfconntrack.api import resolve_timeouts
     from felixpy.drivers.bpfendpoints import BPFEndpoints
@@ -657,14 +658,18 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
             dp.register_device_syncer(syncer)
         dp.register_ipsets(bpf_ipsets)  # removed sets cleared after the tables and programs
         # Policy, host endpoints, floating IPs and service-loop prevention are not *tables work in BPF
-        # mode: their managers write to discarded tables, and only some are registered with the loop.
+        # mode: their managers write to discarded tables, and only some are registered with the loop
+        # (the host-endpoint manager for its status).
         # Outgoing NAT is: the programs mark, cali-nat-outgoing (in the real nat table) masquerades.
         fam = _family_parts(config, v, renderer, ft, discard, drivers, status, maps=None, floating_ips=False)
         fam.masq = MasqManager(v, bpf_ipsets, tables["nat"], renderer, config.MaxIpsetSize)
         fam.bpf = BPFFamilyParts(BPFEndpointManager(v, renderer.ctx, driver, filter=tables["filter"]),
                                  bpf_ipsets, driver, routes, failsafes, conntrack,
                                  BPFRouteManager(v, config, routes, workload_prefixes=renderer.ctx.workload_prefixes))
-        for mgr in (fam.ipsets_manager, fam.hostips, fam.endpoints, fam.masq, fam.bpf.manager, fam.bpf.route_manager,
+        # The host-endpoint manager runs over discarded tables for its status reports only; the BPF
+        # endpoint manager resolves host endpoints the same way and programs their interfaces.
+        for mgr in (fam.ipsets_manager, fam.hostips, fam.endpoints, fam.hostendpoints, fam.masq, fam.bpf.manager,
+                    fam.bpf.route_manager,
                     BPFFailsafeManager(v, config, failsafes), BPFConntrackManager(v, conntrack)):
             dp.register_manager(mgr)
         _build_routing(dp, config, fam, deps)

@@ -14,6 +14,20 @@ the *tables allow list (Felix's ``bpfEndpointManager``, the desired-state half).
   and each message's rules are converted once (``from_proto.RuleCache``), not once per endpoint.  Two endpoints on one interface: the lower id wins (as the *tables
   endpoint manager does).  (The routes map -- workload and host addresses -- is the BPF route
   manager's, :mod:`felixpy.managers.bpf_maps`.)
+* Host endpoints (Felix's ``applyPolicyToDataIface``): the feed's HEPs are resolved to host
+  interfaces exactly as the *tables modes resolve them
+  (:func:`felixpy.managers.hostendpoints.resolve_host_endpoints`: by name, by expected IP, the
+  lowest ID winning; a ``*`` HEP covers every host interface no specific HEP claims).  Only
+  interfaces matching ``BPFDataIfacePattern`` get programs: TC ingress enforces the HEP's
+  ingress policy (pre-DNAT tiers, then normal tiers + profiles for traffic to the host, forward
+  tiers for forwarded traffic), TC egress its egress policy, through
+  :meth:`~felixpy.drivers.bpfendpoints.api.BPFEndpointsAPI.set_host_endpoint`; the programs'
+  failsafe checks come before policy.  A HEP with no policy denies everything but the failsafes
+  (the policy program's end-of-profiles drop); an interface that stops being a HEP is detached
+  (traffic open again).  The ``*`` HEP's pre-DNAT and forward tiers also go into every workload's
+  programs, in the inverse direction, its normal tiers never (Felix's current ``applyPolicyToWeps``:
+  :func:`felixpy.bpf.from_proto.workload_policy_set`).  Untracked (XDP) policy, floating IPs and service-loop prevention are
+  reported unsupported by name (see docs/bpf.md for what Felix does with each).
 * ``on_devices_applied`` (after the driver's apply) reads which interfaces are READY for this
   family and rewrites ``cali-to-wl-dispatch`` to accept exactly those, so the *tables admit an
   interface only once its programs are in place, and drop it again before they are detached.
@@ -25,17 +39,21 @@ This manager never touches the kernel.
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar
 
 import structlog
 
 from felixpy.bpf import from_proto
-from felixpy.drivers.bpfendpoints.api import BPFEndpointsAPI, WorkloadPolicy
+from felixpy.drivers.bpfendpoints.api import BPFEndpointsAPI, HostEndpointPolicy, WorkloadPolicy
 from felixpy.drivers.generictables.table import Table
 from felixpy.errors import UnsupportedFeature
+from felixpy.ifacemonitor.events import IfaceAddrsUpdate
+from felixpy.managers.hostendpoints import ResolvedHEP, canonical_addrs, resolution_input, resolve_host_endpoints
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import bpfmode
 from felixpy.rules.context import RenderContext
+from felixpy.rules.names import ALL_INTERFACES
 
 log = structlog.get_logger(__name__)
 
@@ -76,7 +94,17 @@ class BPFEndpointManager:
         self._unbuilt: set[WlKey] = set()  # winners whose policy could not be built: retried every pass
         self._programmed: dict[str, WorkloadPolicy] = {}  # iface -> what we gave the driver
         self._allowed: frozenset[str] | None = None
-        self._host_endpoints: set[str] = set()  # ids the feed sent; BPF mode does not attach them yet
+        # Host endpoints: the feed's, their resolution inputs, and the host interfaces' addresses.
+        self._heps: dict[str, pb.HostEndpoint] = {}
+        self._hep_inputs: dict[str, ResolvedHEP] = {}
+        self._host_addrs: dict[str, frozenset[str]] = {}
+        self._heps_dirty = True
+        self._hep_programmed: dict[str, HostEndpointPolicy] = {}  # iface -> what we gave the driver
+        self._data_iface = _data_iface_regex(ctx.config.BPFDataIfacePattern)
+        self._floating_ips = ctx.config.FloatingIPs == "Enabled"
+        self._service_cidrs: tuple[str, ...] = ()
+        self._untracked_heps: set[str] = set()
+        self._wildcard_seen: pb.HostEndpoint | None = None  # the '*' HEP the workload programs were built with
 
     # ----------------------------------------------------------------------- updates
     def on_update(self, msg: Any) -> None:
@@ -108,9 +136,25 @@ class BPFEndpointManager:
             self._rules.forget(self._profiles.pop(msg.id.name, None))
             self._dirty_profiles.add(msg.id.name)
         elif isinstance(msg, pb.HostEndpointUpdate):
-            self._host_endpoints.add(msg.id.endpoint_id)
+            hid = msg.id.endpoint_id
+            self._heps[hid] = msg.endpoint
+            self._hep_inputs[hid] = resolution_input(hid, msg.endpoint)
+            self._heps_dirty = True
         elif isinstance(msg, pb.HostEndpointRemove):
-            self._host_endpoints.discard(msg.id.endpoint_id)
+            self._heps.pop(msg.id.endpoint_id, None)
+            self._hep_inputs.pop(msg.id.endpoint_id, None)
+            self._heps_dirty = True
+        elif isinstance(msg, IfaceAddrsUpdate):
+            if msg.name.startswith(self._ctx.workload_prefixes):
+                return
+            if msg.addrs is None:
+                self._host_addrs.pop(msg.name, None)
+            else:
+                self._host_addrs[msg.name] = canonical_addrs(msg.addrs)
+            self._heps_dirty = True
+        elif isinstance(msg, pb.GlobalBGPConfigUpdate):
+            self._service_cidrs = (*msg.service_cluster_cidrs, *msg.service_external_cidrs,
+                                   *msg.service_loadbalancer_cidrs)
 
     @staticmethod
     def _uses(ep: pb.WorkloadEndpoint) -> tuple[set[from_proto.PolicyKey], set[str]]:
@@ -140,13 +184,57 @@ class BPFEndpointManager:
 
     # ---------------------------------------------------------------------- programming
     def complete_deferred_work(self) -> None:
+        if self._dirty_policies or self._dirty_profiles:
+            self._heps_dirty = self._heps_dirty or bool(self._heps)
+        wildcard = self._wildcard()
+        if wildcard is not self._wildcard_seen or (wildcard is not None and self._uses_dirty_policy(
+                (*wildcard.pre_dnat_tiers, *wildcard.forward_tiers))):
+            # The '*' HEP's pre-DNAT and forward tiers are part of every workload's programs.
+            self._dirty_keys.update(self._endpoints)
+            self._wildcard_seen = wildcard
         self._program_workloads()
-        if self._host_endpoints:
-            # Reported once by name (the loop's UnsupportedFeature path), never silently ignored.
-            raise UnsupportedFeature("host endpoints in BPF mode",
-                                     f"{len(self._host_endpoints)} host endpoint(s) sent (e.g. "
-                                     f"{min(self._host_endpoints)!r}): their policy is not enforced; "
-                                     "use an iptables or nftables mode for host endpoints")
+        self._program_host_endpoints()
+        # Reported once each by name (the loop's UnsupportedFeature path), never silently ignored.
+        unsupported = self._unsupported()
+        if len(unsupported) == 1:
+            raise unsupported[0]
+        if unsupported:
+            raise ExceptionGroup("features unsupported in BPF mode", unsupported)
+
+    def _unsupported(self) -> list[UnsupportedFeature]:
+        out = []
+        if self._untracked_heps:
+            out.append(UnsupportedFeature(
+                "untracked host-endpoint policy in BPF mode",
+                f"host endpoint(s) {sorted(self._untracked_heps)} have untracked (doNotTrack) tiers: Felix runs "
+                "their ingress side in an XDP program on the interface and their egress side in raw OUTPUT "
+                "chains with Linux IP sets, neither of which felixpy's BPF mode programs; their normal, "
+                "pre-DNAT and forward policy is enforced"))
+        if self._floating_ips and any(ep.ipv4_nat or ep.ipv6_nat for ep in self._endpoints.values()):
+            out.append(UnsupportedFeature(
+                "floating IPs in BPF mode",
+                "Felix's eBPF dataplane does not support floating IPs (Calico docs, 'Enable the eBPF "
+                "dataplane', not supported: floating IPs; projectcalico/calico#5251): their NAT is not programmed"))
+        if self._service_cidrs and self._ctx.config.ServiceLoopPrevention != "Disabled":
+            out.append(UnsupportedFeature(
+                "service-loop prevention in BPF mode",
+                "Felix flags the service CIDRs as blackhole routes in the BPF routes map (bpf_route_mgr.go, "
+                "FlagBlackHoleDrop/Reject) for the programs on every data interface; not ported, so traffic to "
+                "unallocated service IPs is routed as usual"))
+        return out
+
+    def _uses_dirty_policy(self, tiers: Any) -> bool:
+        if self._dirty_policies:
+            for ti in tiers:
+                for pid in (*ti.ingress_policies, *ti.egress_policies):
+                    if from_proto.policy_key(pid) in self._dirty_policies:
+                        return True
+        return False
+
+    def _wildcard(self) -> pb.HostEndpoint | None:
+        """The ``*`` host endpoint that applies (the lowest ID, as resolution picks it), if any."""
+        ids = sorted(hid for hid, inp in self._hep_inputs.items() if inp.all_interfaces)
+        return self._heps[ids[0]] if ids else None
 
     def _program_workloads(self) -> None:
         if not (self._dirty_keys or self._dirty_policies or self._dirty_profiles):
@@ -213,11 +301,52 @@ class BPFEndpointManager:
 
     def _workload_policy(self, ep: pb.WorkloadEndpoint) -> WorkloadPolicy:
         action = self._ctx.config.DefaultEndpointToHostAction
+        wildcard = self._wildcard_seen
         return WorkloadPolicy(
             to_workload=from_proto.workload_policy_set(ep, self._policies, self._profiles, from_proto.INGRESS,
-                                                       ep_to_host_action=action, rules_of=self._rules),
+                                                       host_ep=wildcard, ep_to_host_action=action,
+                                                       rules_of=self._rules),
             from_workload=from_proto.workload_policy_set(ep, self._policies, self._profiles, from_proto.EGRESS,
-                                                         ep_to_host_action=action, rules_of=self._rules))
+                                                         host_ep=wildcard, ep_to_host_action=action,
+                                                         rules_of=self._rules))
+
+    # ----------------------------------------------------------------- host endpoints
+    def _program_host_endpoints(self) -> None:
+        if not self._heps_dirty:
+            return
+        self._heps_dirty = False
+        winners, _shadowed = resolve_host_endpoints(self._hep_inputs, self._host_addrs)
+        wildcard = winners.get(ALL_INTERFACES)
+        want: dict[str, str] = {}
+        for iface in self._host_addrs:
+            hid = winners.get(iface, wildcard)
+            if hid is not None and self._data_iface(iface):
+                want[iface] = hid
+        self._untracked_heps = {hid for hid in want.values() if self._heps[hid].untracked_tiers}
+        for iface in sorted(set(self._hep_programmed) - set(want)):
+            log.info("Host interface is no longer a host endpoint; its programs go", iface=iface,
+                     ip_version=self.ip_version)
+            self._driver.remove_host_endpoint(self.ip_version, iface)
+            del self._hep_programmed[iface]
+        for iface, hid in sorted(want.items()):
+            try:
+                pol = self._host_policy(self._heps[hid])
+            except Exception:
+                log.exception("Host endpoint policy could not be built; interface left as it was",
+                              host_endpoint=hid, iface=iface, ip_version=self.ip_version)
+                continue
+            if self._hep_programmed.get(iface) != pol:
+                self._driver.set_host_endpoint(self.ip_version, iface, pol)
+                self._hep_programmed[iface] = pol
+
+    def _host_policy(self, hep: pb.HostEndpoint) -> HostEndpointPolicy:
+        return HostEndpointPolicy(
+            ingress=from_proto.host_policy_set(hep, self._policies, self._profiles, from_proto.INGRESS),
+            egress=from_proto.host_policy_set(hep, self._policies, self._profiles, from_proto.EGRESS))
+
+    @property
+    def host_endpoint_interfaces(self) -> dict[str, HostEndpointPolicy]:
+        return dict(self._hep_programmed)
 
     def on_devices_applied(self) -> None:
         ready = self._driver.ready_interfaces(self.ip_version) & frozenset(self._programmed)
@@ -228,3 +357,14 @@ class BPFEndpointManager:
     @property
     def allowed_interfaces(self) -> frozenset[str]:
         return self._allowed or frozenset()
+
+
+def _data_iface_regex(pattern: str) -> Any:
+    """``BPFDataIfacePattern`` as a predicate; a pattern that does not compile matches nothing (logged)."""
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        log.error("BPFDataIfacePattern does not compile; no host interface gets programs", pattern=pattern,
+                  error=str(e))
+        return lambda _name: False
+    return lambda name: rx.match(name) is not None

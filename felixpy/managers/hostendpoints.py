@@ -77,6 +77,17 @@ def _canonical(addr: str) -> str:
     return str(ipaddress.ip_address(addr.split("/")[0]))
 
 
+def canonical_addrs(addrs: Iterable[str]) -> frozenset[str]:
+    """An interface's addresses as resolution compares them; one that does not parse is left out."""
+    out = set()
+    for a in addrs:
+        try:
+            out.add(_canonical(a))
+        except ValueError:
+            continue
+    return frozenset(out)
+
+
 def resolution_input(hep_id: str, ep: pb.HostEndpoint) -> ResolvedHEP:
     """A HEP as resolution sees it; an expected address that does not parse is logged and skipped."""
     expected = set()
@@ -173,13 +184,7 @@ class HostEndpointManager:
             if msg.addrs is None:
                 self._iface_addrs.pop(msg.name, None)
             else:
-                addrs = set()
-                for a in msg.addrs:
-                    try:
-                        addrs.add(_canonical(a))
-                    except ValueError:
-                        continue
-                self._iface_addrs[msg.name] = frozenset(addrs)
+                self._iface_addrs[msg.name] = canonical_addrs(msg.addrs)
             self._dirty = True
         elif isinstance(msg, IfaceStateUpdate):
             if msg.state == IfaceState.UP:

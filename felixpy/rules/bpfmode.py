@@ -18,8 +18,9 @@ All policy runs in the BPF programs; *tables only guard the gaps (reference feli
   without SEEN is dropped (fail closed).
 * filter ``cali-OUTPUT``: mark Linux-established flows.
 * raw ``cali-PREROUTING``: packets untracked (XDP) policy accepted (``BYPASS_XDP``) go to
-  ``cali-untracked-policy`` (clear the programs' marks, NOTRACK).  Felix's SKIP_FIB marking of
-  host-bound traffic is left out (see :func:`raw_prerouting_chain`: it opened the attach gap).
+  ``cali-untracked-policy`` (clear the programs' marks, NOTRACK); packets to a local address get
+  Felix's ``SKIP_FIB`` mark -- except from a workload interface no program has seen (see
+  :func:`raw_prerouting_chain`: that would open the attach gap).
 * nat ``cali-POSTROUTING`` (Felix's ``StaticNATPostroutingChains`` in BPF mode): MASQUERADE what the
   programs marked MASQ ("BPF loopback SNAT"), then ``cali-fip-snat`` (empty: floating IPs are not
   programmed in BPF mode) and ``cali-nat-outgoing``, whose rules match the programs' NAT_OUT mark
@@ -45,6 +46,7 @@ from felixpy.drivers.generictables.model import (
     Match,
     NoTrack,
     Reject,
+    Return,
     Rule,
     SetMaskedMark,
 )
@@ -73,6 +75,7 @@ MARK_FALLTHROUGH = 0x05000000
 MARK_BYPASS_MASK = 0x03F00000
 MARK_NAT_OUT = 0x03800000  # BYPASS | 0x00800000: a workload flow to outside the pools, to masquerade
 MARK_MASQ = 0x03600000  # BYPASS | 0x00600000: Felix's "BPF loopback SNAT"
+MARK_SKIP_FIB = 0x01100000  # SEEN | 0x00100000: to a local address, the host stack must see the flow
 MARK_CT_ESTABLISHED = 0x08000000
 MARK_CALICO_BPF_MASK = 0x1FF00000  # Felix's tcdefs.MarksMask
 
@@ -143,15 +146,21 @@ def raw_prerouting_chain(ctx: RenderContext) -> Chain:
     """Felix's ``StaticBPFModeRawChains`` with ``BPFHostConntrackBypass`` off (accepted and ignored by
     felixpy; without it the untracked-flows chain is empty and unreferenced).
 
-    Deliberately left out: Felix's second rule, ``--dst-type LOCAL`` → set ``SKIP_FIB``
-    ("traffic towards the host - it is TRACKed"), which only the conntrack-bypass chain reads.
-    ``SKIP_FIB`` (0x01100000) contains the SEEN bit, so it made traffic from a workload whose
-    programs are not attached yet look SEEN to filter INPUT's fail-closed check: the FV attach-gap
-    test caught the workload reaching the host.
+    Felix's second rule, ``--dst-type LOCAL`` → set ``SKIP_FIB`` ("traffic towards the host - it
+    is TRACKed"): a to-WEP program that creates a flow carrying it flags the conntrack entry
+    SKIP_FIB, so the workload's replies go back through the host stack instead of a FIB redirect --
+    what a flow the host DNATed to a workload (a node port of the host's own) needs to be
+    translated back.  **Not Felix's**: packets from a workload interface without the SEEN mark
+    return first.  ``SKIP_FIB`` contains the SEEN bit, so marking them made traffic from a
+    workload whose programs are not attached yet look SEEN to filter INPUT's fail-closed check
+    (the FV attach-gap test caught the workload reaching the host).
     """
     return Chain(CHAIN_RAW_PREROUTING, (
         Rule(Match().mark_matches_with_mask(MARK_BYPASS_XDP, 0xFFFFFFFF), Goto(CHAIN_RAW_BPF_UNTRACKED_POLICY),
              ("Jump to target for packets with Bypass mark",)),
+        *(Rule(m.mark_clear(MARK_SEEN), Return(), ("From workload without BPF seen mark",)) for m in _wl_in(ctx)),
+        Rule(Match().dest_addr_type("LOCAL"), SetMaskedMark(MARK_SKIP_FIB, MARK_SKIP_FIB),
+             ("Traffic towards the host - it is TRACKed",)),
     ))
 
 

@@ -58,7 +58,9 @@ def test_worker_loaded_programs_work() -> None:
     with maps.private_bpffs() as root:
         ms = maps.MapSet(root, sizes={"cali_v4_ct4": 256, "cali_v6_ct4": 256,
                                       "cali_counters6": 64}).ensure()
-        loader = WorkerLoader(root)
+        # No on-disk cache, whatever the session set (fv/conftest.py gives an FV session one): the
+        # worker must run.
+        loader = WorkerLoader(root, cache_dir=None)
         try:
             pm = ProgramsMap(ms, root, loader=loader)
             loader.prefetch([Variant(Program.TC, defs.HOOK_TC_INGRESS, EpType.WEP),

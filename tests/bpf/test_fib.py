@@ -175,3 +175,28 @@ def test_no_nat_outgoing_inside_the_pools_or_to_excluded_hosts(env: BPFTestEnv, 
     assert r.verdict == defs.TC_ACT_REDIRECT and r.mark & defs.MARK_BYPASS_MASK != defs.MARK_NAT_OUT
     [(_, v)] = env.ct_entries(v6)
     assert not v.all_flags & defs.CT_FLAG_NAT_OUT
+
+
+@pytest.mark.parametrize("v6", FAMS)
+@pytest.mark.parametrize("marked", [pytest.param(True, id="host-stack-dnat"), pytest.param(False, id="routed")])
+def test_flow_the_host_stack_delivered_keeps_its_replies_in_the_host_stack(
+        env: BPFTestEnv, fibns: tuple[str, int], v6: bool, marked: bool) -> None:
+    """A flow raw PREROUTING marked SKIP_FIB (to a local address, then DNATed by the host to a
+    workload: a node port of the host's own) gets the conntrack flag from the to-WEP program, and the
+    workload's replies then skip the FIB redirect so the host can translate them back.  A flow the
+    host merely routed is redirected as usual."""
+    _, wep_a = fibns
+    env.set_ifstate(wep_a, defs.IFACE_STATE_WEP | READY[v6], "wepA")
+    to_wep = env.attach_point(EGR, EpType.WEP, v6=v6, policy=ALLOW_ALL)
+    from_wep = _from_wep(env, v6)
+    r = to_wep.run(pg.tcp_pkt(DST[v6], 40000, SRC[v6], 8080, pg.TCP_SYN),
+                   mark=defs.MARK_SKIP_FIB if marked else defs.MARK_SEEN)
+    assert r.verdict == UNSPEC
+    [(_, v)] = env.ct_entries(v6)
+    assert bool(v.all_flags & defs.CT_FLAG_SKIP_FIB) == marked
+    r = from_wep.run(pg.tcp_pkt(SRC[v6], 8080, DST[v6], 40000, pg.TCP_SYN | pg.TCP_ACK))
+    if marked:
+        assert r.verdict == UNSPEC and from_wep.counters()[R.REDIRECT_NEIGH] == 0
+        assert r.mark & defs.MARK_SEEN == defs.MARK_SEEN  # FORWARD accepts it
+    else:
+        assert r.verdict == defs.TC_ACT_REDIRECT and from_wep.counters()[R.REDIRECT_NEIGH] == 1

@@ -337,23 +337,6 @@ def test_host_addresses_become_local_host_routes() -> None:
     assert fb.kernel.maps.routes(False).get(mt.route_key("10.99.0.1/32")) is None
 
 
-def test_host_endpoints_are_reported_unsupported_in_bpf_mode_and_workloads_still_programmed() -> None:
-    from felixpy.proto import felixbackend_pb2 as pb
-
-    n, fb = node()
-    n.link_up("cali1")
-    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]),
-           pb.HostEndpointUpdate(id=pb.HostEndpointID(endpoint_id="eth0-hep"),
-                                 endpoint=pb.HostEndpoint(name="eth0")))
-    n.apply()  # unsupported is not a failure: the apply succeeds
-    assert programmed(n, fb, "cali1")
-    assert "host endpoints in BPF mode" in n.dp.unsupported
-    assert "eth0-hep" in n.dp.unsupported["host endpoints in BPF mode"]
-    n.send(pb.HostEndpointRemove(id=pb.HostEndpointID(endpoint_id="eth0-hep")))
-    n.apply()
-    assert programmed(n, fb, "cali1")
-
-
 def test_status_counts_bpf_programs_attach_points_and_map_sets() -> None:
     from types import SimpleNamespace
 
@@ -429,7 +412,8 @@ def test_nat_outgoing_exclusions_reach_the_programs_globals(exclusions: str, fla
 
 
 def test_raw_table_keeps_felix_bpf_mode_prerouting() -> None:
-    from felixpy.drivers.generictables.model import Goto, Jump, MarkMatchesWithMask, NoTrack, SetMaskedMark
+    from felixpy.drivers.generictables.model import (DestAddrType, Goto, InInterface, Jump, MarkClear,
+                                                     MarkMatchesWithMask, NoTrack, Return, SetMaskedMark)
     from felixpy.rules import bpfmode
 
     n, _ = node(families=(4, 6))
@@ -440,11 +424,15 @@ def test_raw_table_keeps_felix_bpf_mode_prerouting() -> None:
         pre = raw.rules("cali-PREROUTING")
         assert [(r.match.criteria, r.action) for r in pre] == [
             ((MarkMatchesWithMask(defs.MARK_BYPASS_XDP, 0xFFFFFFFF),), Goto("cali-untracked-policy")),
-        ]  # not Felix's SKIP_FIB marking of host-bound traffic: it carries SEEN (fv attach-gap test)
+            # Felix's SKIP_FIB marking of host-bound traffic, but never for an unseen workload's
+            # packets (SKIP_FIB carries SEEN: the fv attach-gap test).
+            ((InInterface("cali+"), MarkClear(defs.MARK_SEEN)), Return()),
+            ((DestAddrType("LOCAL"),), SetMaskedMark(defs.MARK_SKIP_FIB, defs.MARK_SKIP_FIB)),
+        ]
         assert [r.action for r in raw.rules("cali-untracked-policy")] == [SetMaskedMark(0, 0x1FF00000), NoTrack()]
         assert not raw.is_programmed("cali-untracked-flows")  # BPFHostConntrackBypass is not honoured
     # The rules' mark values are the programs' (bpf.h, mirrored in felixpy.bpf.defs).
-    for name in ("SEEN", "BYPASS", "BYPASS_XDP", "FALLTHROUGH", "NAT_OUT", "CT_ESTABLISHED"):
+    for name in ("SEEN", "BYPASS", "BYPASS_XDP", "FALLTHROUGH", "NAT_OUT", "CT_ESTABLISHED", "SKIP_FIB"):
         assert getattr(bpfmode, f"MARK_{name}") == getattr(defs, f"MARK_{name}"), name
     assert bpfmode.MARK_BYPASS_MASK == defs.MARK_BYPASS_MASK
 

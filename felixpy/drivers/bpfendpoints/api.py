@@ -28,12 +28,30 @@ class WorkloadPolicy:
     from_workload: PolicySet
 
 
+@dataclass(frozen=True, slots=True)
+class HostEndpointPolicy:
+    """One family's policy for one host data interface (a host endpoint's, or the ``*`` one's).
+
+    Host endpoints have the natural relation between policy direction and kernel hook (Felix):
+    ``ingress`` (traffic from the interface into the host, or forwarded from it) runs on TC
+    ingress, ``egress`` on TC egress."""
+
+    ingress: PolicySet
+    egress: PolicySet
+
+
 class BPFEndpointsAPI(Protocol):
     def set_workload(self, ip_version: int, iface: str, policy: WorkloadPolicy) -> None:
         """Record the desired policy of *iface* for one family (programmed in ``apply()``)."""
 
     def remove_workload(self, ip_version: int, iface: str) -> None:
         """*iface* no longer has a workload of this family."""
+
+    def set_host_endpoint(self, ip_version: int, iface: str, policy: HostEndpointPolicy) -> None:
+        """Record the host-endpoint policy of host interface *iface* for one family."""
+
+    def remove_host_endpoint(self, ip_version: int, iface: str) -> None:
+        """*iface* is no longer a host endpoint of this family (its programs go once no family wants them)."""
 
     def ready_interfaces(self, ip_version: int) -> frozenset[str]:
         """Interfaces whose programs are attached on both hooks with this family's policy."""

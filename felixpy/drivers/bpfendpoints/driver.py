@@ -52,8 +52,16 @@ so damage done behind the driver's back is rewritten there, as every write used 
 check needs -- is the routes driver's, :mod:`felixpy.drivers.bpfroutes`, a device syncer that
 runs before this one.)
 
-Non-workload interfaces (names outside ``InterfacePrefix``: the uplink, the VXLAN devices, ...)
-get a ``cali_iface`` entry flagged NOT_MANAGED, so ``fib_approve`` lets the programs forward to
+Host endpoints (:meth:`set_host_endpoint`: a host data interface the manager resolved a HEP to) go
+through the same steps with the HEP program variants, the natural hook/direction relation and
+``cali_iface`` flag HEP (plus READY per family); a fresh process recognises and reclaims them exactly
+as workload entries (name + ifindex + policy entries in ``cali_iface``, the TCX pin / filter name),
+and detaches an existing interface that is no longer one.  Their removal has no deny phase (there is
+no *tables allow list to leave, and removing a HEP must restore open traffic): detached and released
+in one apply, the entry rewritten NOT_MANAGED.
+
+Non-workload interfaces that are not host endpoints (names outside ``InterfacePrefix``: the uplink,
+the VXLAN devices, ...) get a ``cali_iface`` entry flagged NOT_MANAGED, so ``fib_approve`` lets the programs forward to
 them (off-node and overlay traffic); every other interface without an entry -- a workload
 interface not attached yet, an unknown ``cali*`` -- is refused.
 
@@ -81,7 +89,7 @@ from felixpy.bpf.build import EpType
 from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.policy_ir import DENY_ALL, PolicySet
 from felixpy.bpf.policyload import PolicyProgram
-from felixpy.drivers.bpfendpoints.api import WorkloadPolicy
+from felixpy.drivers.bpfendpoints.api import HostEndpointPolicy, WorkloadPolicy
 from felixpy.drivers.bpfendpoints.attacher import HOOKS, AttachRequest
 from felixpy.drivers.bpfendpoints.kernel import BPFKernel
 from felixpy.errors import UnsupportedFeature
@@ -121,7 +129,12 @@ def _slots_for_log(done: _Programmed) -> dict[str, int]:
     return {f"hook{h}/v{v}": e for (h, v), e in sorted(done.slots.items())}
 
 
-def _hook_policy(want: WorkloadPolicy, hook: int) -> PolicySet:
+EndpointPolicy = WorkloadPolicy | HostEndpointPolicy
+
+
+def _hook_policy(want: EndpointPolicy, hook: int) -> PolicySet:
+    if isinstance(want, HostEndpointPolicy):  # host endpoints: the natural direction
+        return want.ingress if hook == defs.HOOK_TC_INGRESS else want.egress
     # TC ingress of the host-side interface sees packets *from* the workload.
     return want.from_workload if hook == defs.HOOK_TC_INGRESS else want.to_workload
 
@@ -141,7 +154,7 @@ class BPFEndpoints:
         self._flags = defs.GLOBALS_REDIRECT_PEER if redirect_peer else 0
         if nat_exclude_hosts:  # NATOutgoingExclusions=IPPoolsAndHostIPs
             self._flags |= defs.GLOBALS_NATOUTGOING_EXCLUDE_HOSTS
-        self._want: dict[str, dict[int, WorkloadPolicy]] = {}
+        self._want: dict[str, dict[int, EndpointPolicy]] = {}
         self._ifaces: dict[str, tuple[int, bool]] = {}  # name -> (ifindex, oper up)
         self._done: dict[str, _Programmed] = {}
         self._dirty: set[str] = set()
@@ -157,12 +170,24 @@ class BPFEndpoints:
 
     # ------------------------------------------------------------------ desired state (API)
     def set_workload(self, ip_version: int, iface: str, policy: WorkloadPolicy) -> None:
+        self._set(ip_version, iface, policy)
+
+    def remove_workload(self, ip_version: int, iface: str) -> None:
+        self._remove(ip_version, iface)
+
+    def set_host_endpoint(self, ip_version: int, iface: str, policy: HostEndpointPolicy) -> None:
+        self._set(ip_version, iface, policy)
+
+    def remove_host_endpoint(self, ip_version: int, iface: str) -> None:
+        self._remove(ip_version, iface)
+
+    def _set(self, ip_version: int, iface: str, policy: EndpointPolicy) -> None:
         fams = self._want.setdefault(iface, {})
         if fams.get(ip_version) != policy:
             fams[ip_version] = policy
             self._dirty.add(iface)
 
-    def remove_workload(self, ip_version: int, iface: str) -> None:
+    def _remove(self, ip_version: int, iface: str) -> None:
         fams = self._want.get(iface)
         if fams is not None and fams.pop(ip_version, None) is not None:
             if not fams:
@@ -202,9 +227,10 @@ class BPFEndpoints:
             self._restart_sync()
             self._start_of_day = False
         self._sync_host_ifstate()
-        fams = sorted({v for fam in self._want.values() for v in fam})
-        if fams:
-            self.kernel.programs.prefetch_tc(EpType.WEP, [v == 6 for v in fams])  # one compile run
+        for ep in (EpType.WEP, EpType.HEP):
+            fams = sorted({v for iface, fam in self._want.items() if self._ep_type(iface) is ep for v in fam})
+            if fams:
+                self.kernel.programs.prefetch_tc(ep, [v == 6 for v in fams])  # one compile run per type
         failures: dict[str, Exception] = {}
         unsupported: list[UnsupportedFeature] = []
         todo = sorted(self._dirty)
@@ -327,13 +353,20 @@ class BPFEndpoints:
     def _is_host_iface(self, name: str) -> bool:
         return not name.startswith(self._wl_prefixes)
 
+    def _ep_type(self, name: str) -> EpType:
+        return EpType.HEP if self._is_host_iface(name) else EpType.WEP
+
     def _sync_host_ifstate(self) -> None:
-        """NOT_MANAGED entries for exactly the existing non-workload interfaces (minimal delta)."""
-        want = {n: i for n, (i, _up) in self._ifaces.items() if self._is_host_iface(n)}
+        """NOT_MANAGED entries for exactly the existing non-workload interfaces that are not host
+        endpoints (minimal delta); a host endpoint's entry is written by its reconcile."""
+        want = {n: i for n, (i, _up) in self._ifaces.items()
+                if self._is_host_iface(n) and n not in self._want and n not in self._done}
         ifstate = self.kernel.maps.ifstate
         for name, idx in list(self._host_ifstate.items()):
             if want.get(name) != idx:
-                ifstate.delete(ctypes.c_uint32(idx))
+                link = self._ifaces.get(name)
+                if name not in self._want or link is None or link[0] != idx:
+                    ifstate.delete(ctypes.c_uint32(idx))  # (a new host endpoint's reconcile overwrites it)
                 del self._host_ifstate[name]
                 for wl in [w for w, rec in self._ifstate_written.items() if rec[0] == idx]:
                     del self._ifstate_written[wl]  # an entry re-used at this ifindex: not ours to trust now
@@ -457,13 +490,13 @@ class BPFEndpoints:
             self.kernel.slots[hook].put(entry)
 
     def _attach_point(self, iface: str, done: _Programmed, hook: int) -> AttachPoint:
-        return AttachPoint(iface, done.ifindex, hook, EpType.WEP,
+        return AttachPoint(iface, done.ifindex, hook, self._ep_type(iface),
                            ipv4=(hook, 4) in done.slots, ipv6=(hook, 6) in done.slots,
                            policy_idx_v4=done.slots.get((hook, 4), -1),
                            policy_idx_v6=done.slots.get((hook, 6), -1), flags=self._flags)
 
     def _write_ifstate(self, iface: str, done: _Programmed, ready: frozenset[int]) -> None:
-        flags = defs.IFACE_STATE_WEP
+        flags = defs.IFACE_STATE_HEP if self._is_host_iface(iface) else defs.IFACE_STATE_WEP
         for v in ready:
             flags |= _READY[v]
         idx = {f"{'ingress' if hook == defs.HOOK_TC_EGRESS else 'egress'}_policy_v{v}": e
@@ -476,7 +509,14 @@ class BPFEndpoints:
         self._ifstate_written[iface] = written
 
     def _retire(self, iface: str, done: _Programmed) -> None:
-        """Phase 1 of removal: not READY, slots deny; phase 2 (next apply): detach and release."""
+        """Phase 1 of removal: not READY, slots deny; phase 2 (next apply): detach and release.
+
+        A host endpoint has no *tables allow list to leave first and must not pass through deny
+        (removing it restores open traffic): detached and released at once, its interface back to
+        NOT_MANAGED."""
+        if self._is_host_iface(iface):
+            self._forget(iface, done, detach=True)
+            return
         if done.ready or not done.pending_detach:
             self._write_ifstate(iface, done, frozenset())
             for (hook, v), entry in done.slots.items():
@@ -501,6 +541,12 @@ class BPFEndpoints:
             unconfigure(AttachPoint(iface, done.ifindex, hook), k.maps)
             k.maps.counters.delete(mt.CountersKey(done.ifindex, hook))
         self._ifstate_written.pop(iface, None)
-        k.maps.ifstate.delete(ctypes.c_uint32(done.ifindex))
+        link = self._ifaces.get(iface)
+        if self._is_host_iface(iface) and link is not None and link[0] == done.ifindex:
+            # A host interface that stops being a host endpoint: forwarding to it stays approved.
+            k.maps.ifstate.set(ctypes.c_uint32(done.ifindex), mt.ifstate_value(defs.IFACE_STATE_NOT_MANAGED, iface))
+            self._host_ifstate[iface] = done.ifindex
+        else:
+            k.maps.ifstate.delete(ctypes.c_uint32(done.ifindex))
         del self._done[iface]
         log.info("BPF endpoint removed", iface=iface, ifindex=done.ifindex)
