@@ -143,8 +143,12 @@ class NftablesReader:
             # decode); the probe is whether the table's forward chain exists.
             try:
                 if fast.chain("filter-FORWARD") is None:
+                    # Closed here, on the thread that opened it: pyroute2's socket owns an asyncio loop,
+                    # which, left to the garbage collector at exit, prints a traceback from another thread.
+                    fast.close()
                     return None
             except Exception:     # noqa: BLE001 — anything odd about the socket: the CLI alone
+                fast.close()
                 fast = None
             else:
                 return nft_parse.lazy_ruleset(list_object, ip_version, _nft_base_chains(), fast=fast)
