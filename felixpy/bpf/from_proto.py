@@ -165,15 +165,15 @@ def extract_profiles(profile_ids: Iterable[str], profiles: Mapping[str, Any],
 
 def workload_policy_set(ep: Any, policies: Mapping[PolicyKey, Any], profiles: Mapping[str, Any],
                         direction: str, *, host_ep: Any | None = None,
-                        ep_to_host_action: str = "DROP", rules_of: RulesOf = _rules) -> PolicySet:
+                        rules_of: RulesOf = _rules) -> PolicySet:
     """A workload's program for one policy direction; ``host_ep`` is the ``*`` host endpoint
     whose host policy also applies to workload traffic, if any.
 
     As Felix's current ``applyPolicyToWeps``: the ``*`` HEP's policy is taken in the *inverse*
     direction (traffic from a workload enters the host through the workload interface: HEP
     ingress, pre-DNAT included; traffic to it leaves the host: HEP egress), and its normal tiers
-    are always suppressed on workload programs (workload -> host is DefaultEndpointToHostAction's;
-    ``ep_to_host_action`` is kept for the caller's signature), so only its pre-DNAT and forward
+    are always suppressed on workload programs (workload -> host is DefaultEndpointToHostAction's,
+    which the programs' globals carry), so only its pre-DNAT and forward
     tiers reach a workload program.  The suppressed normal tiers are left out of the value, so a
     ``*`` HEP with only normal policy leaves every workload's program as it was."""
     ps_kwargs: dict[str, Any] = {}

@@ -49,7 +49,7 @@ from felixpy.drivers.bpfendpoints.api import BPFEndpointsAPI, HostEndpointPolicy
 from felixpy.drivers.generictables.table import Table
 from felixpy.errors import UnsupportedFeature
 from felixpy.ifacemonitor.events import IfaceAddrsUpdate
-from felixpy.managers.hostendpoints import ResolvedHEP, canonical_addrs, resolution_input, resolve_host_endpoints
+from felixpy.managers.hostendpoints import ResolvedHEP, record_host_addrs, resolution_input, resolve_host_endpoints
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import bpfmode
 from felixpy.rules.context import RenderContext
@@ -102,6 +102,7 @@ class BPFEndpointManager:
         self._hep_programmed: dict[str, HostEndpointPolicy] = {}  # iface -> what we gave the driver
         self._data_iface = _data_iface_regex(ctx.config.BPFDataIfacePattern)
         self._floating_ips = ctx.config.FloatingIPs == "Enabled"
+        self._nat_endpoints: set[WlKey] = set()  # endpoints with floating IPs (reported, not programmed)
         self._service_cidrs: tuple[str, ...] = ()
         self._untracked_heps: set[str] = set()
         self._wildcard_seen: pb.HostEndpoint | None = None  # the '*' HEP the workload programs were built with
@@ -114,11 +115,16 @@ class BPFEndpointManager:
             self._endpoints[key] = msg.endpoint
             self._index(key, msg.endpoint)
             self._dirty_keys.add(key)
+            if msg.endpoint.ipv4_nat or msg.endpoint.ipv6_nat:
+                self._nat_endpoints.add(key)
+            else:
+                self._nat_endpoints.discard(key)
         elif isinstance(msg, pb.WorkloadEndpointRemove):
             key = _key(msg.id)
             self._unindex(key)
             self._endpoints.pop(key, None)
             self._dirty_keys.add(key)
+            self._nat_endpoints.discard(key)
         elif isinstance(msg, pb.ActivePolicyUpdate):
             key = from_proto.policy_key(msg.id)
             self._rules.forget(self._policies.get(key))
@@ -145,13 +151,8 @@ class BPFEndpointManager:
             self._hep_inputs.pop(msg.id.endpoint_id, None)
             self._heps_dirty = True
         elif isinstance(msg, IfaceAddrsUpdate):
-            if msg.name.startswith(self._ctx.workload_prefixes):
-                return
-            if msg.addrs is None:
-                self._host_addrs.pop(msg.name, None)
-            else:
-                self._host_addrs[msg.name] = canonical_addrs(msg.addrs)
-            self._heps_dirty = True
+            if record_host_addrs(self._host_addrs, msg, self._ctx.workload_prefixes):
+                self._heps_dirty = True
         elif isinstance(msg, pb.GlobalBGPConfigUpdate):
             self._service_cidrs = (*msg.service_cluster_cidrs, *msg.service_external_cidrs,
                                    *msg.service_loadbalancer_cidrs)
@@ -210,7 +211,7 @@ class BPFEndpointManager:
                 "their ingress side in an XDP program on the interface and their egress side in raw OUTPUT "
                 "chains with Linux IP sets, neither of which felixpy's BPF mode programs; their normal, "
                 "pre-DNAT and forward policy is enforced"))
-        if self._floating_ips and any(ep.ipv4_nat or ep.ipv6_nat for ep in self._endpoints.values()):
+        if self._floating_ips and self._nat_endpoints:
             out.append(UnsupportedFeature(
                 "floating IPs in BPF mode",
                 "Felix's eBPF dataplane does not support floating IPs (Calico docs, 'Enable the eBPF "
@@ -300,15 +301,12 @@ class BPFEndpointManager:
             self._programmed[iface] = want
 
     def _workload_policy(self, ep: pb.WorkloadEndpoint) -> WorkloadPolicy:
-        action = self._ctx.config.DefaultEndpointToHostAction
         wildcard = self._wildcard_seen
         return WorkloadPolicy(
             to_workload=from_proto.workload_policy_set(ep, self._policies, self._profiles, from_proto.INGRESS,
-                                                       host_ep=wildcard, ep_to_host_action=action,
-                                                       rules_of=self._rules),
+                                                       host_ep=wildcard, rules_of=self._rules),
             from_workload=from_proto.workload_policy_set(ep, self._policies, self._profiles, from_proto.EGRESS,
-                                                         host_ep=wildcard, ep_to_host_action=action,
-                                                         rules_of=self._rules))
+                                                         host_ep=wildcard, rules_of=self._rules))
 
     # ----------------------------------------------------------------- host endpoints
     def _program_host_endpoints(self) -> None:

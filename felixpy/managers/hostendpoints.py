@@ -88,6 +88,19 @@ def canonical_addrs(addrs: Iterable[str]) -> frozenset[str]:
     return frozenset(out)
 
 
+def record_host_addrs(addrs: dict[str, frozenset[str]], msg: IfaceAddrsUpdate,
+                      workload_prefixes: tuple[str, ...]) -> bool:
+    """Keep *addrs* (host interface -> canonical addresses) in step with *msg*; False when the
+    interface is a workload's (host-endpoint resolution never looks at those)."""
+    if msg.name.startswith(workload_prefixes):
+        return False
+    if msg.addrs is None:
+        addrs.pop(msg.name, None)
+    else:
+        addrs[msg.name] = canonical_addrs(msg.addrs)
+    return True
+
+
 def resolution_input(hep_id: str, ep: pb.HostEndpoint) -> ResolvedHEP:
     """A HEP as resolution sees it; an expected address that does not parse is logged and skipped."""
     expected = set()
@@ -179,13 +192,8 @@ class HostEndpointManager:
                 self._status_dirty.add(hid)
                 self._dirty = True
         elif isinstance(msg, IfaceAddrsUpdate):
-            if msg.name.startswith(self._wl_prefixes):
-                return
-            if msg.addrs is None:
-                self._iface_addrs.pop(msg.name, None)
-            else:
-                self._iface_addrs[msg.name] = canonical_addrs(msg.addrs)
-            self._dirty = True
+            if record_host_addrs(self._iface_addrs, msg, self._wl_prefixes):
+                self._dirty = True
         elif isinstance(msg, IfaceStateUpdate):
             if msg.state == IfaceState.UP:
                 self._up_ifaces.add(msg.name)

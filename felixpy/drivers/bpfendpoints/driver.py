@@ -372,8 +372,12 @@ class BPFEndpoints:
                     del self._ifstate_written[wl]  # an entry re-used at this ifindex: not ours to trust now
         for name, idx in want.items():
             if name not in self._host_ifstate:
-                ifstate.set(ctypes.c_uint32(idx), mt.ifstate_value(defs.IFACE_STATE_NOT_MANAGED, name))
-                self._host_ifstate[name] = idx
+                self._mark_not_managed(name, idx)
+
+    def _mark_not_managed(self, name: str, idx: int) -> None:
+        """A host interface without programs: NOT_MANAGED, so forwarding to it stays approved."""
+        self.kernel.maps.ifstate.set(ctypes.c_uint32(idx), mt.ifstate_value(defs.IFACE_STATE_NOT_MANAGED, name))
+        self._host_ifstate[name] = idx
 
     def _attached_any(self, name: str, ifindex: int) -> Iterable[bool]:
         for hook in HOOKS:
@@ -543,9 +547,7 @@ class BPFEndpoints:
         self._ifstate_written.pop(iface, None)
         link = self._ifaces.get(iface)
         if self._is_host_iface(iface) and link is not None and link[0] == done.ifindex:
-            # A host interface that stops being a host endpoint: forwarding to it stays approved.
-            k.maps.ifstate.set(ctypes.c_uint32(done.ifindex), mt.ifstate_value(defs.IFACE_STATE_NOT_MANAGED, iface))
-            self._host_ifstate[iface] = done.ifindex
+            self._mark_not_managed(iface, done.ifindex)  # a host interface that stops being a host endpoint
         else:
             k.maps.ifstate.delete(ctypes.c_uint32(done.ifindex))
         del self._done[iface]
