@@ -392,17 +392,6 @@ def ruleset_from_save(text: str | dict[str, str], ip_version: int, sets: SetLook
                    display=lambda key: key.replace("/", " ", 1))
 
 
-def has_felixpy_chains(text: str) -> bool:
-    """Whether a save dump holds felixpy's chains (``:cali-…`` declarations)."""
-    return "\n:cali-" in text
-
-
-def table_names(proc_text: str) -> list[str]:
-    """``/proc/net/ip[6]_tables_names`` → the tables that exist (a legacy table that does not exist
-    yet would be *created* by listing it, so only these are read)."""
-    return [line.strip() for line in proc_text.splitlines() if line.strip()]
-
-
 def parse_listing(text: str) -> tuple[list[str], str | None]:
     """``iptables -S <chain>`` output → (rule specs without ``-A <chain> ``, built-in policy or None)."""
     specs: list[str] = []

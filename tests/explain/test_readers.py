@@ -155,3 +155,32 @@ def test_default_read_is_the_cheaper_one_for_the_mode(mode: str) -> None:
     # nft fills its cache with every rule of every table for any listing (20 s beside 129k rules):
     # no probe lists all tables or the ruleset.
     assert not any(c[0] == "nft" and ("tables" in c or "ruleset" in c) for c in k.calls)
+
+
+def test_legacy_full_read_starts_the_filter_save_before_importing_any_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In iptables-legacy mode the filter table's save is the answer's wall time: the reader must have
+    it running before it imports the save parser (an import holds the GIL and the import lock while the
+    other readers and the main thread import theirs).  Pinned by asking, inside the save itself,
+    whether the parser is loaded — with it taken out of ``sys.modules`` first."""
+    import sys
+
+    import felixpy.explain
+    from felixpy.explain.readers import IptablesReader
+
+    for name in ("ipt_parse", "ipset_parse"):   # ``from felixpy.explain import x`` finds the attribute first
+        monkeypatch.delitem(sys.modules, f"felixpy.explain.{name}", raising=False)
+        monkeypatch.delattr(felixpy.explain, name, raising=False)
+    k = CapturedKernel("iptables-legacy")
+    loaded_at_filter_save: list[bool] = []
+    real_run = k.run
+
+    def run(argv: Sequence[str], stdin: str | None = None, **kw: object) -> CommandResult:
+        if argv[0].endswith("-save") and list(argv[-2:]) == ["-t", "filter"]:
+            loaded_at_filter_save.append("felixpy.explain.ipt_parse" in sys.modules)
+        return real_run(argv, stdin)
+
+    monkeypatch.setattr(k, "run", run)
+    rs = IptablesReader("legacy").read(k, 4, full=True)
+    assert rs is not None and "filter/cali-FORWARD" in rs.chains
+    assert loaded_at_filter_save == [False]
+    assert "felixpy.explain.ipt_parse" in sys.modules     # parsed afterwards
