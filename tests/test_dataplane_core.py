@@ -424,3 +424,39 @@ def test_driver_deadline_schedules_the_next_apply() -> None:
     assert report is not None and report.reschedule_in == pytest.approx(10.0)
     clock.advance(10.0)
     assert dp.maybe_apply() is not None
+
+
+def test_a_device_syncers_refresh_is_applied_without_waiting_for_another_update() -> None:
+    """Device syncers run in step 4, before the refresh timers queue their resyncs (step 5): the loop
+    must come back for them by itself (BPF mode's attachments and maps are device syncers)."""
+
+    class ResyncingSyncer(FakeSyncer):
+        def __init__(self, tl: Timeline, name: str) -> None:
+            super().__init__(tl, name)
+            self.resynced_applies = 0
+            self._queued = False
+
+        def queue_resync(self) -> None:
+            super().queue_resync()
+            self._queued = True
+
+        def apply(self) -> None:
+            super().apply()
+            if self._queued:
+                self.resynced_applies += 1
+                self._queued = False
+
+    dp, clock, tl = make(Config(RouteRefreshInterval=5))
+    dev = ResyncingSyncer(tl, "bpf")
+    dp.register_device_syncer(dev)
+    dp.register_manager(FakeManager(tl))
+    ready(dp)
+    dp.maybe_apply()
+    clock.advance(5.6)
+    dp.maybe_apply()                       # the timer popped: resync queued after the devices ran
+    assert dev.resyncs == 1 and dev.resynced_applies == 0
+    clock.advance(1)                       # no update, no timer: the loop still comes back
+    assert dp.maybe_apply() is not None
+    assert dev.resynced_applies == 1
+    clock.advance(1)
+    assert dp.maybe_apply() is None        # and then rests

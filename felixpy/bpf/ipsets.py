@@ -88,6 +88,10 @@ class BPFIPSets:
         self.v6 = v6
         self._desired: dict[str, set[bytes]] = {}
         self._programmed: dict[bytes, str] | None = None  # key -> set name, once known
+        # At a resync: the keys believed to be in the map until it is read back (None at start of
+        # day: an earlier run's entries are cleanup, not drift); what the read-back found different.
+        self._believed: set[bytes] | None = None
+        self._drift = 0
 
     def replace(self, name: str, members: Iterable[str]) -> None:
         sid = self.ids.get_or_alloc(name)
@@ -119,12 +123,23 @@ class BPFIPSets:
 
     def queue_resync(self) -> None:
         """Read the map back on the next apply (entries changed behind our back are fixed)."""
+        if self._programmed is not None:
+            self._believed = set(self._programmed)
         self._programmed = None
+
+    def take_drift(self) -> int:
+        """Entries the last read-back found missing or foreign against what was believed written
+        (counted once: reading it resets it)."""
+        n, self._drift = self._drift, 0
+        return n
 
     def apply(self) -> tuple[int, int]:
         """Reconcile the map with the desired members; returns (added, deleted)."""
         if self._programmed is None:
             self._programmed = {bytes(k): "?" for k in self.map.keys()}
+            if self._believed is not None:
+                self._drift += len(self._believed.symmetric_difference(self._programmed))
+                self._believed = None
         want: dict[bytes, str] = {}
         for name, keys in self._desired.items():
             for k in keys:

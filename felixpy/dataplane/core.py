@@ -333,6 +333,11 @@ class InternalDataplane:
             for s in [*self.devices, *self.route_syncers(), *self.rule_syncers(), *self.fdbs]:
                 s.queue_resync()
             self._force_route_refresh = False
+            if self.devices:
+                # The devices step (4) ran before this one: their resync is done by the next apply,
+                # asked for now rather than left to the next update or timer (BPF mode's programs and
+                # maps are device syncers; a detached program would stay detached a whole interval).
+                self.needs_sync = True
         if self._force_ipsets_refresh:
             for d in self.ipsets:
                 d.queue_resync()

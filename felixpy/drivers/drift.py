@@ -18,7 +18,10 @@ Kinds: ``chain``, ``rule`` (iptables and nftables tables), ``set``, ``set_member
 ``route`` (route tables), ``ip_rule`` (policy-routing rules), ``fdb`` and ``neighbour`` (the VXLAN FDB and
 ARP/NDP entries on an unchanged device), ``device`` (a tunnel device recreated although its spec had not
 changed: deleted, or its parameters changed, behind our back; fixes made in place — MTU, address, up — are
-not counted).
+not counted); in BPF mode ``bpf_route`` and ``bpf_set_member`` (an entry of the routes or IP-set LPM maps
+missing, wrong or foreign), ``bpf_attachment`` (a hook of a programmed interface found without our
+preamble, re-attached) and ``bpf_policy`` (a policy jump-map slot found not holding the program the
+driver installed there, reinstalled).
 """
 
 from __future__ import annotations
@@ -31,9 +34,12 @@ import prometheus_client as prom
 
 from felixpy.metrics import get_or_create
 
-KINDS = ("chain", "rule", "set", "set_member", "route", "ip_rule", "fdb", "neighbour", "device")
+KINDS = ("chain", "rule", "set", "set_member", "route", "ip_rule", "fdb", "neighbour", "device",
+         "bpf_route", "bpf_set_member", "bpf_attachment", "bpf_policy")
 _PLURAL = {"chain": "chains", "rule": "rules", "set": "sets", "set_member": "set_members", "route": "routes",
-           "ip_rule": "ip_rules", "fdb": "fdb_entries", "neighbour": "neighbours", "device": "devices"}
+           "ip_rule": "ip_rules", "fdb": "fdb_entries", "neighbour": "neighbours", "device": "devices",
+           "bpf_route": "bpf_routes", "bpf_set_member": "bpf_set_members", "bpf_attachment": "bpf_attachments",
+           "bpf_policy": "bpf_policy_slots"}
 
 DRIFT_REPAIRS = get_or_create(prom.Counter, "felixpy_drift_repairs",
                               "Objects found changed in the kernel behind felixpy's back and repaired, by kind.",

@@ -46,7 +46,10 @@ the clsact and filter requests in netlink batches -- then step 6 for each one th
 Steps 1, 4 and 6 write only what differs from what this process last wrote for the interface (a
 memo per ifindex and hook, forgotten with the interface): a policy change on a programmed interface
 is then just the slot swaps of step 3.  :meth:`queue_resync` (the periodic refresh) forgets the memo,
-so damage done behind the driver's back is rewritten there, as every write used to be.
+so damage done behind the driver's back is rewritten there, as every write used to be; that pass also
+checks each programmed interface's policy slots (the first part of each must still be in its jump map)
+and hooks (the preamble still attached), and what it had to put back is drift, counted once repaired
+as ``felixpy_drift_repairs{kind="bpf_policy"|"bpf_attachment"}`` (:mod:`felixpy.drivers.drift`).
 
 (The routes map -- the workload's addresses on this ifindex, which the from-workload source
 check needs -- is the routes driver's, :mod:`felixpy.drivers.bpfroutes`, a device syncer that
@@ -92,6 +95,7 @@ from felixpy.bpf.policyload import PolicyProgram
 from felixpy.drivers.bpfendpoints.api import HostEndpointPolicy, WorkloadPolicy
 from felixpy.drivers.bpfendpoints.attacher import HOOKS, AttachRequest
 from felixpy.drivers.bpfendpoints.kernel import BPFKernel
+from felixpy.drivers.drift import DriftTally
 from felixpy.errors import UnsupportedFeature
 from felixpy.ifacemonitor.events import IfaceState
 
@@ -167,6 +171,9 @@ class BPFEndpoints:
         self._counted: set[tuple[int, int]] = set()  # (ifindex, hook) with a counters entry
         self._globals: dict[tuple[int, int], AttachPoint] = {}  # (ifindex, hook) -> written from
         self._ifstate_written: dict[str, tuple[int, int, tuple[tuple[str, int], ...]]] = {}
+        # Interfaces whose slots and hooks the next reconcile checks against the kernel (queue_resync).
+        self._verify: set[str] = set()
+        self._drift = DriftTally(structlog.get_logger(__name__), driver="bpf_endpoints")  # own proxy per instance
 
     # ------------------------------------------------------------------ desired state (API)
     def set_workload(self, ip_version: int, iface: str, policy: WorkloadPolicy) -> None:
@@ -208,6 +215,7 @@ class BPFEndpoints:
     def queue_resync(self) -> None:
         self._dirty.update(self._want)
         self._dirty.update(self._done)
+        self._verify.update(self._done)
         self._counted.clear()
         self._globals.clear()
         self._ifstate_written.clear()
@@ -276,7 +284,8 @@ class BPFEndpoints:
                 self.kernel.policies.release(prog)
             self._deny_held.clear()
         if failures:
-            raise EndpointProgrammingFailed(failures)
+            raise EndpointProgrammingFailed(failures)  # drift found stays pending: counted once repaired
+        self._drift.repaired()
         if self._sweep_sources:
             # Every wanted slot now holds this run's program: the earlier run's sources can go.
             self.kernel.policies.sweep_sources()
@@ -405,12 +414,14 @@ class BPFEndpoints:
             done = self._done[iface] = _Programmed(ifindex)
         done.pending_detach = False
         k = self.kernel
+        verify = iface in self._verify
+        self._verify.discard(iface)
         for hook in HOOKS:                                                          # 1
             self._ensure_counters(ifindex, hook)
         for hook in HOOKS:                                                          # 2, 3
             for v in FAMILIES:
                 if v in want:
-                    self._program_slot(iface, done, hook, v, _hook_policy(want[v], hook))
+                    self._program_slot(iface, done, hook, v, _hook_policy(want[v], hook), verify=verify)
                 else:
                     self._release_slot(done, hook, v)
         for hook in HOOKS:                                                          # 4
@@ -424,6 +435,12 @@ class BPFEndpoints:
             self._dirty.add(iface)
             return None
         reqs: list[AttachRequest] = []
+        if done.attached and verify:
+            lost = sum(1 for ok in self._attached_any(iface, ifindex) if not ok)
+            if lost:
+                log.warning("BPF preamble found detached; re-attaching", iface=iface, hooks_lost=lost)
+                self._drift.found("bpf_attachment", lost)
+                done.attached = False  # a failed re-attach is retried, not counted again
         if not done.attached or not all(self._attached_any(iface, ifindex)):         # 5
             for hook in HOOKS:
                 fd = k.programs.preamble_fd(hook)
@@ -455,9 +472,18 @@ class BPFEndpoints:
                 raise
         self._counted.add((ifindex, hook))
 
-    def _program_slot(self, iface: str, done: _Programmed, hook: int, v: int, ps: PolicySet) -> None:
+    def _program_slot(self, iface: str, done: _Programmed, hook: int, v: int, ps: PolicySet, *,
+                      verify: bool = False) -> None:
         pol = self.kernel.policies
         entry = done.slots.get((hook, v))
+        if verify and entry is not None and done.policy.get((hook, v)) is not None and \
+                self.kernel.maps.jumps(hook).get(ctypes.c_uint32(entry)) is None:
+            log.warning("BPF policy slot found empty; reinstalling", iface=iface, hook=hook, ip_version=v,
+                        entry=entry)
+            self._drift.found("bpf_policy")
+            done.policy.pop((hook, v), None)  # reinstalled below (no default-deny step: it was enforcing)
+            self._install(hook, entry, v, ps)
+            done.policy[(hook, v)] = ps
         if entry is None:
             entry = self.kernel.slots[hook].get(f"{iface}/v{v}")
             done.slots[(hook, v)] = entry

@@ -14,15 +14,23 @@ Apply contract: members are written *before* the programs that reference them an
 programs) writes additions, member removals of live sets and whole new sets, but keeps the
 members of removed sets; :meth:`apply_deletions` (the loop's IP-set deletion step, after the
 *tables) clears those.  Only the difference is written.
+
+Drift: a read-back after a refresh (``IpsetsRefreshInterval``) that finds members missing or
+foreign against what this process wrote counts them as ``felixpy_drift_repairs{kind="bpf_set_member"}``
+once the rewrite succeeded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+import structlog
+
 from felixpy.bpf.ipsets import BPFIPSets
 from felixpy.drivers.bpfendpoints.kernel import BPFKernel
+from felixpy.drivers.drift import DriftTally
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
+
 
 
 class BPFIPSetsDataplane:
@@ -32,6 +40,7 @@ class BPFIPSetsDataplane:
         self._members: dict[str, frozenset[str]] = {}
         self._types: dict[str, IPSetType] = {}
         self._removed: set[str] = set()
+        self._drift = DriftTally(structlog.get_logger(__name__), map="ip_sets", ip_version=ip_version)
 
     # --------------------------------------------------------------------- desired state
     def status_counts(self) -> dict[str, int]:
@@ -74,12 +83,19 @@ class BPFIPSetsDataplane:
         self.apply_updates()
 
     def apply_updates(self) -> None:
-        self._sets.apply()
+        self._write()
+
+    def _write(self) -> None:
+        try:
+            self._sets.apply()
+        finally:
+            self._drift.found("bpf_set_member", self._sets.take_drift())
+        self._drift.repaired()
 
     def apply_deletions(self) -> bool:
         if self._removed:
             for set_id in sorted(self._removed):
                 self._sets.remove(set_id)
             self._removed.clear()
-            self._sets.apply()
+            self._write()
         return False

@@ -8,7 +8,10 @@ How a fresh process recognises them: the map is ours by pin path, kernel name an
 (:mod:`felixpy.bpf.maps`), so every entry in it is ours.  On the first apply (and after any
 failed write) the whole map is read back: entries equal to the desired value are kept (a
 restart rewrites nothing that is right, so the programs never see a route vanish and return),
-wrong ones are rewritten, entries nobody wants are deleted (mark-and-sweep).
+wrong ones are rewritten, entries nobody wants are deleted (mark-and-sweep).  A later read-back
+(the route refresh) compares the map with what this process last wrote, and what it had to fix is
+drift: counted as ``felixpy_drift_repairs{kind="bpf_route"}`` once the fix is written
+(:mod:`felixpy.drivers.drift`).
 
 Apply contract: :meth:`set_route` / :meth:`remove_route` only record; :meth:`apply` writes the
 CIDRs that changed since the last apply (minimal delta, one map update or delete each).  A
@@ -27,6 +30,7 @@ from felixpy.bpf import maptypes as mt
 from felixpy.bpf.errors import BPFError
 from felixpy.bpf.maps import BPFMap
 from felixpy.drivers.bpfroutes.api import RouteValue
+from felixpy.drivers.drift import DriftTally
 
 log = structlog.get_logger(__name__)
 
@@ -53,6 +57,10 @@ class BPFRoutes:
         self._values: dict[str, RouteValue] = {}
         self._dirty: set[str] = set()
         self._resync = True
+        # What this process believes the map holds (cidr -> value), from its writes and reads; None
+        # until the first read-back, whose differences are an earlier run's leftovers, not drift.
+        self._believed: dict[str, bytes] | None = None
+        self._drift = DriftTally(structlog.get_logger(__name__), map="routes", ip_version=ip_version)
         self.writes = 0  # map updates + deletes issued (tests, benchmarks)
 
     # ------------------------------------------------------------------ desired state
@@ -100,6 +108,11 @@ class BPFRoutes:
                 else:
                     self._map.set(mt.route_key(cidr), want)
                 self.writes += 1
+                if self._believed is not None:
+                    if want is None:
+                        self._believed.pop(cidr, None)
+                    else:
+                        self._believed[cidr] = want
             except (OSError, BPFError) as e:
                 log.warning("BPF route not written; will retry", cidr=cidr, error=str(e), ip_version=self.ip_version)
                 failures[cidr] = e
@@ -107,18 +120,26 @@ class BPFRoutes:
         if failures:
             self._resync = True
             raise RoutesNotProgrammed(self.ip_version, failures)
+        self._drift.repaired()
 
     def _read_back(self) -> None:
         """Mark-and-sweep against the kernel: only what differs stays dirty."""
         self._dirty = set(self._want)
-        seen = 0
+        found: dict[str, bytes] = {}
         for key, value in self._map.items():
-            seen += 1
             raw_addr = bytes(key.addr)
             addr = ipaddress.ip_address(raw_addr)
             cidr = f"{ipaddress.ip_network((addr, int(key.prefixlen)), strict=False)}"
-            if self._want.get(cidr) == bytes(value):
+            found[cidr] = bytes(value)
+            if self._want.get(cidr) == found[cidr]:
                 self._dirty.discard(cidr)
             else:
                 self._dirty.add(cidr)  # wrong (rewritten) or unwanted (deleted)
+        seen = len(found)
+        if self._believed is not None:
+            # Drift: what differs from what we last wrote (a pending change of our own is not drift).
+            believed = self._believed
+            self._drift.found("bpf_route", sum(1 for c in believed.keys() | found.keys()
+                                               if believed.get(c) != found.get(c)))
+        self._believed = found
         log.info("BPF routes map read back", ip_version=self.ip_version, entries=seen, to_fix=len(self._dirty))
