@@ -83,3 +83,83 @@ def test_restart_with_same_feed_reattaches_nothing(fv: FamilyView) -> None:
     fv.apply(datastore())  # a new daemon, the same feed
     fv.check(Expect(True), (TCP, ICMP), what="after restart")
     assert node.bpf_programs() == before, "the restart re-attached BPF programs"
+
+
+DRIFT_CONFIG = {"RouteRefreshInterval": "2", "IpsetsRefreshInterval": "2", "PrometheusMetricsEnabled": "true",
+                "PrometheusMetricsHost": "127.0.0.1", "PrometheusMetricsPort": "9091"}
+
+
+def _drift_repairs(netns: str) -> dict[str, float]:
+    import re
+    import urllib.request
+
+    with nsmod.entered(netns):
+        with urllib.request.urlopen("http://127.0.0.1:9091/metrics", timeout=5) as r:
+            text = r.read().decode()
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r'^felixpy_drift_repairs\{kind="([a-z_]+)"\} (\S+)$', text, re.M)}
+
+
+def test_bpf_drift_is_repaired_by_the_refresh_and_counted(fv: FamilyView) -> None:
+    """A foreign hand detaches a's from-workload preamble (its TCX link), empties b's to-workload policy
+    slot and deletes c's entry in the routes map (which the source check needs): each breaks that
+    workload's traffic, fail closed; the next refresh (2 s here) puts all three back, the probes pass
+    again, and ``felixpy_drift_repairs`` moves by exactly one of each BPF kind."""
+    import ctypes
+    import os
+    import socket
+    import time
+
+    from felixpy.bpf import defs
+    from felixpy.bpf import maptypes as mt
+    from felixpy.bpf import syscall as sc
+    from felixpy.bpf.attach import tcx_pin_path
+
+    node, v = fv.node, fv.v
+    assert node.bpffs is not None
+    root = os.path.join(node.bpffs, "tc", "globals")
+    fv.apply(datastore(), config=DRIFT_CONFIG)
+    fv.check(Expect(True), (TCP, ICMP), what="before the drift")
+    time.sleep(5)  # a refresh or two that finds nothing
+    before = _drift_repairs(node.netns)
+
+    def pinned(name: str) -> int:
+        return sc.obj_get(os.path.join(root, name))
+
+    link = sc.obj_get(tcx_pin_path(os.path.join(node.bpffs, "tcx"), iface("a"), defs.HOOK_TC_INGRESS))
+    try:
+        sc.link_detach(link)                       # the pin stays, the link is defunct (bpftool link detach)
+    finally:
+        os.close(link)
+    with nsmod.entered(node.netns):
+        idx_b = socket.if_nametoindex(iface("b"))
+    fd = pinned("cali_iface4")
+    try:
+        raw = sc.map_lookup(fd, ctypes.c_uint32(idx_b).value.to_bytes(4, "little"), ctypes.sizeof(mt.IfStateValue))
+    finally:
+        os.close(fd)
+    assert raw is not None
+    st = mt.IfStateValue.from_buffer_copy(raw)
+    entry = int(getattr(st, f"ingress_policy_v{v}"))  # the to-workload program, in cali_jump_egr
+    fd = pinned("cali_jump_egr2")
+    try:
+        assert sc.map_delete(fd, entry.to_bytes(4, "little"))
+    finally:
+        os.close(fd)
+    c_ip = node.endpoints["c"].ip(v)
+    fd = pinned(f"cali_v{v}_routes")
+    try:
+        assert sc.map_delete(fd, bytes(mt.route_key(f"{c_ip}/{32 if v == 4 else 128}")))
+    finally:
+        os.close(fd)
+
+    node.check(v, Expect(True), (TCP, ICMP), timeout=30, what="after the refresh repaired the drift")
+    deadline = time.monotonic() + 10
+    while True:
+        after = _drift_repairs(node.netns)
+        moved = {k: int(after.get(k, 0) - before.get(k, 0)) for k in after if after.get(k, 0) != before.get(k, 0)}
+        if moved == {"bpf_attachment": 1, "bpf_policy": 1, "bpf_route": 1} or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert moved == {"bpf_attachment": 1, "bpf_policy": 1, "bpf_route": 1}, moved
+    assert (iface("a"), "ingress") in node.bpf_programs()
