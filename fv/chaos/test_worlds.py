@@ -4,7 +4,8 @@ The reference is the node's very first start of day with datastore B (a clean ke
 is stopped, started with the unrelated datastore A (endpoints, policies, IP sets, a host endpoint, VXLAN
 with another VNI, remote VTEP and block), stopped, and started with B again: the kernel must come back to
 exactly the reference — not one chain, rule, set, member, route, ip rule, FDB or neighbour entry or device
-of A left, nothing of B missing — and B's policy must hold (b denies a, a → c passes).
+of A left, nothing of B missing — and B's policy must hold (b denies a, a → c passes).  In the BPF modes
+the dump includes the BPF maps, ``cali_iface`` and the TCX link pins (:func:`fv.chaos.kill9.bpf_dump`).
 
 ``CHAOS_ENDPOINTS`` (default 100) synthetic endpoints per world.
 """
@@ -17,14 +18,14 @@ import pytest
 
 from fv.chaos.worlds import WorldNode, converge, full_dump, full_world, only_in, settled_dump, world_config
 from fv.expect import ICMP, TCP, Expect
-from fv.harness import HOST, MODES
+from fv.harness import BPF_MODES, HOST, MODES
 
 pytestmark = pytest.mark.fv
 
 ENDPOINTS = int(os.environ.get("CHAOS_ENDPOINTS", "100"))
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", [*MODES, *BPF_MODES])
 def test_restart_into_an_unrelated_world_leaves_nothing_of_the_old_one(mode: str) -> None:
     a, b = full_world("x", ENDPOINTS), full_world("y", ENDPOINTS)
     node = WorldNode.create(mode)
@@ -38,14 +39,23 @@ def test_restart_into_an_unrelated_world_leaves_nothing_of_the_old_one(mode: str
         in_a = settled_dump(node)
         own_a = only_in(in_a, reference)
         # A really had its own objects of every kind, or "none left" below would prove nothing.
-        want_kinds = {"sets": "ipsets" if mode != "nftables" else "nft ip calico",
+        bpf = mode in BPF_MODES
+        want_kinds = {"sets": "bpf cali_v4_ip_sets" if bpf else "ipsets" if mode != "nftables" else "nft ip calico",
                       "routes v4": "routes v4", "routes v6": "routes v6",
                       "fdb": "fdb vxlan.calico", "fdb v6": "fdb vxlan-v6.calico",
                       "neigh": "neigh vxlan.calico", "devices": "vxlan devices"}
+        if bpf:
+            want_kinds.update({"sets v6": "bpf cali_v6_ip_sets", "BPF routes": "bpf cali_v4_routes",
+                               "BPF routes v6": "bpf cali_v6_routes"})
         missing = [k for k, key in want_kinds.items() if not own_a.get(key)]
         assert not missing, f"[{mode}] world A programmed nothing of its own for {missing}"
-        hep_chain = "cali-th-eth0"
-        assert any(hep_chain in ln for lines in own_a.values() for ln in lines), f"[{mode}] no host endpoint chain"
+        if bpf:   # the host endpoint: eth0's cali_iface entry (HEP + READY flags), its TCX links
+            assert any(ln.startswith("eth0 ") for ln in own_a.get("bpf cali_iface4", [])), \
+                f"[{mode}] no host endpoint entry in cali_iface"
+            assert any(ln.startswith("eth0_") for ln in own_a.get("bpf tcx pins", [])), f"[{mode}] no HEP links"
+        else:
+            hep_chain = "cali-th-eth0"
+            assert any(hep_chain in ln for lines in own_a.values() for ln in lines), f"[{mode}] no host endpoint chain"
         node.stop_daemon()
 
         node.apply(b, config=world_config("y"))           # restart into B again
