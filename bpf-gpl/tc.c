@@ -65,6 +65,67 @@ static CALI_BPF_INLINE bool wep_rpf_ok(struct cali_tc_ctx *ctx)
 	return true;
 }
 
+/* BPFEnforceRPF on a host endpoint: a new flow arriving here must come from a
+ * source the FIB routes back out of this very interface (Strict) or out of
+ * some interface (Loose).  The lookup is the reply's: from the packet's
+ * destination to its source, as if received on the ingress interface. */
+static CALI_BPF_INLINE bool hep_rpf_ok(struct cali_tc_ctx *ctx)
+{
+	struct cali_tc_state *s = ctx->state;
+	struct bpf_fib_lookup *p = &ctx->globals->fib;
+	__u32 flags = GLOBAL_FLAGS(ctx);
+	__u32 in = ctx->skb->ingress_ifindex;
+
+	if (!(flags & CALI_GLOBALS_RPF_OPTION_ENABLED))
+		return true;
+#ifdef IPVER6
+	if (s->ip_proto == IPPROTO_ICMPV6)
+		return true;  /* neighbour discovery and its kin */
+#endif
+	__builtin_memset(p, 0, sizeof(*p));
+#ifdef IPVER6
+	p->family = 10; /* AF_INET6 */
+	__builtin_memcpy(p->ipv6_src, &s->ip_dst, 16);
+	__builtin_memcpy(p->ipv6_dst, &s->ip_src, 16);
+#else
+	p->family = 2; /* AF_INET */
+	p->ipv4_src = s->ip_dst;
+	p->ipv4_dst = s->ip_src;
+#endif
+	p->l4_protocol = s->ip_proto;
+	p->sport = bpf_htons(s->dport);
+	p->dport = bpf_htons(s->sport);
+	p->ifindex = in;
+
+	int rc = bpf_fib_lookup(ctx->skb, p, sizeof(*p), CALI_FIB_LOOKUP_SKIP_NEIGH);
+
+	switch (rc) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+	case BPF_FIB_LKUP_RET_NO_NEIGH:
+	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
+		if (p->ifindex == in)
+			return true;
+		if (!(flags & CALI_GLOBALS_RPF_OPTION_STRICT) && p->ifindex != 0)
+			return true;
+		break;
+	case BPF_FIB_LKUP_RET_NOT_FWDED:
+		/* Not a unicast route back (e.g. the source is one of ours): only a
+		 * link-local source talking to this host passes. */
+#ifdef IPVER6
+		if ((s->ip_src.a & bpf_htonl(0xffc00000)) == bpf_htonl(0xfe800000) &&
+		    (s->ip_dst.a & bpf_htonl(0xffc00000)) == bpf_htonl(0xfe800000))
+			return true;
+#else
+		if ((s->ip_src & bpf_htonl(0xffff0000)) == bpf_htonl(0xa9fe0000) &&
+		    (s->flags & CALI_ST_DEST_IS_HOST))
+			return true;
+#endif
+		break;
+	}
+	CALI_DEBUG("HEP RPF failed: fib rc=%d ifindex=%d", rc, p->ifindex);
+	return false;
+}
+
 static CALI_BPF_INLINE int skip_policy(struct cali_tc_ctx *ctx)
 {
 	ctx->state->pol_rc = CALI_POL_ALLOW;
@@ -128,6 +189,12 @@ static CALI_BPF_INLINE int pre_policy_processing(struct cali_tc_ctx *ctx)
 		s->flags |= CALI_ST_DEST_IS_HOST;
 	if (CALI_F_FROM_HOST && cali_rt_flags_local_host(cali_rt_lookup_flags(&s->ip_src)))
 		s->flags |= CALI_ST_SRC_IS_HOST;
+
+	if (CALI_F_FROM_HEP && !hep_rpf_ok(ctx)) {
+		/* Before the failsafes: a spoofed source gets no failsafe either. */
+		deny_reason(ctx, CALI_REASON_UNAUTH_SOURCE);
+		return forward_or_drop(ctx);
+	}
 
 	if (CALI_F_TO_WEP && !skb_seen(ctx->skb) && (s->flags & CALI_ST_SRC_IS_HOST)) {
 		/* Host to local workload traffic is always allowed. */

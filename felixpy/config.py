@@ -339,7 +339,9 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     BPFMapSizeConntrack: int = _p(512000, _int, HONOURED, _BPF_OPT_IN)
     BPFMapSizeIPSets: int = _p(1048576, _int, HONOURED, _BPF_OPT_IN)
     BPFMapSizeIfState: int = _p(1000, _int, HONOURED, _BPF_OPT_IN)
-    BPFEnforceRPF: str = _ignored("Loose", _choice("Disabled", "Strict", "Loose"), _NO_BPF)
+    BPFEnforceRPF: str = _p("Loose", _choice("Disabled", "Strict", "Loose"), HONOURED,
+                            _BPF_OPT_IN + "; host endpoints: a new flow's source must route back out of the "
+                            "interface it came in on (Strict) or out of any interface (Loose)")
     BPFConntrackTimeouts: tuple[tuple[str, str], ...] = _p(
         _ct_timeouts(CT_TIMEOUTS_DEFAULT), _ct_timeouts, HONOURED,
         _BPF_OPT_IN + "; the userspace scanner (every 10 s); Auto reads net.netfilter's conntrack timeouts; "

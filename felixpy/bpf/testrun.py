@@ -30,10 +30,11 @@ class TcRun:
 
 
 def run_tc(prog_fd: int, packet: bytes, *, mark: int = 0, cb: tuple[int, ...] = (),
-           ifindex: int = 0, repeat: int = 1) -> TcRun:
+           ifindex: int = 0, ingress_ifindex: int = 0, repeat: int = 1) -> TcRun:
     skb = mt.SkBuff()
     skb.mark = mark
     skb.ifindex = ifindex
+    skb.ingress_ifindex = ingress_ifindex  # what the kernel's skb_iif is (a received packet's device)
     for i, v in enumerate(cb[:5]):
         skb.cb[i] = v
     r = sc.prog_test_run(prog_fd, packet, ctx=bytes(skb), repeat=repeat)

@@ -635,7 +635,8 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
     kernel = (deps.bpf_kernel or _default_bpf_kernel)(config)
     driver = BPFEndpoints(kernel, redirect_peer=config.BPFRedirectToPeer != "Disabled",
                           nat_exclude_hosts=config.NATOutgoingExclusions == "IPPoolsAndHostIPs",
-                          hold_attach=_attach_hold_hook(), workload_prefixes=tuple(config.InterfacePrefix))
+                          hold_attach=_attach_hold_hook(), workload_prefixes=tuple(config.InterfacePrefix),
+                          enforce_rpf=config.BPFEnforceRPF)
     parts: dict[int, FamilyParts] = {}
     for v in families:
         ft = tables_factory(config, v)

@@ -63,8 +63,10 @@ class TestAP:
     def layout(self) -> Layout:
         return self.layouts[self.v6]
 
-    def run(self, pkt: bytes, *, mark: int = 0, repeat: int = 1) -> TcRun:
-        return run_tc(self.env.programs.preamble_fd(self.hook), pkt, mark=mark, repeat=repeat)
+    def run(self, pkt: bytes, *, mark: int = 0, repeat: int = 1, ingress_ifindex: int = 0) -> TcRun:
+        """``ingress_ifindex``: the device the packet was received on (also the skb's device then)."""
+        return run_tc(self.env.programs.preamble_fd(self.hook), pkt, mark=mark, repeat=repeat,
+                      ifindex=ingress_ifindex, ingress_ifindex=ingress_ifindex)
 
     def run_xdp(self, pkt: bytes, repeat: int = 1) -> XdpRun:
         return run_xdp(self.env.programs.preamble_fd(defs.HOOK_XDP), pkt, repeat=repeat)

@@ -148,7 +148,7 @@ class BPFEndpoints:
 
     def __init__(self, kernel: BPFKernel, *, redirect_peer: bool = True, nat_exclude_hosts: bool = False,
                  hold_attach: Callable[[str], bool] | None = None,
-                 workload_prefixes: tuple[str, ...] = ("cali",)) -> None:
+                 workload_prefixes: tuple[str, ...] = ("cali",), enforce_rpf: str = "Loose") -> None:
         self.kernel = kernel
         self._wl_prefixes = workload_prefixes
         self._host_ifstate: dict[str, int] = {}  # non-workload interface -> ifindex written NOT_MANAGED
@@ -158,6 +158,11 @@ class BPFEndpoints:
         self._flags = defs.GLOBALS_REDIRECT_PEER if redirect_peer else 0
         if nat_exclude_hosts:  # NATOutgoingExclusions=IPPoolsAndHostIPs
             self._flags |= defs.GLOBALS_NATOUTGOING_EXCLUDE_HOSTS
+        # BPFEnforceRPF (the programs apply it to new flows arriving on host endpoints).
+        if enforce_rpf.lower() in ("strict", "loose"):
+            self._flags |= defs.GLOBALS_RPF_OPTION_ENABLED
+        if enforce_rpf.lower() == "strict":
+            self._flags |= defs.GLOBALS_RPF_OPTION_STRICT
         self._want: dict[str, dict[int, EndpointPolicy]] = {}
         self._ifaces: dict[str, tuple[int, bool]] = {}  # name -> (ifindex, oper up)
         self._done: dict[str, _Programmed] = {}
