@@ -123,6 +123,7 @@ class Daemon:
         self._clock = clock or SystemClock()
         self._exit_when_feed_closes = exit_when_feed_closes
         self.metrics = metricsmod.DataplaneMetrics()
+        self._msg_counters: dict[type, Any] = {}  # payload type → its labelled messages counter
         self.health = healthmod.HealthAggregator(self._clock.monotonic)
         # Registered from the start: an aggregator with no reporters would claim readiness.
         self.health.register("InternalDataplaneMainLoop", 0)
@@ -282,7 +283,10 @@ class Daemon:
     def _on_message(self, s: Session, env: pb.ToDataplane) -> None:
         s.messages_in += 1
         _field, payload = payload_of(env)
-        self.metrics.messages.labels(type(payload).DESCRIPTOR.name).inc()
+        counter = self._msg_counters.get(type(payload))
+        if counter is None:  # one labelled child per type (.labels() per message was ~3 % of a flood)
+            counter = self._msg_counters[type(payload)] = self.metrics.messages.labels(type(payload).DESCRIPTOR.name)
+        counter.inc()
         if isinstance(payload, pb.ConfigUpdate):
             self._on_config(s, payload)
             if self.exit_code is not None:
