@@ -94,6 +94,8 @@ class IPSetsManager:
         return found
 
     # -- Manager protocol -----------------------------------------------------------
+    update_types: tuple[type, ...] = (pb.IPSetUpdate, pb.IPSetDeltaUpdate, pb.IPSetRemove)  # what on_update acts on (managers/base.py)
+
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.IPSetDeltaUpdate):
             self._on_delta(msg)
