@@ -1,10 +1,11 @@
 """The IP sets manager: calc-graph IP set messages → IP-set dataplanes.
 
 A port of Felix's ``dataplane/ipsets/ipsets_mgr.go``.  It is a pass-through:
-``IPSetUpdate`` (full membership), ``IPSetDeltaUpdate`` and ``IPSetRemove`` go
-straight to each :class:`~felixpy.drivers.ipsets_api.IPSetsDataplane` it feeds
-(usually one per IP family: the ipset driver in iptables mode, nft sets in
-nftables mode), which only record them; the loop applies the dataplanes.
+``IPSetUpdate`` (full membership) and ``IPSetRemove`` go straight to each
+:class:`~felixpy.drivers.ipsets_api.IPSetsDataplane` it feeds (usually one per IP
+family: the ipset driver in iptables mode, nft sets in nftables mode), which only
+record them, and ``IPSetDeltaUpdate`` follows at ``complete_deferred_work`` (see
+below); the loop applies the dataplanes.
 
 Differences from Felix, on purpose:
 
