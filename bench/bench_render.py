@@ -8,6 +8,10 @@ object.  The daemon's own wiring (:func:`felixpy.dataplane.wiring.build`) runs o
 type, the F → X (then X → F) updates in batches of ``--batch``: each batch goes through
 ``on_datastore_message`` (the managers' ``on_update``) and one ``apply()`` (render, hash, fake tables).
 
+Kind ``flood`` is the FV flood's mix (``fv/chaos/flood.py``): policies, endpoints and IP-set deltas in the
+order the calc graph sends them, ``--flood-batch`` (3,000, the FV's messages per apply) per apply, so each
+object changes several times between two applies (F → X → F …), ending each batch part-way as it comes.
+
 Reported per message type: messages per CPU-second (this process's CPU time, all threads, over send +
 apply: steadier than wall time on a shared machine), messages/s of wall time, and the CPU share of
 ``on_update`` and of ``apply``.  (The fake tables' own apply is in that time; the kernel's is not.)  ``--profile`` prints a cProfile of one message type instead.
@@ -18,12 +22,14 @@ the generated proto copied in) so before/after are measured in one run on the sa
     .venv/bin/python bench/bench_render.py --tree /tmp/wt-render-base --tree .
 
 Usage: ``.venv/bin/python bench/bench_render.py [--k 300] [--rules 10] [--batch 300] [--rounds 4]
-[--mode nftables|iptables] [--tree PATH ...] [--repeat N] [--profile policy|endpoint|ipset]``.
+[--mode nftables|iptables] [--tree PATH ...] [--repeat N] [--profile policy|endpoint|ipset|flood]
+[--flood-batch 3000]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -33,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-KINDS = ("policy", "endpoint", "ipset")
+KINDS = ("policy", "endpoint", "ipset", "flood")
 
 
 def world(phase: int, k: int, rules: int) -> dict[str, list[dict[str, Any]]]:
@@ -71,7 +77,9 @@ def delta(frm: dict[str, Any], to: dict[str, Any], config: dict[str, str]) -> di
                            "removed_members": sorted(before - after)})
     out = {}
     for kind, update in (("policy", {"policies": to["policies"]}), ("endpoint", {"workloads": to["workloads"]}),
-                         ("ipset", {"ipset_deltas": set_deltas})):
+                         ("ipset", {"ipset_deltas": set_deltas}),
+                         ("flood", {"policies": to["policies"], "workloads": to["workloads"],
+                                    "ipset_deltas": set_deltas})):
         sc = scenario_from_dict({"config": config, **frm, "steps": [{"update": update}]})
         out[kind] = payloads(sc.steps[0].messages)
     return out
@@ -103,6 +111,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if args.gc_off:  # experiment: what the cyclic collector costs under this load
             gc.disable()
     to_x, to_f = delta(f, x, config), delta(x, f, config)
+    flood_stream = itertools.cycle([*to_x["flood"], *to_f["flood"]])
     result: dict[str, Any] = {"tree": str(Path(felixpy.__file__).resolve().parents[1])}
 
     def run(kind: str, rounds: int) -> tuple[int, float, float, float]:
@@ -112,8 +121,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         cpu = time.process_time
         for r in range(rounds):
             msgs = (to_x if r % 2 == 0 else to_f)[kind]
-            for i in range(0, len(msgs), args.batch):
-                batch = msgs[i:i + args.batch]
+            size = args.batch
+            if kind == "flood":  # one batch per round, the next --flood-batch of the endless F → X → F … stream
+                msgs = list(itertools.islice(flood_stream, args.flood_batch))
+                size = len(msgs)
+            for i in range(0, len(msgs), size):
+                batch = msgs[i:i + size]
                 w0, t0 = time.perf_counter(), cpu()
                 node.send(*batch)
                 t1 = cpu()
@@ -147,6 +160,9 @@ def main() -> int:
     ap.add_argument("--rules", type=int, default=10)
     ap.add_argument("--batch", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--flood-batch", type=int, default=3000,
+                    help="kind 'flood': every message type interleaved as the FV flood sends them, this many "
+                         "per apply (the FV's messages per apply)")
     ap.add_argument("--mode", choices=("nftables", "iptables"), default="nftables")
     ap.add_argument("--tree", action="append", default=[])
     ap.add_argument("--profile", choices=KINDS)
@@ -167,7 +183,7 @@ def main() -> int:
         env = {**os.environ, "BENCH_RENDER_TREE": str(Path(tree).resolve())}
         argv = [sys.executable, str(Path(__file__).resolve()), "--json",
                 "--k", str(args.k), "--rules", str(args.rules), "--batch", str(args.batch),
-                "--rounds", str(args.rounds), "--mode", args.mode, "--log-level", args.log_level,
+                "--rounds", str(args.rounds), "--flood-batch", str(args.flood_batch), "--mode", args.mode, "--log-level", args.log_level,
                 *(["--gc-freeze"] if args.gc_freeze else []), *(["--gc-off"] if args.gc_off else [])]
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=tree, check=False)
         if proc.returncode != 0:

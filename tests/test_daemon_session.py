@@ -386,3 +386,22 @@ def test_stop_closes_the_feed_and_exits_0(node: Node) -> None:
     start_of_day(node, feed)
     assert node.stop() == EXIT_OK
     assert feed.closed
+
+
+# ------------------------------------------------------------------------------------ the collector
+def test_the_start_of_day_heap_is_frozen_until_the_feed_closes(node: Node) -> None:
+    import gc
+
+    from felixpy.daemon import GC_THRESHOLD_0
+
+    before = gc.get_threshold()
+    gc.unfreeze()
+    feed = programmed_feed(node)
+    assert gc.get_freeze_count() > 0 and gc.get_threshold()[0] == GC_THRESHOLD_0
+    node.close(feed)
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before  # the old day is collectable again
+    second = node.open()
+    start_of_day(node, second)
+    assert gc.get_freeze_count() > 0
+    assert node.stop() == EXIT_OK
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before

@@ -141,6 +141,12 @@ def _conforms(obj: object, proto: object) -> TypeGuard[Any]:
     return got
 
 
+def _takes(mgr: Manager, msg_type: type) -> bool:
+    """Whether *mgr* gets messages of *msg_type*: its declared ``update_types`` (managers/base.py), or all."""
+    wanted: tuple[type, ...] | None = getattr(mgr, "update_types", None)
+    return wanted is None or issubclass(msg_type, wanted)
+
+
 def _family(obj: object) -> str:
     """``/v4`` or ``/v6`` for a per-family driver (step names), "" for anything else."""
     v = getattr(obj, "ip_version", None)
@@ -161,6 +167,7 @@ class InternalDataplane:
         self._metrics = metrics
         self._executor = executor or ThreadPoolExecutor(max_workers=4, thread_name_prefix="apply")
         self.managers: list[Manager] = []
+        self._routes: dict[type, list[Manager]] = {}  # message type → the managers it goes to (_takes)
         self.ipsets: list[IPSetsDataplane] = []
         self.tables: list[Table] = []
         self.fdbs: list[Syncer] = []
@@ -187,6 +194,7 @@ class InternalDataplane:
     # ------------------------------------------------------------------ registration
     def register_manager(self, mgr: Manager) -> None:
         self.managers.append(mgr)
+        self._routes.clear()
 
     def register_ipsets(self, ipsets: IPSetsDataplane) -> None:
         self.ipsets.append(ipsets)
@@ -247,7 +255,10 @@ class InternalDataplane:
         self.iface_in_sync = True
 
     def _fan_out(self, msg: object) -> None:
-        for mgr in self.managers:
+        managers = self._routes.get(type(msg))
+        if managers is None:  # first message of this type: which managers take it (in their order)
+            managers = self._routes[type(msg)] = [m for m in self.managers if _takes(m, type(msg))]
+        for mgr in managers:
             try:
                 mgr.on_update(msg)
             except Exception:  # a bad message must not take down the rest

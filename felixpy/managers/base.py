@@ -10,6 +10,13 @@ push desired state into driver objects (tables, IP sets), which only record it.
 the drivers.  It may raise; the loop then keeps the dataplane marked as needing
 sync and calls it again on the next apply.
 
+A manager may declare the message types its ``on_update`` acts on, as a class attribute
+``update_types`` (a tuple of types; subclasses count): the loop then hands it only those (under a
+flood most managers ignore most messages, and calling each one's ``isinstance`` chain for every
+message was a sixth of the runner thread).  Without it a manager gets every message.
+``tests/test_update_types.py`` checks each declaration against the ``isinstance`` checks of the
+manager's ``on_update`` and the methods it calls.
+
 Optional extras are discovered structurally (``isinstance`` on the runtime
 checkable protocols below):
 

@@ -33,6 +33,8 @@ class DSCPManager:
         self._by_endpoint: dict[tuple[str, str, str], dict[str, int]] = {}
         self._dirty = True
 
+    update_types: tuple[type, ...] = (pb.WorkloadEndpointUpdate, pb.WorkloadEndpointRemove)  # what on_update acts on (managers/base.py)
+
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.WorkloadEndpointUpdate):
             key = (msg.id.orchestrator_id, msg.id.workload_id, msg.id.endpoint_id)

@@ -130,6 +130,9 @@ class EndpointManager:
         self._selectors: dict[PolicyID, str] = {}
 
     # ----------------------------------------------------------------------- updates
+    update_types: tuple[type, ...] = (pb.WorkloadEndpointUpdate, pb.WorkloadEndpointRemove, IfaceStateUpdate,
+                    pb.ActivePolicyUpdate, pb.ActivePolicyRemove)  # what on_update acts on (managers/base.py)
+
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.WorkloadEndpointUpdate):
             self._pending[wl_key(msg.id)] = (msg.id, msg.endpoint)

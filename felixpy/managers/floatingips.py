@@ -39,6 +39,8 @@ class FloatingIPManager:
         self._nat_info: dict[WlKey, list[tuple[str, str]]] = {}
         self._dirty = True
 
+    update_types: tuple[type, ...] = (pb.WorkloadEndpointUpdate, pb.WorkloadEndpointRemove)  # what on_update acts on (managers/base.py)
+
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.WorkloadEndpointUpdate):
             key = wl_key(msg.id)

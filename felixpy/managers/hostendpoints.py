@@ -173,6 +173,9 @@ class HostEndpointManager:
         self._removed: dict[str, pb.HostEndpointID] = {}
 
     # ----------------------------------------------------------------------- updates
+    update_types: tuple[type, ...] = (pb.HostEndpointUpdate, pb.HostEndpointRemove, IfaceAddrsUpdate, IfaceStateUpdate,
+                    pb.ActivePolicyUpdate, pb.ActivePolicyRemove)  # what on_update acts on (managers/base.py)
+
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.HostEndpointUpdate):
             hid = msg.id.endpoint_id

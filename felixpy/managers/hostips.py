@@ -28,6 +28,8 @@ class HostIPManager:
         self._addrs: dict[str, frozenset[str]] = {}
         self._dirty = True
 
+    update_types: tuple[type, ...] = (IfaceAddrsUpdate,)  # what on_update acts on (managers/base.py)
+
     def on_update(self, msg: Any) -> None:
         if not isinstance(msg, IfaceAddrsUpdate) or msg.name.startswith(self._prefixes):
             return

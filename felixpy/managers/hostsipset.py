@@ -42,6 +42,8 @@ class HostsIPSetManager:
             return None
         return str(net) if net.version == self.ip_version else None
 
+    update_types: tuple[type, ...] = (pb.HostMetadataUpdate, pb.HostMetadataRemove)  # what on_update acts on (managers/base.py)
+
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.HostMetadataUpdate):
             raw = msg.ipv4_addr if self.ip_version == 4 else msg.ipv6_addr

@@ -36,6 +36,8 @@ class MasqManager:
         self._pools: dict[str, pb.IPAMPool] = {}
         self._dirty = True
 
+    update_types: tuple[type, ...] = (pb.IPAMPoolUpdate, pb.IPAMPoolRemove)  # what on_update acts on (managers/base.py)
+
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.IPAMPoolUpdate):
             try:

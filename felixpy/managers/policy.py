@@ -47,6 +47,8 @@ class PolicyManager:
         self._pending_policies: dict[PolicyID, pb.Policy] = {}
         self._pending_profiles: dict[str, pb.Profile] = {}
 
+    update_types: tuple[type, ...] = (pb.ActivePolicyUpdate, pb.ActivePolicyRemove, pb.ActiveProfileUpdate, pb.ActiveProfileRemove)  # what on_update acts on (managers/base.py)
+
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.ActivePolicyUpdate):
             self._pending_policies[PolicyID.from_proto(msg.id)] = msg.policy

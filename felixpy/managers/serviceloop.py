@@ -33,6 +33,8 @@ class ServiceLoopManager:
         self._cidrs: list[str] = []
         self._dirty = True
 
+    update_types: tuple[type, ...] = (pb.GlobalBGPConfigUpdate,)  # what on_update acts on (managers/base.py)
+
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.GlobalBGPConfigUpdate):
             cidrs = set()

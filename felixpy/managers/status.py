@@ -42,6 +42,8 @@ class EndpointStatusCombiner:
         self._dirty.add(k)
 
     # Manager protocol (it receives no datastore messages itself).
+    update_types: tuple[type, ...] = ()  # it takes no messages (managers/base.py)
+
     def on_update(self, msg: Any) -> None:
         pass
 

@@ -1,0 +1,99 @@
+"""The screen's reference indexes under updates that keep, or change, what an object refers to.
+
+Under churn most updates refer to what their previous version referred to, so the screen leaves its
+indexes alone then (issue #14 item 7); these tests pin that the indexes still follow every change, and
+that the rule scan (:func:`~felixpy.dataplane.screen.set_refs`, one ``ListFields`` per rule) sees every
+set-id field the proto has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from felixpy.dataplane.screen import Screen, set_refs
+from felixpy.proto import felixbackend_pb2 as pb
+
+SET_ID_FIELDS = sorted(f.name for f in pb.Rule.DESCRIPTOR.fields if f.name.endswith("set_ids"))
+
+
+def pol(name: str, *sets: str, port: int = 80) -> pb.ActivePolicyUpdate:
+    rule = pb.Rule(action="allow", dst_ports=[pb.PortRange(first=port, last=port)], src_ip_set_ids=list(sets))
+    return pb.ActivePolicyUpdate(id=pb.PolicyID(name=name, kind="GlobalNetworkPolicy"),
+                                 policy=pb.Policy(inbound_rules=[rule], outbound_rules=[pb.Rule(action="allow")]))
+
+
+def pol_remove(name: str) -> pb.ActivePolicyRemove:
+    return pb.ActivePolicyRemove(id=pb.PolicyID(name=name, kind="GlobalNetworkPolicy"))
+
+
+def ipset(sid: str) -> pb.IPSetUpdate:
+    return pb.IPSetUpdate(id=sid, type=pb.IPSetUpdate.IP)
+
+
+def wep(name: str, *policies: str, addr: str = "10.0.0.1/32") -> pb.WorkloadEndpointUpdate:
+    tier = pb.TierInfo(name="default", ingress_policies=[pb.PolicyID(name=p, kind="GlobalNetworkPolicy")
+                                                         for p in policies])
+    return pb.WorkloadEndpointUpdate(
+        id=pb.WorkloadEndpointID(orchestrator_id="k8s", workload_id=name, endpoint_id="eth0"),
+        endpoint=pb.WorkloadEndpoint(name=f"cali{name}", state="active", ipv4_nets=[addr], tiers=[tier]))
+
+
+def denied(msg: Any) -> bool:
+    return [r.action for r in msg.policy.inbound_rules] == ["deny"]
+
+
+def without_refs(msg: Any) -> bool:
+    return not msg.endpoint.tiers
+
+
+@pytest.mark.parametrize("field", SET_ID_FIELDS)
+def test_every_set_id_field_of_a_rule_is_seen(field: str) -> None:
+    rule = pb.Rule(action="allow")
+    getattr(rule, field).extend(["s:x", "bad id!"])
+    body = pb.Policy(outbound_rules=[rule])
+    assert set_refs(body) == {"s:x"}  # malformed ids are the IP-set screen's business, not a reference
+    assert set_refs(pb.Policy(inbound_rules=[pb.Rule(action="allow")])) == frozenset()
+
+
+def test_policy_updates_keep_the_set_index_in_step() -> None:
+    sc = Screen()
+    sc(ipset("s:a"))
+    sc(ipset("s:b"))
+    assert not denied(sc(pol("p", "s:a"))[0])
+    assert not denied(sc(pol("p", "s:a", port=81))[0])  # same sets, new content: still indexed
+    out = sc(pb.IPSetRemove(id="s:a"))
+    assert [type(m).__name__ for m in out] == ["ActivePolicyUpdate", "IPSetRemove"] and denied(out[0])
+    assert out[0].id.name == "p"
+    assert denied(sc(pol("p", "s:a", port=82))[0])  # still missing: still denied
+    assert not denied(sc(pol("p", "s:b"))[0])  # now names another set
+    sc(ipset("s:a"))
+    assert sc(pb.IPSetRemove(id="s:a")) == [pb.IPSetRemove(id="s:a")]  # p no longer refers to it
+    out = sc(pb.IPSetRemove(id="s:b"))
+    assert len(out) == 2 and denied(out[0])
+    sc(pol_remove("p"))
+    assert sc(ipset("s:b")) == [ipset("s:b")]  # a removed policy is replayed for nothing
+
+
+def test_endpoint_updates_keep_the_policy_index_in_step() -> None:
+    sc = Screen()
+    sc(pol("p1"))
+    sc(pol("p2"))
+    assert not without_refs(sc(wep("w", "p1"))[0])
+    assert not without_refs(sc(wep("w", "p1", addr="10.0.0.2/32"))[0])  # same references, new content
+    out = sc(pol_remove("p1"))
+    assert len(out) == 2 and without_refs(out[1]) and out[1].endpoint.ipv4_nets == ["10.0.0.2/32"]
+    assert without_refs(sc(wep("w", "p1", addr="10.0.0.3/32"))[0])  # still missing
+    out = sc(pol("p1"))  # defined again: the latest version is replayed whole
+    assert len(out) == 2 and not without_refs(out[1]) and out[1].endpoint.ipv4_nets == ["10.0.0.3/32"]
+    assert not without_refs(sc(wep("w", "p2"))[0])  # now refers to another policy
+    assert sc(pol_remove("p1")) == [pol_remove("p1")]
+    out = sc(pol_remove("p2"))
+    assert len(out) == 2 and without_refs(out[1])
+
+
+def test_a_delta_for_a_malformed_set_id_is_still_dropped() -> None:
+    sc = Screen()
+    assert sc(pb.IPSetDeltaUpdate(id="s:ok", added_members=["10.0.0.1"])) != []
+    assert sc(pb.IPSetDeltaUpdate(id="bad id!", added_members=["10.0.0.1"])) == []
