@@ -31,8 +31,10 @@ in order (a rule's allow/deny ends the program, pass goes to the tier's end, the
 drops unless its default is pass; staged policies are skipped), profiles, default deny.  Not
 modelled: conntrack (a non-NEW packet is taken as an established flow, which skips policy; the
 to-HEP program's policy run on a mid-flow miss too), NAT (a host-stack DNAT after a HEP's program
-is not followed), XDP (felixpy attaches none), and whatever the host stack's own rules do after a
-program passed a packet to it.
+is not followed), XDP (felixpy attaches none), and the host stack beyond its rules.  Given the
+*tables ruleset, :func:`explain_bpf` also evaluates the rules a packet meets in the host stack (the
+guards of :mod:`felixpy.rules.bpfmode` and any other rule), with the SEEN mark when a program passed
+it in; a packet a program forwards is FIB-redirected and meets none.
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ from felixpy.bpf.policy_ir import Action, PolicySet, PortRange, Rule, Tier
 from felixpy.bpf.policyload import SOURCE_DIR, PolicySource, parse_source, read_pinned_source
 from felixpy.explain.packet import Packet
 from felixpy.explain.path import Explanation
+from felixpy.explain.ruleset import Ruleset
 
 _READY = {4: defs.IFACE_STATE_V4_READY, 6: defs.IFACE_STATE_V6_READY}
 _ND_MLD = frozenset({130, 131, 132, 133, 135, 136})
+_MARK_SEEN = 0x01000000   # CALI_SKB_MARK_SEEN (bpf-gpl/bpf.h; rules/bpfmode.MARK_SEEN)
 IFSTATE_PIN = "cali_iface"
 
 
@@ -516,15 +520,15 @@ def _hep_leg(view: BPFView, pkt: Packet, iface: Iface, hook: int, *, src_is_host
     port = _port(pkt, False)
     fsafes = failsafe_map(v)
     if ingress and dest_is_host and view.failsafe(v, pkt.proto, port, pkt.src.compressed, False):
-        leg.reason = (f"failsafe: inbound {_proto_name(pkt.proto)} port {port} from {pkt.src} is in {fsafes} "
-                      "(FailsafeInboundHostPorts): policy skipped")
-        leg.decided = {"by": "failsafe", "iface": iface.name, "hook": leg.hook, "reason": leg.reason}
+        leg.decided = {"by": "failsafe", "iface": iface.name, "hook": leg.hook,
+                       "reason": f"inbound {_proto_name(pkt.proto)} port {port} from {pkt.src} is in {fsafes} "
+                                 "(FailsafeInboundHostPorts): policy skipped"}
         leg.path.append({"iface": iface.name, "hook": leg.hook, "action": "skip policy (inbound failsafe)"})
         return leg
     if not ingress and src_is_host and view.failsafe(v, pkt.proto, port, pkt.dst.compressed, True):
-        leg.reason = (f"failsafe: outbound {_proto_name(pkt.proto)} port {port} to {pkt.dst} is in {fsafes} "
-                      "(FailsafeOutboundHostPorts): policy skipped")
-        leg.decided = {"by": "failsafe", "iface": iface.name, "hook": leg.hook, "reason": leg.reason}
+        leg.decided = {"by": "failsafe", "iface": iface.name, "hook": leg.hook,
+                       "reason": f"outbound {_proto_name(pkt.proto)} port {port} to {pkt.dst} is in {fsafes} "
+                                 "(FailsafeOutboundHostPorts): policy skipped"}
         leg.path.append({"iface": iface.name, "hook": leg.hook, "action": "skip policy (outbound failsafe)"})
         return leg
     if _is_nd_or_mld(pkt):
@@ -546,8 +550,43 @@ def _proto_name(proto: int) -> str:
     return {6: "tcp", 17: "udp", 132: "sctp", 1: "icmp", 58: "icmpv6"}.get(proto, str(proto))
 
 
-def explain_bpf(view: BPFView, pkt: Packet, direction: str, mode: str) -> Explanation:
-    """The packet's way through the programs of its in- and out-interface (either may be the host)."""
+def explain_bpf(view: BPFView, pkt: Packet, direction: str, mode: str,
+                ruleset: Ruleset | None = None) -> Explanation:
+    """The packet's way through the programs of its in- and out-interface (either may be the host) and,
+    given the *tables ``ruleset``, through the host stack's rules where the packet meets them."""
+    ex = _through_programs(view, pkt, direction, mode)
+    if ruleset is None or ex.verdict == "deny":
+        return ex
+    by_name = {i.name: i for i in view.ifaces.values()}
+    i = by_name.get(pkt.iif or "")
+    v = pkt.ip_version
+    programmed = i is not None and ((i.is_wep and i.ready(v)) or (i.is_hep and v in i.tc_ingress_entry))
+    if programmed and direction == "forward":
+        # forward_or_drop: an approved packet heading elsewhere is FIB-redirected (bpf_redirect_neigh /
+        # redirect_peer) straight to the out-interface; netfilter's hooks never see it.
+        ex.notes.append(f"forwarded by {pkt.iif}'s program (FIB redirect): the host stack's rules are not met")
+        return ex
+    # Into the host from a program: it carries the SEEN mark (forward_or_drop); from the host itself or
+    # from an interface no program of this family runs on: no mark.  The guards of BPF mode
+    # (rules/bpfmode.py: DefaultEndpointToHostAction, the fail-closed drops of unseen workload traffic,
+    # cali-to-wl-dispatch) and any other rule of the five hooks decide as netfilter does.
+    from felixpy.explain.evaluate import evaluate
+    from felixpy.explain.path import explain as explain_tables
+
+    trace = evaluate(ruleset, pkt.with_mark(_MARK_SEEN if programmed else 0), direction)
+    tex = explain_tables(ruleset, trace)
+    ex.hook_chains += tex.hook_chains
+    ex.path += tex.path
+    ex.uncertain += [u for u in tex.uncertain if u not in ex.uncertain]
+    marked = f"mark {_MARK_SEEN:#x} (SEEN, set by {pkt.iif}'s program)" if programmed else "no mark (no program set one)"
+    ex.notes.append(f"host stack ({direction}): the *tables rules evaluated with {marked}")
+    if trace.verdict == "deny":
+        ex.verdict = "deny"
+        ex.decided_by = tex.decided_by
+    return ex
+
+
+def _through_programs(view: BPFView, pkt: Packet, direction: str, mode: str) -> Explanation:
     v = pkt.ip_version
     by_name = {i.name: i for i in view.ifaces.values()}
     ex = Explanation(pkt.describe(), mode, v, direction, "allow")

@@ -23,6 +23,7 @@ from felixpy.drivers.bpffailsafe.driver import BPFFailsafes
 from felixpy.explain.bpf import BPFView, explain_bpf, view_from_maps
 from felixpy.explain.packet import make_packet
 from felixpy.explain.path import Explanation
+from felixpy.explain.ruleset import Ruleset
 from felixpy.ifacemonitor.events import IfaceState
 from felixpy.proto import felixbackend_pb2 as pb
 
@@ -257,3 +258,81 @@ def test_hep_without_the_familys_entry_passes_and_an_empty_slot_allows() -> None
     st.set(ctypes.c_uint32(IFACES["eth0"]), val)
     nr = ask(view(fb), "10.98.0.2", "10.98.0.1", iif="eth0", oif=None)
     assert any("not READY" in u for u in nr.uncertain)
+
+
+# ------------------------------------------------------------------ the host stack after the programs
+def bpf_mode_ruleset(v: int, action: str, ready: tuple[str, ...]) -> Ruleset:
+    """BPF mode's *tables (felixpy.rules.bpfmode: filter and raw chains and their kernel hooks), rendered
+    as iptables-legacy-save text and parsed back as explain reads it."""
+    from felixpy.config import Config
+    from felixpy.drivers.iptables.detect import Features
+    from felixpy.drivers.iptables.render import render_body
+    from felixpy.explain.readers import from_iptables_text
+    from felixpy.rules import bpfmode
+    from felixpy.dataplane.wiring import renderer_options
+    from felixpy.rules.renderer import RuleRenderer
+
+    c = replace(Config(), BPFEnabled=True, DefaultEndpointToHostAction=action)
+    ctx = RuleRenderer(c, v, options=renderer_options(c)).ctx
+    text = []
+    for table, base in (("filter", ("INPUT", "FORWARD", "OUTPUT")), ("raw", ("PREROUTING", "OUTPUT"))):
+        chains = {ch.name: ch for ch in bpfmode.static_chains(ctx, table)}
+        if table == "filter":
+            chains["cali-to-wl-dispatch"] = bpfmode.workload_allow_chain(ctx, ready)
+        text.append(f"*{table}")
+        text += [f":{b} ACCEPT [0:0]" for b in base] + [f":{n} - [0:0]" for n in chains]
+        for b in base:   # iptables-save order: each chain's rules together, in declaration order
+            for hook in bpfmode.kernel_hooks(ctx):
+                if (hook.table, hook.chain) == (table, b):
+                    text += [f"-A {b} {render_body(r, Features())}" for r in hook.rules]
+        for name, ch in chains.items():
+            text += [f"-A {name} {render_body(r, Features())}" for r in ch.rules]
+        text.append("COMMIT")
+    rs = from_iptables_text("\n".join(text) + "\n", "", v, "iptables-legacy")
+    rs.local_addrs = frozenset(ips[v == 6] for ips in HOST_ADDRS.values())
+    return rs
+
+
+def ask_with(vw: BPFView, rs: Ruleset, src: str, dst: str, *, iif: str | None, oif: str | None,
+             dport: int = 8080, ct_state: str = "NEW") -> Explanation:
+    pkt = replace(make_packet(src, dst, "tcp", dport=dport), iif=iif, oif=oif, ct_state=ct_state)
+    direction = "forward" if iif and oif else ("input" if iif else "output")
+    return explain_bpf(vw, pkt, direction, "bpf-legacy", ruleset=rs)
+
+
+def test_host_stack_rules_after_the_programs_decide_what_the_programs_pass_to_it() -> None:
+    fb = programmed({"eth0": pb.HostEndpoint(name="eth0", tiers=OPEN)})
+    vw = view(fb)
+    for v in (4, 6):
+        wl_a, host, out = fam(v, WL["cali-a"]), fam(v, HOST_ADDRS["eth0"]), fam(v, OUTSIDE["eth0"])
+        drop = bpf_mode_ruleset(v, "DROP", ("cali-a", "cali-b"))
+        # Workload → host: the program allows, cali-INPUT's DefaultEndpointToHostAction (DROP) decides.
+        ex = ask_with(vw, drop, wl_a, host, iif="cali-a", oif=None)
+        assert ex.verdict == "deny" and ex.decided_by is not None, ex
+        assert "Configured DefaultEndpointToHostAction" in ex.decided_by["comments"]
+        assert ask_with(vw, bpf_mode_ruleset(v, "ACCEPT", ("cali-a", "cali-b")), wl_a, host, iif="cali-a",
+                        oif=None).verdict == "allow"
+        # ... but the workload's reply to a flow the host opened gets through (Linux conntrack ESTABLISHED).
+        assert ask_with(vw, drop, wl_a, host, iif="cali-a", oif=None, ct_state="ESTABLISHED").verdict == "allow"
+        # A HEP's traffic to the host is not workload traffic: the guards let it be.
+        assert ask_with(vw, drop, out, host, iif="eth0", oif=None).verdict == "allow"
+        # Forwarded by a program: FIB-redirected, the host stack's rules are not met.
+        fwd = ask_with(vw, drop, wl_a, out, iif="cali-a", oif="eth0")
+        assert fwd.verdict == "allow" and any("FIB redirect" in n for n in fwd.notes)
+        # An interface with no programs (cali-x: no cali_iface entry): the fail-closed guards drop it, and its
+        # replies (the host → cali-x probe fails that way).
+        rs = bpf_mode_ruleset(v, "ACCEPT", ("cali-a", "cali-b"))
+        stray = fam(v, ("10.65.0.9", "fd00:65::9"))
+        for ex in (ask_with(vw, rs, stray, host, iif="cali-x", oif=None),
+                   ask_with(vw, rs, stray, host, iif="cali-x", oif=None, ct_state="ESTABLISHED"),
+                   ask_with(vw, rs, stray, wl_a, iif="cali-x", oif="cali-a")):
+            assert ex.verdict == "deny" and ex.decided_by is not None, ex
+            assert "From workload without BPF seen mark" in ex.decided_by["comments"]
+        # eth1 (NOT_MANAGED, no programs) → workload a: through FORWARD, cali-to-wl-dispatch admits a READY
+        # workload; then a's to-workload program decides.
+        ok = ask_with(vw, rs, fam(v, OUTSIDE["eth1"]), wl_a, iif="eth1", oif="cali-a")
+        assert ok.verdict == "allow" and ok.endpoints == ["cali-a (to-workload)"]
+        shut = ask_with(vw, bpf_mode_ruleset(v, "ACCEPT", ("cali-b",)), fam(v, OUTSIDE["eth1"]), wl_a,
+                        iif="eth1", oif="cali-a")
+        assert shut.verdict == "deny" and shut.decided_by is not None
+        assert "Workload interface without BPF programs" in shut.decided_by["comments"]
