@@ -99,8 +99,8 @@ Case = tuple[str, str, int]  # source namespace, destination IP, TCP port
 
 def expect_tcp(fv: FamilyView, cases: Mapping[Case, bool], what: str, *,
                unexplained: Mapping[Case, str] | None = None) -> None:
-    """Probe every case once (misses of expected passes get one slower retry) and compare; then, in
-    the BPF modes, felixpy explain (read from the node's pins) must give every case the packets' verdict.
+    """Probe every case once (misses of expected passes get one slower retry) and compare; then felixpy
+    explain (in the BPF modes read from the node's pins) must give every case the packets' verdict.
     ``unexplained``: cases explain cannot follow, each with the reason (left out of that cross-check)."""
     __tracebackhide__ = True
     jobs = {c: (c[0], c[1], cc.Probe("tcp", c[2])) for c in cases}
@@ -111,12 +111,10 @@ def expect_tcp(fv: FamilyView, cases: Mapping[Case, bool], what: str, *,
     wrong = {f"{c[0]} → {c[1]}:{c[2]}": ("expected open" if cases[c] else "expected blocked")
              for c in cases if got[c] != cases[c]}
     assert not wrong, f"{what}: {wrong}"
-    root = fv.node.pin_root
-    if root is not None:
-        skip = unexplained or {}
-        assert set(skip) <= set(cases), f"unexplained cases that are not probed: {set(skip) - set(cases)}"
-        cross_check_flows(fv.node.netns, fv.v, {(c[0], c[1], jobs[c][2]): got[c] for c in cases if c not in skip},
-                          f"{fv.mode} {what}", bpf_pin_root=root)
+    skip = unexplained or {}
+    assert set(skip) <= set(cases), f"unexplained cases that are not probed: {set(skip) - set(cases)}"
+    cross_check_flows(fv.node.netns, fv.v, {(c[0], c[1], jobs[c][2]): got[c] for c in cases if c not in skip},
+                      f"{fv.mode} {what}", bpf_pin_root=fv.node.pin_root)
 
 
 def eventually_tcp(fv: FamilyView, cases: Mapping[Case, bool], what: str, timeout: float = 5.0) -> None:
