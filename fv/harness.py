@@ -167,6 +167,11 @@ class FvNode:
         assert self.node is not None
         return self.node.netns
 
+    @property
+    def pin_root(self) -> str | None:
+        """BPF modes: where this node's daemon pins (its private bpffs); None in the *tables modes."""
+        return f"{self.bpffs}/tc/globals" if self.mode in BPF_MODES and self.bpffs else None
+
     # ------------------------------------------------------------------- daemon
     def start_daemon(self) -> None:
         env = {**{**MODES, **BPF_MODES}[self.mode], "PYTHONFAULTHANDLER": "1"}
@@ -394,8 +399,8 @@ class FvNode:
                 actual = self._recheck_misses(v, expected, actual)
             if actual == expected:
                 self.timings.setdefault("converge", []).append(time.monotonic() - t0)
-                if self.mode not in BPF_MODES:  # BPF mode: fv/test_explain.py cross-checks its own matrices (pin root)
-                    cross_check(self.netns, v, self.endpoints, actual, self.mode)  # explain agrees with the packets
+                # explain agrees with the packets (BPF modes: read from this node's pins)
+                cross_check(self.netns, v, self.endpoints, actual, self.mode, bpf_pin_root=self.pin_root)
                 return
             if once or time.monotonic() - t0 > timeout:
                 break

@@ -1,10 +1,10 @@
 """``felixpy explain`` as an operator runs it: the CLI against the node's kernel, daemon running and stopped.
 
-(Every connectivity assertion of every *tables-mode FV test also cross-checks explain's
-verdict per matrix cell, in-process: fv/explaincheck.py.  This file checks the CLI's own
-answer — what decided, in which tier, through which IP set — and that it reads the kernel,
-not the daemon, in every mode; in the BPF modes it also cross-checks every cell of its
-matrices here (:func:`bpf_cross_check`).)
+(Every connectivity assertion of every FV test also cross-checks explain's verdict per
+matrix cell, in-process: fv/explaincheck.py, in the BPF modes from the node's pins.  This
+file checks the CLI's own answer — what decided, in which tier, through which IP set — and
+that it reads the kernel, not the daemon, in every mode; in the BPF modes it also
+cross-checks every cell of its matrices with the daemon stopped (:func:`bpf_cross_check`).)
 
 BPF modes: the FV node pins to its own bpffs, mounted by the test process on a temp dir
 before the daemon starts (fv.harness), so ``ip netns exec``'s private mount namespace
@@ -46,7 +46,7 @@ def explain(fv: FamilyView, *args: str, netns: str | None = None) -> subprocess.
 
 def bpf_cross_check(fv: FamilyView, probes: Any) -> None:
     """BPF modes: explain's verdict (read from the pins, in-process) = what the packets did, every cell
-    (the *tables modes get this from every fv.check: fv/explaincheck.py)."""
+    (every fv.check does the same, fv/explaincheck.py; this one also runs with the daemon stopped)."""
     if fv.mode not in BPF_MODES:
         return
     actual = fv.node.probe(fv.v, probes)

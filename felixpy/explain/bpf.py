@@ -2,28 +2,39 @@
 
 What is read (kernel only: the daemon may be stopped), all under the pin root:
 
-* ``cali_iface`` — per ifindex: flags (WEP, READY per family, NOT_MANAGED), the interface
-  name and the policy entry of each hook (``egress_policy_v<n>``: the from-workload program,
-  in ``cali_jump_ing``; ``ingress_policy_v<n>``: the to-workload program, in ``cali_jump_egr``);
+* ``cali_iface`` — per ifindex: flags (WEP, HEP, READY per family, NOT_MANAGED), the interface
+  name and the policy entry of each TC hook (``egress_policy_v<n>``: TC ingress, in
+  ``cali_jump_ing`` — a workload's egress policy, a host endpoint's ingress policy;
+  ``ingress_policy_v<n>``: TC egress, in ``cali_jump_egr`` — a workload's ingress policy, a host
+  endpoint's egress policy: the driver fills the fields by hook for both kinds);
 * the policy jump map slot — a prog-array lookup gives the program id, its info its name
   (``p<4|6><i|e>_<digest>``);
 * ``felixpy-policy/<program name>`` — the program's source the daemon pinned beside it
   (:mod:`felixpy.bpf.policyload`): the :class:`~felixpy.bpf.policy_ir.PolicySet` and the
   IP-set name → id map it was built with;
 * ``cali_v<n>_ip_sets`` (LPM: membership of the packet's address, port and protocol, keyed
-  exactly as the program builds the key) and ``cali_v<n>_routes`` (local host / local
-  workload on this ifindex).
+  exactly as the program builds the key), ``cali_v<n>_routes`` (local host / local
+  workload on this ifindex) and ``cali_v<n>_fsafes2`` (the failsafe ports, keyed as
+  ``bpf-gpl/failsafe.h`` builds the key).
 
 The evaluation follows the main program (``bpf-gpl/tc.c``) and the policy program generator
-(:mod:`felixpy.bpf.polprog`): from a workload the source must route to a local workload on
-that interface (RPF); host → local workload skips policy; ND/MLD skips policy; then the
-policy program: pre-DNAT host tiers, forward or normal host tiers, workload tiers in order
-(a rule's allow/deny ends the program, pass goes to the tier's end, the end of a tier drops
-unless its default is pass or all its policies are staged; staged policies are skipped),
-profiles, default deny.  An empty slot on a workload drops; an interface that is not READY
-for the family fails closed.  Not modelled: conntrack (a non-NEW packet is taken as an
-established flow, which skips policy), NAT, failsafes and host endpoints' own flags beyond
-what the PolicySet carries.
+(:mod:`felixpy.bpf.polprog`), one leg per TC hook met (the in-interface's TC ingress, then the
+out-interface's TC egress).  A workload leg: the source must route to a local workload on that
+interface (RPF); host → local workload skips policy; ND/MLD skips policy; an empty slot drops;
+not READY for the family fails closed.  A host-endpoint leg: no policy entry for the family
+passes (the programs pass a family they do not police on a HEP); from the HEP to the host the
+inbound failsafes (protocol, port, source) and from the host to the HEP the outbound ones
+(protocol, port, destination) skip policy; ND/MLD skips policy; an empty slot allows.  Then the
+policy program: pre-DNAT host tiers, forward host tiers (neither DEST_IS_HOST nor SRC_IS_HOST) or
+normal host tiers + host profiles (unless suppressed, as on workloads), then a workload's tiers
+in order (a rule's allow/deny ends the program, pass goes to the tier's end, the end of a tier
+drops unless its default is pass; staged policies are skipped), profiles, default deny.  Not
+modelled: conntrack (a non-NEW packet is taken as an established flow, which skips policy; the
+to-HEP program's policy run on a mid-flow miss too), NAT (a host-stack DNAT after a HEP's program
+is not followed), XDP (felixpy attaches none), and the host stack beyond its rules.  Given the
+*tables ruleset, :func:`explain_bpf` also evaluates the rules a packet meets in the host stack (the
+guards of :mod:`felixpy.rules.bpfmode` and any other rule), with the SEEN mark when a program passed
+it in; a packet a program forwards is FIB-redirected and meets none.
 """
 
 from __future__ import annotations
@@ -41,9 +52,11 @@ from felixpy.bpf.policy_ir import Action, PolicySet, PortRange, Rule, Tier
 from felixpy.bpf.policyload import SOURCE_DIR, PolicySource, parse_source, read_pinned_source
 from felixpy.explain.packet import Packet
 from felixpy.explain.path import Explanation
+from felixpy.explain.ruleset import Ruleset
 
 _READY = {4: defs.IFACE_STATE_V4_READY, 6: defs.IFACE_STATE_V6_READY}
 _ND_MLD = frozenset({130, 131, 132, 133, 135, 136})
+_MARK_SEEN = 0x01000000   # CALI_SKB_MARK_SEEN (bpf-gpl/bpf.h; rules/bpfmode.MARK_SEEN)
 IFSTATE_PIN = "cali_iface"
 
 
@@ -56,15 +69,26 @@ class Iface:
     ifindex: int
     name: str
     flags: int
-    from_wl_entry: dict[int, int]   # family -> entry in cali_jump_ing (the workload's egress policy)
-    to_wl_entry: dict[int, int]     # family -> entry in cali_jump_egr (the workload's ingress policy)
+    # family -> entry in the policy jump map of each TC hook.  ``cali_iface`` names the fields by the
+    # workload's policy direction (``egress_policy_v<n>``: TC ingress, ``ingress_policy_v<n>``: TC
+    # egress); a host endpoint's driver fills the same fields by hook, so for a HEP the TC ingress
+    # entry (``egress_policy_v<n>``) holds its *ingress* policy.
+    tc_ingress_entry: dict[int, int]   # in cali_jump_ing
+    tc_egress_entry: dict[int, int]    # in cali_jump_egr
 
     @property
     def is_wep(self) -> bool:
         return bool(self.flags & defs.IFACE_STATE_WEP)
 
+    @property
+    def is_hep(self) -> bool:
+        return bool(self.flags & defs.IFACE_STATE_HEP) and not self.is_wep
+
     def ready(self, v: int) -> bool:
         return bool(self.flags & _READY[v])
+
+    def entry(self, hook: int) -> dict[int, int]:
+        return self.tc_ingress_entry if hook == defs.HOOK_TC_INGRESS else self.tc_egress_entry
 
     def describe_flags(self) -> str:
         names = [n for n, bit in (("WEP", defs.IFACE_STATE_WEP), ("V4_READY", defs.IFACE_STATE_V4_READY),
@@ -83,15 +107,16 @@ class BPFView:
     source: Callable[[str], PolicySource | None]
     ipset_member: Callable[[int, int, str, int, int], bool]   # (v, set id, addr, port, proto)
     route_flags: Callable[[int, str], tuple[int, int] | None]  # (v, addr) -> (flags, ifindex)
+    failsafe: Callable[[int, int, int, str, bool], bool]       # (v, proto, port, peer addr, outbound)
     ifindex_of: dict[str, int] = field(default_factory=dict)   # interface name -> ifindex (ip -j link)
 
 
 def iface_from_value(ifindex: int, val: Any) -> Iface:
     name = bytes(val.name).split(b"\0", 1)[0].decode(errors="replace")
-    from_wl = {v: int(getattr(val, f"egress_policy_v{v}")) for v in (4, 6)}
-    to_wl = {v: int(getattr(val, f"ingress_policy_v{v}")) for v in (4, 6)}
-    return Iface(ifindex, name, int(val.flags), {v: e for v, e in from_wl.items() if e >= 0},
-                 {v: e for v, e in to_wl.items() if e >= 0})
+    tc_ing = {v: int(getattr(val, f"egress_policy_v{v}")) for v in (4, 6)}
+    tc_egr = {v: int(getattr(val, f"ingress_policy_v{v}")) for v in (4, 6)}
+    return Iface(ifindex, name, int(val.flags), {v: e for v, e in tc_ing.items() if e >= 0},
+                 {v: e for v, e in tc_egr.items() if e >= 0})
 
 
 def view_from_maps(pin_root: str, maps: Callable[[str], Any], prog_name: Callable[[int], str | None],
@@ -132,7 +157,13 @@ def view_from_maps(pin_root: str, maps: Callable[[str], Any], prog_name: Callabl
         got = m.get(mt.route_key(f"{addr}/{128 if v == 6 else 32}"))
         return None if got is None else (int(got.flags), int(got.if_index))
 
-    return BPFView(pin_root, ifaces, slot_program, source, ipset_member, route_flags, ifindex_of)
+    def failsafe(v: int, proto: int, port: int, addr: str, outbound: bool) -> bool:
+        # The key the main program builds (bpf-gpl/failsafe.h is_failsafe): full prefix over the
+        # port, protocol and direction, then the peer's whole address; the LPM trie matches CIDRs.
+        m = maps((bm.FSAFES6 if v == 6 else bm.FSAFES4).name)
+        return m.get(mt.failsafe_key(proto, port, f"{addr}/{128 if v == 6 else 32}", outbound=outbound)) is not None
+
+    return BPFView(pin_root, ifaces, slot_program, source, ipset_member, route_flags, failsafe, ifindex_of)
 
 
 def _kernel_prog_name(prog_id: int) -> str | None:
@@ -190,7 +221,7 @@ class _Leg:
     """One policy program run: which interface, which way, what it decided."""
 
     iface: str
-    hook: str                 # "from-workload" | "to-workload"
+    hook: str                 # "from-workload" | "to-workload" | "from-host-endpoint" | "to-host-endpoint"
     verdict: str = "allow"
     program: str | None = None
     reason: str = ""
@@ -199,6 +230,7 @@ class _Leg:
     decided: dict[str, Any] | None = None
     ip_sets: list[dict[str, str]] = field(default_factory=list)
     path: list[dict[str, Any]] = field(default_factory=list)
+    uncertain: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -380,11 +412,64 @@ def _is_local_host(view: BPFView, v: int, addr: str) -> bool:
     return r is not None and (r[0] & (defs.RT_LOCAL | defs.RT_HOST)) == (defs.RT_LOCAL | defs.RT_HOST)
 
 
+_JUMP_NAME = {defs.HOOK_TC_INGRESS: "cali_jump_ing", defs.HOOK_TC_EGRESS: "cali_jump_egr"}
+
+
+def _hook_name(iface: Iface, hook: int) -> str:
+    ingress = hook == defs.HOOK_TC_INGRESS
+    if iface.is_hep:
+        return "from-host-endpoint" if ingress else "to-host-endpoint"
+    return "from-workload" if ingress else "to-workload"
+
+
+def _policy_direction(iface: Iface, hook: int) -> str:
+    """The policy direction the hook's program enforces: a workload's TC ingress runs its egress
+    policy; a host endpoint has the natural relation (TC ingress: its ingress policy)."""
+    ingress = hook == defs.HOOK_TC_INGRESS
+    return ("ingress" if ingress else "egress") if iface.is_hep else ("egress" if ingress else "ingress")
+
+
+def _is_nd_or_mld(pkt: Packet) -> bool:
+    return pkt.ip_version == 6 and pkt.proto == 58 and pkt.icmp_type in _ND_MLD
+
+
+def _run_slot(view: BPFView, pkt: Packet, iface: Iface, hook: int, leg: _Leg, *, dest_is_host: bool,
+              src_is_host: bool, empty_allows: bool) -> None:
+    """The tail call into the interface's policy slot and the program there (or what an empty slot means)."""
+    v = pkt.ip_version
+    entry = iface.entry(hook).get(v)
+    name = view.slot_program(hook, entry) if entry is not None else None
+    jump = _JUMP_NAME[hook]
+    if name is None:
+        if empty_allows:
+            leg.reason = (f"{jump}[{entry}] is empty: a host endpoint without a policy program allows "
+                          "(bpf-gpl/tc.c, CALI_JUMP_TO_POLICY returns)")
+            leg.path.append({"iface": iface.name, "hook": leg.hook, "slot": f"{jump}[{entry}]",
+                             "action": "empty slot: allow (host endpoint)"})
+            return
+        leg.verdict = "deny"
+        leg.reason = (f"no policy program for {iface.name} IPv{v} {leg.hook} "
+                      f"({jump}[{entry}] empty): a workload without one drops" if entry is not None else
+                      f"no IPv{v} {leg.hook} policy entry for {iface.name} in cali_iface: a workload without one drops")
+        return
+    leg.program = name
+    src = view.source(name)
+    if src is None:
+        leg.verdict = "deny"
+        leg.reason = (f"{jump}[{entry}] holds program {name}, whose source is not pinned in "
+                      f"{os.path.join(view.pin_root, SOURCE_DIR)} (not a felixpy policy program, or from a felixpy "
+                      "that did not keep sources): cannot evaluate it; taken as deny")
+        return
+    env = _Env(view, pkt.src, pkt.dst, pkt, src.ip_set_ids, leg, dest_is_host, src_is_host)
+    leg.path.append({"iface": iface.name, "hook": leg.hook, "slot": f"{jump}[{entry}]", "program": name})
+    leg.verdict = run_policy_set(env, src.policy_set, _policy_direction(iface, hook))
+
+
 def _leg(view: BPFView, pkt: Packet, iface: Iface, hook: int, *, src_is_host: bool,
          dest_is_host: bool, seen: bool) -> _Leg:
+    """One workload program (``bpf-gpl/tc.c``, CALI_F_FROM_WEP / CALI_F_TO_WEP)."""
     v = pkt.ip_version
-    what = "egress" if hook == defs.HOOK_TC_INGRESS else "ingress"
-    leg = _Leg(iface.name, "from-workload" if hook == defs.HOOK_TC_INGRESS else "to-workload")
+    leg = _Leg(iface.name, _hook_name(iface, hook))
     if not iface.ready(v):
         leg.verdict = "deny"
         leg.reason = (f"{iface.name} is not READY for IPv{v} in cali_iface (flags {iface.describe_flags()}): "
@@ -405,34 +490,103 @@ def _leg(view: BPFView, pkt: Packet, iface: Iface, hook: int, *, src_is_host: bo
         leg.reason = "from the local host to a local workload: policy skipped (always allowed)"
         leg.path.append({"iface": iface.name, "hook": leg.hook, "action": "skip policy (host → workload)"})
         return leg
-    if v == 6 and pkt.proto == 58 and pkt.icmp_type in _ND_MLD:
+    if _is_nd_or_mld(pkt):
         leg.reason = "neighbour discovery / MLD: policy skipped"
         return leg
-    entry = (iface.from_wl_entry if hook == defs.HOOK_TC_INGRESS else iface.to_wl_entry).get(v)
-    name = view.slot_program(hook, entry) if entry is not None else None
-    jump = "cali_jump_ing" if hook == defs.HOOK_TC_INGRESS else "cali_jump_egr"
-    if name is None:
-        leg.verdict = "deny"
-        leg.reason = (f"no policy program for {iface.name} IPv{v} {leg.hook} "
-                      f"({jump}[{entry}] empty): a workload without one drops" if entry is not None else
-                      f"no IPv{v} {leg.hook} policy entry for {iface.name} in cali_iface: a workload without one drops")
-        return leg
-    leg.program = name
-    src = view.source(name)
-    if src is None:
-        leg.verdict = "deny"
-        leg.reason = (f"{jump}[{entry}] holds program {name}, whose source is not pinned in "
-                      f"{os.path.join(view.pin_root, SOURCE_DIR)} (not a felixpy policy program, or from a felixpy "
-                      "that did not keep sources): cannot evaluate it; taken as deny")
-        return leg
-    env = _Env(view, pkt.src, pkt.dst, pkt, src.ip_set_ids, leg, dest_is_host, src_is_host)
-    leg.path.append({"iface": iface.name, "hook": leg.hook, "slot": f"{jump}[{entry}]", "program": name})
-    leg.verdict = run_policy_set(env, src.policy_set, what)
+    # The program reads DEST_IS_HOST only on TC ingress (towards the host), SRC_IS_HOST only on TC egress.
+    _run_slot(view, pkt, iface, hook, leg, dest_is_host=dest_is_host and hook == defs.HOOK_TC_INGRESS,
+              src_is_host=src_is_host and hook == defs.HOOK_TC_EGRESS, empty_allows=False)
     return leg
 
 
-def explain_bpf(view: BPFView, pkt: Packet, direction: str, mode: str) -> Explanation:
-    """The packet's way through the programs of its in- and out-interface (either may be the host)."""
+def _hep_leg(view: BPFView, pkt: Packet, iface: Iface, hook: int, *, src_is_host: bool,
+             dest_is_host: bool) -> _Leg:
+    """One host-endpoint program (``bpf-gpl/tc.c``, CALI_F_FROM_HEP on TC ingress, CALI_F_TO_HEP on TC
+    egress): failsafes, ND/MLD, then the HEP's policy program; an empty slot allows."""
+    v = pkt.ip_version
+    ingress = hook == defs.HOOK_TC_INGRESS
+    leg = _Leg(iface.name, _hook_name(iface, hook))
+    if iface.entry(hook).get(v) is None:
+        # Both hooks carry a preamble that falls back to the other family's main program, which passes
+        # a packet of a family it does not police on a host endpoint (TC_ACT_UNSPEC).
+        leg.reason = (f"{iface.name} is a host endpoint without an IPv{v} policy entry in cali_iface: "
+                      f"no IPv{v} program polices it there (the programs pass other families on a host endpoint)")
+        leg.path.append({"iface": iface.name, "hook": leg.hook, "action": f"no IPv{v} program: pass"})
+        return leg
+    if not iface.ready(v):
+        leg.uncertain.append(f"{iface.name}: host endpoint not READY for IPv{v} in cali_iface (flags "
+                             f"{iface.describe_flags()}): its programs may not be attached yet, and until they "
+                             "are nothing polices it; evaluated as if they were")
+    port = _port(pkt, False)
+    fsafes = failsafe_map(v)
+    if ingress and dest_is_host and view.failsafe(v, pkt.proto, port, pkt.src.compressed, False):
+        leg.decided = {"by": "failsafe", "iface": iface.name, "hook": leg.hook,
+                       "reason": f"inbound {_proto_name(pkt.proto)} port {port} from {pkt.src} is in {fsafes} "
+                                 "(FailsafeInboundHostPorts): policy skipped"}
+        leg.path.append({"iface": iface.name, "hook": leg.hook, "action": "skip policy (inbound failsafe)"})
+        return leg
+    if not ingress and src_is_host and view.failsafe(v, pkt.proto, port, pkt.dst.compressed, True):
+        leg.decided = {"by": "failsafe", "iface": iface.name, "hook": leg.hook,
+                       "reason": f"outbound {_proto_name(pkt.proto)} port {port} to {pkt.dst} is in {fsafes} "
+                                 "(FailsafeOutboundHostPorts): policy skipped"}
+        leg.path.append({"iface": iface.name, "hook": leg.hook, "action": "skip policy (outbound failsafe)"})
+        return leg
+    if _is_nd_or_mld(pkt):
+        leg.reason = "neighbour discovery / MLD: policy skipped"
+        return leg
+    _run_slot(view, pkt, iface, hook, leg, dest_is_host=dest_is_host and ingress,
+              src_is_host=src_is_host and not ingress, empty_allows=True)
+    return leg
+
+
+def failsafe_map(v: int) -> str:
+    """The failsafe map the programs read, as felixpy pins it (``cali_v4_fsafes2`` / ``cali_v6_fsafes2``)."""
+    from felixpy.bpf import maps as bm
+
+    return (bm.FSAFES6 if v == 6 else bm.FSAFES4).name
+
+
+def _proto_name(proto: int) -> str:
+    return {6: "tcp", 17: "udp", 132: "sctp", 1: "icmp", 58: "icmpv6"}.get(proto, str(proto))
+
+
+def explain_bpf(view: BPFView, pkt: Packet, direction: str, mode: str,
+                ruleset: Ruleset | None = None) -> Explanation:
+    """The packet's way through the programs of its in- and out-interface (either may be the host) and,
+    given the *tables ``ruleset``, through the host stack's rules where the packet meets them."""
+    ex = _through_programs(view, pkt, direction, mode)
+    if ruleset is None or ex.verdict == "deny":
+        return ex
+    by_name = {i.name: i for i in view.ifaces.values()}
+    i = by_name.get(pkt.iif or "")
+    v = pkt.ip_version
+    programmed = i is not None and ((i.is_wep and i.ready(v)) or (i.is_hep and v in i.tc_ingress_entry))
+    if programmed and direction == "forward":
+        # forward_or_drop: an approved packet heading elsewhere is FIB-redirected (bpf_redirect_neigh /
+        # redirect_peer) straight to the out-interface; netfilter's hooks never see it.
+        ex.notes.append(f"forwarded by {pkt.iif}'s program (FIB redirect): the host stack's rules are not met")
+        return ex
+    # Into the host from a program: it carries the SEEN mark (forward_or_drop); from the host itself or
+    # from an interface no program of this family runs on: no mark.  The guards of BPF mode
+    # (rules/bpfmode.py: DefaultEndpointToHostAction, the fail-closed drops of unseen workload traffic,
+    # cali-to-wl-dispatch) and any other rule of the five hooks decide as netfilter does.
+    from felixpy.explain.evaluate import evaluate
+    from felixpy.explain.path import explain as explain_tables
+
+    trace = evaluate(ruleset, pkt.with_mark(_MARK_SEEN if programmed else 0), direction)
+    tex = explain_tables(ruleset, trace)
+    ex.hook_chains += tex.hook_chains
+    ex.path += tex.path
+    ex.uncertain += [u for u in tex.uncertain if u not in ex.uncertain]
+    marked = f"mark {_MARK_SEEN:#x} (SEEN, set by {pkt.iif}'s program)" if programmed else "no mark (no program set one)"
+    ex.notes.append(f"host stack ({direction}): the *tables rules evaluated with {marked}")
+    if trace.verdict == "deny":
+        ex.verdict = "deny"
+        ex.decided_by = tex.decided_by
+    return ex
+
+
+def _through_programs(view: BPFView, pkt: Packet, direction: str, mode: str) -> Explanation:
     v = pkt.ip_version
     by_name = {i.name: i for i in view.ifaces.values()}
     ex = Explanation(pkt.describe(), mode, v, direction, "allow")
@@ -449,7 +603,6 @@ def explain_bpf(view: BPFView, pkt: Packet, direction: str, mode: str) -> Explan
         return ex
     src_is_host = pkt.iif is None or _is_local_host(view, v, pkt.src.compressed)
     dest_is_host = pkt.oif is None or _is_local_host(view, v, pkt.dst.compressed)
-    legs: list[_Leg] = []
     seen = False
     for name, hook in ((pkt.iif, defs.HOOK_TC_INGRESS), (pkt.oif, defs.HOOK_TC_EGRESS)):
         if name is None:
@@ -466,20 +619,29 @@ def explain_bpf(view: BPFView, pkt: Packet, direction: str, mode: str) -> Explan
             ex.uncertain.append(f"{name} has no cali_iface entry: no felixpy BPF program runs there "
                                 "(felixpy's *tables guards, not modelled here, decide)")
             continue
-        if not i.is_wep:
+        if i.is_wep:
+            leg = _leg(view, pkt, i, hook, src_is_host=src_is_host and not seen, dest_is_host=dest_is_host,
+                       seen=seen)
+            ex.endpoints.append(f"{name} ({leg.hook})")
+        elif i.is_hep:
+            leg = _hep_leg(view, pkt, i, hook, src_is_host=src_is_host and not seen, dest_is_host=dest_is_host)
+            ex.endpoints.append(f"{name} ({leg.hook})")
+            if hook == defs.HOOK_TC_INGRESS and dest_is_host:
+                ex.notes.append(f"{name} → host: NAT is not modelled; if the host stack translates this packet "
+                                "(a node port's DNAT), its way on to the new destination is not followed")
+        else:
             if i.flags & defs.IFACE_STATE_NOT_MANAGED:
                 ex.notes.append(f"{name}: not a felixpy endpoint (NOT_MANAGED), no policy there")
             else:
-                ex.uncertain.append(f"{name}: flags {i.describe_flags()} (host endpoints are not modelled)")
+                ex.uncertain.append(f"{name}: flags {i.describe_flags()} (neither a workload nor a host endpoint; "
+                                    "not modelled)")
             continue
-        ex.endpoints.append(f"{name} ({'from' if hook == defs.HOOK_TC_INGRESS else 'to'}-workload)")
-        leg = _leg(view, pkt, i, hook, src_is_host=src_is_host and not seen, dest_is_host=dest_is_host, seen=seen)
-        legs.append(leg)
         seen = True
         ex.policies += leg.policies
         ex.tiers += [t for t in leg.tiers if t not in ex.tiers]
         ex.ip_sets += leg.ip_sets
         ex.path += leg.path
+        ex.uncertain += leg.uncertain
         if leg.reason:
             ex.notes.append(leg.reason)
         if leg.program:

@@ -67,7 +67,7 @@ def explain_packet(state: KernelState, pkt: Packet, *, from_iface: str | None = 
         if oif is None and direction != "input":
             return Explanation(pkt.describe(), mode, rs.ip_version, direction, "deny",
                                decided_by={"by": "routing", "reason": f"no route to {pkt.dst}"}, notes=notes)
-        ex = explain_bpf(state.bpf, pkt, direction, mode)
+        ex = explain_bpf(state.bpf, pkt, direction, mode, ruleset=rs)
         ex.notes = notes + ex.notes
         return ex
     if oif is None and direction != "input":

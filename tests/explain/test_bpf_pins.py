@@ -99,3 +99,28 @@ def test_tables_mode_cleanup_removes_the_sources(pin_root: str) -> None:
     assert os.path.join(pin_root, SOURCE_DIR, "p4e_89abcdef") in cleanup.find().pins
     cleanup.apply()
     assert cleanup.done and not os.path.exists(os.path.join(pin_root, SOURCE_DIR))
+
+
+def test_reader_looks_up_failsafes_in_the_kernels_lpm_trie_with_the_programs_key(pin_root: str) -> None:
+    """The failsafe key explain builds must match what the failsafe driver wrote, by the kernel's LPM rules
+    (CIDR peers, direction and port in the key)."""
+    from felixpy.bpf.maps import MapSet
+    from felixpy.drivers.bpffailsafe.api import FailsafePort
+    from felixpy.drivers.bpffailsafe.driver import BPFFailsafes
+
+    maps = MapSet(pin_root, sizes=SMALL).ensure()
+    try:
+        for v, ports_ in ((4, {FailsafePort(6, 22, "10.98.0.0/24", False), FailsafePort(17, 53, "0.0.0.0/0", True)}),
+                          (6, {FailsafePort(6, 22, "fd00:98::/64", False)})):
+            fs = BPFFailsafes(v, maps.failsafes(v == 6))
+            fs.set_ports(frozenset(ports_))
+            fs.apply()
+        view = read_pins(pin_root, {})
+        assert view.failsafe(4, 6, 22, "10.98.0.7", False)
+        assert not view.failsafe(4, 6, 22, "10.97.0.7", False)     # outside the CIDR
+        assert not view.failsafe(4, 6, 22, "10.98.0.7", True)      # inbound entry only
+        assert not view.failsafe(4, 6, 23, "10.98.0.7", False)
+        assert view.failsafe(4, 17, 53, "192.0.2.1", True) and not view.failsafe(4, 6, 53, "192.0.2.1", True)
+        assert view.failsafe(6, 6, 22, "fd00:98::9", False) and not view.failsafe(6, 6, 22, "fd00:97::9", False)
+    finally:
+        maps.close()

@@ -193,7 +193,7 @@ def test_fails_closed_not_ready_empty_slot_missing_source_and_spoofed_source() -
     nr = ask(view(fb), ADDRS["cali-a"], ADDRS["cali-b"])
     assert nr.verdict == "deny" and "not READY" in nr.decided_by["reason"]
     # Empty slot on c's to-workload hook.
-    entry = v.ifaces[IFACES["cali-c"]].to_wl_entry[4]
+    entry = v.ifaces[IFACES["cali-c"]].tc_egress_entry[4]
     fb.kernel.maps.jumps(defs.HOOK_TC_EGRESS).delete(ctypes.c_uint32(entry))
     empty = ask(view(fb), ADDRS["cali-a"], ADDRS["cali-c"])
     assert empty.verdict == "deny" and "empty" in empty.decided_by["reason"]
