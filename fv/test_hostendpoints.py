@@ -248,6 +248,13 @@ def test_untracked_allow_creates_no_conntrack_entry(fv: FamilyView, lab: Lab) ->
     fv.apply(with_heps(hep("eth0-hep", "eth0", tiers=[tier("default", ingress=["allow-all"], egress=["allow-all"])],
                            untracked=[tier("default", ingress=["untracked-web"], egress=["untracked-web"])]),
                        policies=[ALLOW_ALL, untracked]))
+    # On a node's first start of day eth0's addresses may arrive from the interface monitor an apply
+    # after InSync (the barrier): the host endpoint, and so its untracked rules, are programmed then.
+    # A connection made before that is tracked, so wait for the untracked policy's chains first.
+    deadline = time.monotonic() + 15
+    while "untracked-web" not in fv.node.ruleset():
+        assert time.monotonic() < deadline, "the untracked policy was never programmed"
+        time.sleep(0.2)
     _flush_conntrack(node_ns, v)
     expect_tcp(fv, {(a.ns, a.node_ip(v), WEB): True, (a.ns, a.node_ip(v), WEB2): True}, "untracked 8080, tracked 8081")
     assert _conntrack_entries(node_ns, v, WEB, a.ip(v)) == 0, "untracked connection left a conntrack entry"

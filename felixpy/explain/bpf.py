@@ -109,6 +109,11 @@ class BPFView:
     route_flags: Callable[[int, str], tuple[int, int] | None]  # (v, addr) -> (flags, ifindex)
     failsafe: Callable[[int, int, int, str, bool], bool]       # (v, proto, port, peer addr, outbound)
     ifindex_of: dict[str, int] = field(default_factory=dict)   # interface name -> ifindex (ip -j link)
+    # The attach point's globals flags for (ifindex, hook, family); None: no globals entry.
+    ap_flags: Callable[[int, int, int], int | None] = lambda _i, _h, _v: None
+    # The host's route back to an address, as (route type, out-interface name); None: no route.
+    # None as a whole: not known (the view was built without the host's routing).
+    route_back: Callable[[int, str], tuple[str, str] | None] | None = None
 
 
 def iface_from_value(ifindex: int, val: Any) -> Iface:
@@ -163,7 +168,12 @@ def view_from_maps(pin_root: str, maps: Callable[[str], Any], prog_name: Callabl
         m = maps((bm.FSAFES6 if v == 6 else bm.FSAFES4).name)
         return m.get(mt.failsafe_key(proto, port, f"{addr}/{128 if v == 6 else 32}", outbound=outbound)) is not None
 
-    return BPFView(pin_root, ifaces, slot_program, source, ipset_member, route_flags, failsafe, ifindex_of)
+    def ap_flags(ifindex: int, hook: int, v: int) -> int | None:
+        got = maps(bm.AP_GLOBALS.name).get(mt.ApKey(ifindex, hook))
+        return None if got is None else int(getattr(got, f"v{v}").flags)
+
+    return BPFView(pin_root, ifaces, slot_program, source, ipset_member, route_flags, failsafe, ifindex_of,
+                   ap_flags)
 
 
 def _kernel_prog_name(prog_id: int) -> str | None:
@@ -180,7 +190,8 @@ def _kernel_prog_name(prog_id: int) -> str | None:
         os.close(fd)
 
 
-def read_pins(pin_root: str, ifindex_of: dict[str, int]) -> BPFView:
+def read_pins(pin_root: str, ifindex_of: dict[str, int],
+              route_back: Callable[[int, str], tuple[str, str] | None] | None = None) -> BPFView:
     """The kernel's view: maps opened from their pins (read only; nothing is created)."""
     from felixpy.bpf import maps as bm
     from felixpy.bpf import syscall as sc
@@ -208,8 +219,10 @@ def read_pins(pin_root: str, ifindex_of: dict[str, int]) -> BPFView:
             opened[name] = bm.Map(spec.sized(info.max_entries), fd, path)
         return opened[name]
 
-    return view_from_maps(pin_root, maps, _kernel_prog_name,
+    view = view_from_maps(pin_root, maps, _kernel_prog_name,
                           lambda n: read_pinned_source(os.path.join(pin_root, SOURCE_DIR, n)), ifindex_of)
+    view.route_back = route_back
+    return view
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,6 +530,8 @@ def _hep_leg(view: BPFView, pkt: Packet, iface: Iface, hook: int, *, src_is_host
         leg.uncertain.append(f"{iface.name}: host endpoint not READY for IPv{v} in cali_iface (flags "
                              f"{iface.describe_flags()}): its programs may not be attached yet, and until they "
                              "are nothing polices it; evaluated as if they were")
+    if ingress and not _hep_rpf(view, pkt, iface, leg, dest_is_host):
+        return leg
     port = _port(pkt, False)
     fsafes = failsafe_map(v)
     if ingress and dest_is_host and view.failsafe(v, pkt.proto, port, pkt.src.compressed, False):
@@ -537,6 +552,49 @@ def _hep_leg(view: BPFView, pkt: Packet, iface: Iface, hook: int, *, src_is_host
     _run_slot(view, pkt, iface, hook, leg, dest_is_host=dest_is_host and ingress,
               src_is_host=src_is_host and not ingress, empty_allows=True)
     return leg
+
+
+def _link_local(addr: Any) -> bool:
+    return bool(addr.is_link_local)
+
+
+def _hep_rpf(view: BPFView, pkt: Packet, iface: Iface, leg: _Leg, dest_is_host: bool) -> bool:
+    """``hep_rpf_ok`` (bpf-gpl/tc.c, BPFEnforceRPF): a new flow arriving on a host endpoint must come
+    from a source that routes back out of it (Strict) or out of any interface (Loose).  The host's
+    route is asked with ``ip route get <source>`` (an output lookup; the program's FIB lookup is the
+    input one from the packet's destination — the same answer unless policy routing tells them apart).
+    False: denied here (``leg`` says why)."""
+    v = pkt.ip_version
+    flags = view.ap_flags(iface.ifindex, defs.HOOK_TC_INGRESS, v)
+    if flags is None:
+        leg.uncertain.append(f"{iface.name}: no attach-point globals for IPv{v} TC ingress: BPFEnforceRPF's "
+                             "mode unknown, the source check not evaluated")
+        return True
+    if not flags & defs.GLOBALS_RPF_OPTION_ENABLED or (v == 6 and pkt.proto == 58):
+        return True
+    strict = bool(flags & defs.GLOBALS_RPF_OPTION_STRICT)
+    mode = "Strict" if strict else "Loose"
+    if view.route_back is None:
+        leg.uncertain.append(f"{iface.name}: BPFEnforceRPF={mode}, the host's routes were not read: the "
+                             "source check not evaluated")
+        return True
+    back = view.route_back(v, pkt.src.compressed)
+    if back is not None and back[0] in ("unicast", ""):
+        if back[1] == iface.name or (not strict and back[1]):
+            leg.path.append({"iface": iface.name, "hook": leg.hook,
+                             "action": f"source check ({mode}): {pkt.src} routes back via {back[1]}"})
+            return True
+        why = f"routes back via {back[1]}, not {iface.name}"
+    elif back is not None and back[0] == "local" and _link_local(pkt.src) and \
+            (_link_local(pkt.dst) if v == 6 else dest_is_host):
+        return True
+    else:
+        why = "has no route back" if back is None else f"routes back as a {back[0]} route"
+    leg.verdict = "deny"
+    leg.decided = {"by": "rpf", "iface": iface.name, "hook": leg.hook,
+                   "reason": f"BPFEnforceRPF={mode}: source {pkt.src} {why} (spoofed or asymmetric source)"}
+    leg.path.append({"iface": iface.name, "hook": leg.hook, "action": f"drop (source check, {mode})"})
+    return False
 
 
 def failsafe_map(v: int) -> str:

@@ -266,7 +266,20 @@ class BPFReader:
         links = runner.run(["ip", "-j", "link"])
         ifindex_of = {str(ln["ifname"]): int(ln["ifindex"]) for ln in json.loads(links.stdout or "[]")} \
             if links.ok else {}
-        return read_pins(self.pin_root, ifindex_of)
+
+        def route_back(v: int, addr: str) -> tuple[str, str] | None:
+            """The host's route to ``addr``: (type, out interface), None when there is none."""
+            res = runner.run(["ip", f"-{v}", "-j", "route", "get", addr])
+            if not res.ok:
+                return None
+            try:
+                got = json.loads(res.stdout or "[]")[0]
+            except (ValueError, IndexError):
+                return None
+            kind = str(got.get("type", "unicast"))
+            return None if kind in ("unreachable", "blackhole", "prohibit") else (kind, str(got.get("dev", "")))
+
+        return read_pins(self.pin_root, ifindex_of, route_back)
 
 
 def read_kernel(runner: CommandRunner, ip_version: int, readers: Sequence[Reader] = READERS,

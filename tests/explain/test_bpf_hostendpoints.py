@@ -336,3 +336,52 @@ def test_host_stack_rules_after_the_programs_decide_what_the_programs_pass_to_it
                         iif="eth1", oif="cali-a")
         assert shut.verdict == "deny" and shut.decided_by is not None
         assert "Workload interface without BPF programs" in shut.decided_by["comments"]
+
+
+def test_hep_source_check_follows_bpf_enforce_rpf_and_the_hosts_routes() -> None:
+    """BPFEnforceRPF (the attach point's globals flags): the source of a new flow in from eth0 must route
+    back via eth0 (Strict) or anywhere (Loose); no route fails both; unknown routing is said, not guessed."""
+    routes: dict[str, tuple[str, str] | None] = {}
+
+    def route_back(_v: int, addr: str) -> tuple[str, str] | None:
+        return routes.get(addr)
+
+    for mode, strict in (("Loose", False), ("Strict", True)):
+        fb = fake_kernel()
+        drv = BPFEndpoints(fb.kernel, enforce_rpf=mode)
+        for name, idx in IFACES.items():
+            drv.on_iface_state(name, IfaceState.UP, idx)
+        hep = pb.HostEndpoint(name="eth0", tiers=HOST_WEB)
+        for v in (4, 6):
+            drv.set_host_endpoint(v, "eth0", hep_policy(hep))
+        drv.apply()
+        vw = view(fb)
+        for v in (4, 6):
+            out, host = fam(v, OUTSIDE["eth0"]), fam(v, HOST_ADDRS["eth0"])
+            routes.clear()
+            vw.route_back = None
+            unknown = ask(vw, out, host, iif="eth0", oif=None)
+            assert unknown.verdict == "allow" and any("routes were not read" in u for u in unknown.uncertain)
+            vw.route_back = route_back
+            routes[out] = ("unicast", "eth0")
+            assert ask(vw, out, host, iif="eth0", oif=None).verdict == "allow"
+            routes[out] = ("unicast", "eth1")          # asymmetric: back via another interface
+            other = ask(vw, out, host, iif="eth0", oif=None)
+            assert other.verdict == ("deny" if strict else "allow"), (mode, other)
+            if strict:
+                assert other.decided_by is not None and other.decided_by["by"] == "rpf"
+                assert "eth1" in other.decided_by["reason"] and "Strict" in other.decided_by["reason"]
+            del routes[out]                             # no route back at all: spoofed
+            gone = ask(vw, out, host, iif="eth0", oif=None, dport=22)
+            assert gone.verdict == "deny" and gone.decided_by is not None and gone.decided_by["by"] == "rpf"
+    # Disabled: no check at all, whatever the routes say.
+    fb = fake_kernel()
+    drv = BPFEndpoints(fb.kernel, enforce_rpf="Disabled")
+    for name, idx in IFACES.items():
+        drv.on_iface_state(name, IfaceState.UP, idx)
+    drv.set_host_endpoint(4, "eth0", hep_policy(pb.HostEndpoint(name="eth0", tiers=HOST_WEB)))
+    drv.apply()
+    vw = view(fb)
+    vw.route_back = route_back
+    routes.clear()
+    assert ask(vw, fam(4, OUTSIDE["eth0"]), fam(4, HOST_ADDRS["eth0"]), iif="eth0", oif=None).verdict == "allow"
