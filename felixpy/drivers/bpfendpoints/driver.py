@@ -197,7 +197,14 @@ class BPFEndpoints:
     def ready_interfaces(self, ip_version: int) -> frozenset[str]:
         return frozenset(n for n, p in self._done.items() if ip_version in p.ready)
 
+    def on_iface_kind(self, name: str, index: int, kind: str) -> None:
+        """The monitor's link kind: the attacher chooses the mode from it (netkit is refused)
+        instead of asking the kernel per interface."""
+        self.kernel.attacher.learn_kind(name, kind)
+
     def on_iface_state(self, name: str, state: IfaceState, index: int) -> None:
+        if state is IfaceState.UNKNOWN or not index:
+            self.kernel.attacher.learn_kind(name, None)
         if state is IfaceState.UNKNOWN:
             self._ifaces.pop(name, None)
         else:
