@@ -181,6 +181,18 @@ def filter_line(dev: str, hook: int, pin: str, *, prio: int = TC_PRIO) -> str:
             f"bpf da pinned {pin} classid :1")
 
 
+def parse_qdisc_dump(text: str) -> set[str]:
+    """``tc -j qdisc show`` -> the devices with a clsact (or ``ingress``) qdisc: the only ones
+    whose TC hooks can carry a filter at all."""
+    import json
+
+    data = json.loads(text.strip() or "[]")
+    if not isinstance(data, list):
+        raise ValueError("expected a JSON list")
+    return {str(q["dev"]) for q in data if isinstance(q, dict) and q.get("kind") in ("clsact", "ingress")
+            and q.get("dev")}
+
+
 def _filter_args(hook: int, prog_fd: int, prio: int) -> tuple[tuple[str, Any], ...]:
     return (("handle", f":{TC_HANDLE}"), ("fd", prog_fd), ("name", PREAMBLE_NAME), ("parent", _PARENT[hook]),
             ("classid", 1), ("direct_action", True), ("prio", prio), ("protocol", ETH_P_ALL))

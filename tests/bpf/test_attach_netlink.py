@@ -158,6 +158,17 @@ def test_a_kind_the_monitor_reported_chooses_the_mode_without_any_link_query() -
     assert len(op.made) == 1 and op.made[0].calls == 1
 
 
+def test_the_qdisc_listing_names_the_devices_whose_hooks_can_carry_filters() -> None:
+    text = ('[{"kind":"noqueue","handle":"0:","dev":"lo","root":true,"refcnt":2,"options":{}},'
+            '{"kind":"clsact","handle":"ffff:","dev":"cali0","parent":"ffff:fff1","options":{}},'
+            '{"kind":"ingress","handle":"ffff:","dev":"eth0","parent":"ffff:fff1","options":{}},'
+            '{"kind":"fq_codel","handle":"0:","dev":"eth0","root":true,"options":{}}]\n')
+    assert attach.parse_qdisc_dump(text) == {"cali0", "eth0"}
+    assert attach.parse_qdisc_dump("") == set() and attach.parse_qdisc_dump("[]\n") == set()
+    with pytest.raises(ValueError):
+        attach.parse_qdisc_dump("{}")
+
+
 # ------------------------------------------------------------------------------ kernel
 
 
@@ -326,6 +337,11 @@ def test_a_fresh_attacher_sees_attachments_without_asking_any_link_kind(ns: str,
                 assert [fresh.is_attached(n, socket.if_nametoindex(n), hook) for hook in HOOKS] == [want, want], n
             # TC: no kind asked at all; TCX: only where a link pin of ours exists.
             assert set(fresh._modes) <= ({"cali1", "cali2"} if attach_type == "TCX" else set())
+            # The sweep looks closer only at interfaces with a clsact qdisc (TC: one qdisc listing).
+            everyone = {n: socket.if_nametoindex(n) for _i, n in socket.if_nameindex()}
+            nsutil.run_in(ns, "tc", "qdisc", "add", "dev", "cali3", "clsact")  # someone's, empty
+            assert fresh.sweep_candidates(everyone) == (
+                {"cali1", "cali2", "cali3"} if attach_type == "TC" else set(everyone))
             fresh.nl.close()
     finally:
         os.close(prog)

@@ -93,6 +93,11 @@ class Attacher(Protocol):
         """Remove what is recorded for interfaces not in *existing* (name -> ifindex): they are gone."""
         ...
 
+    def sweep_candidates(self, existing: dict[str, int]) -> set[str]:
+        """The interfaces of *existing* that may carry a preamble of ours: the start-of-day sweep
+        asks :meth:`is_attached` only of these (every one, when that cannot be narrowed down)."""
+        ...
+
 
 TC_TIMEOUT = 60.0  # seconds for one tc -batch run (3,000 lines take well under one)
 
@@ -291,6 +296,22 @@ class KernelAttacher:
             if hook in ("ingress", "egress") and base not in keep:
                 log.info("Removing the TCX link pin of an interface that no longer exists", pin=pin)
                 bpfattach.detach_tcx(pin_path=os.path.join(self.tcx_pin_dir, pin))
+
+    def sweep_candidates(self, existing: dict[str, int]) -> set[str]:
+        """TC mode: only interfaces with a clsact (or ingress) qdisc can carry a filter, and one
+        ``tc -j qdisc show`` lists them (a filter dump per hook of each of 1,000 interfaces cost
+        ~1 s); TCX mode: every interface (its check starts with a link-pin ``stat``)."""
+        if self.attach_type.lower() != "tc" and bpfattach.tcx_supported():
+            return set(existing)
+        res = self._tc.runner.run([self._tc.tc, "-j", "qdisc", "show"])
+        try:
+            if res.returncode != 0:
+                raise ValueError(res.stderr.strip() or f"exit status {res.returncode}")
+            hooked = bpfattach.parse_qdisc_dump(res.stdout)
+        except ValueError as e:
+            log.warning("Could not list the clsact qdiscs; checking every interface", error=str(e))
+            return set(existing)
+        return {n for n in existing if n in hooked}
 
     def is_attached(self, iface: str, ifindex: int, hook: int) -> bool:
         if iface not in self._modes:

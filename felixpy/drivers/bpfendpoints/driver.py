@@ -24,7 +24,8 @@ deleted (the last also detached). Policy entries no reclaimed interface owns are
 jump maps (every sub-program part), higher parts a reclaimed entry no longer needs too (the routes
 map is the routes driver's, which reads it back and sweeps it itself); TCX link pins of interfaces that no
 longer exist are detached and unlinked; interfaces that exist but carry no wanted workload have
-their preambles detached. The conntrack map is never touched (it is reused by its pin,
+their preambles detached (only interfaces :meth:`Attacher.sweep_candidates` names are looked at:
+in TC mode those with a clsact qdisc, from one qdisc listing). The conntrack map is never touched (it is reused by its pin,
 :mod:`felixpy.bpf.maps`), so established flows survive the restart.
 
 Apply contract (per interface, in Felix's order; an interface that fails stays dirty and is
@@ -308,9 +309,15 @@ class BPFEndpoints:
                 log.info("Deleting a stale cali_iface entry", ifindex=ifindex, iface=name,
                          now=by_index.get(ifindex))
                 ifstate.delete(ctypes.c_uint32(ifindex))
-        for name, (ifindex, _up) in self._ifaces.items():
+        unwanted = {n: i for n, (i, _up) in self._ifaces.items() if n not in self._want}
+        try:
+            candidates = k.attacher.sweep_candidates(unwanted) if unwanted else set()
+        except Exception as e:  # not narrowed down: every interface is checked
+            log.warning("Could not narrow the sweep down", error=str(e), error_type=type(e).__name__)
+            candidates = set(unwanted)
+        for name, ifindex in unwanted.items():
             try:
-                if name not in self._want and any(self._attached_any(name, ifindex)):
+                if name in candidates and any(self._attached_any(name, ifindex)):
                     log.info("Detaching BPF programs from an interface that is no longer a workload", iface=name)
                     k.attacher.detach(name, ifindex)
             except Exception as e:  # one interface must not keep every workload from being programmed

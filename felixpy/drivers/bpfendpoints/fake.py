@@ -132,6 +132,10 @@ class FakeAttacher:
             if existing.get(self.names.get(ifindex, "")) != ifindex:
                 del self.attached[(ifindex, hook)]
 
+    def sweep_candidates(self, existing: dict[str, int]) -> set[str]:
+        # As a qdisc listing would: only interfaces that carry something.
+        return {n for n, i in existing.items() if any((i, h) in self.attached for h in HOOKS)}
+
     def mode(self, iface: str) -> str:
         return "tcx"
 
