@@ -127,7 +127,7 @@ def check_ready(ns: str, pin_root: str, idx: dict[str, int], attach: str) -> int
         for n, i in idx.items():
             for hook in (defs.HOOK_TC_INGRESS, defs.HOOK_TC_EGRESS):
                 on = (bpfattach.tcx_programs(i, hook) if attach == "TCX"
-                      else bpfattach.tc_filters(i, hook))
+                      else [f for f in bpfattach.tc_filters(i, hook) if bpfattach.is_preamble_filter(f)])
                 assert on, f"{n}: nothing attached on hook {hook}"
     return len(ready)
 

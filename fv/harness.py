@@ -47,7 +47,7 @@ from fv.expect import ICMP, TCP, Expect
 from fv.explaincheck import cross_check
 from fv.rulesets import compare_rulesets, parse_ruleset
 
-__all__ = ["BPF_MODES", "MODES", "TIMINGS", "Expect", "FamilyView", "FvNode", "Pinger", "compare_rulesets", "parse_ruleset"]
+__all__ = ["BPF_ATTACH", "BPF_MODES", "MODES", "TIMINGS", "Expect", "FamilyView", "FvNode", "Pinger", "compare_rulesets", "parse_ruleset"]
 
 MODES: Mapping[str, Mapping[str, str]] = {
     "iptables-legacy": {"FELIX_IPTABLESBACKEND": "legacy"},
@@ -58,9 +58,11 @@ MODES: Mapping[str, Mapping[str, str]] = {
 # BPF mode (fv/test_bpf_mode.py): policy in the BPF programs, the attach-gap rules in iptables-legacy.
 # Every node has its own bpffs (mounted by the test on a temp dir, FELIXPY_BPF_PIN_ROOT), so its pins are
 # unique to it and, as on a real node, outlive a stopped daemon; the *tables modes clean up there.
+# The BPF modes attach with TCX; FELIXPY_FV_BPF_ATTACH=TC runs them with clsact instead.
+BPF_ATTACH = os.environ.get("FELIXPY_FV_BPF_ATTACH", "TCX")
 BPF_MODES: Mapping[str, Mapping[str, str]] = {
-    "bpf-legacy": {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy", "FELIX_BPFATTACHTYPE": "TCX"},
-    "bpf-nft": {"FELIX_BPFENABLED": "true", "FELIX_NFTABLESMODE": "Enabled", "FELIX_BPFATTACHTYPE": "TCX"},
+    "bpf-legacy": {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy", "FELIX_BPFATTACHTYPE": BPF_ATTACH},
+    "bpf-nft": {"FELIX_BPFENABLED": "true", "FELIX_NFTABLESMODE": "Enabled", "FELIX_BPFATTACHTYPE": BPF_ATTACH},
 }
 
 # Felix's default is DROP; ACCEPT makes workload → host traffic show what egress policy decided.
@@ -455,15 +457,21 @@ class FvNode:
             f.write("".join(f"{i}\n" for i in ifaces))
 
     def bpf_programs(self) -> dict[tuple[str, str], list[int]]:
-        """BPF modes: ids of the programs attached (TCX or clsact) per (interface, hook) in the
-        node namespace (TCX attachments: the FV BPF modes use TCX), for every interface that has any."""
+        """BPF modes: ids of the programs attached (TCX links, then the clsact filter at our
+        priority and handle) per (interface, hook) in the node namespace, for every interface that has any."""
         code = ("import json, socket\n"
-                "from felixpy.bpf import attach, defs\n"
+                "from felixpy.bpf import attach, defs, syscall as sc\n"
                 "out = {}\n"
                 "for _, name in socket.if_nameindex():\n"
                 "    i = socket.if_nametoindex(name)\n"
                 "    for hook, h in ((defs.HOOK_TC_INGRESS, 'ingress'), (defs.HOOK_TC_EGRESS, 'egress')):\n"
                 "        ids = attach.tcx_programs(i, hook)\n"
+                "        try:\n"
+                "            tc = sc.tc_query_prog_id(i, sc.TC_INGRESS if hook == defs.HOOK_TC_INGRESS else sc.TC_EGRESS,\n"
+                "                                     attach.TC_HANDLE, attach.TC_PRIO)\n"
+                "        except Exception:\n"
+                "            tc = None\n"
+                "        ids += [tc] if tc is not None else []\n"
                 "        if ids:\n"
                 "            out[name + ' ' + h] = ids\n"
                 "print(json.dumps(out))\n")

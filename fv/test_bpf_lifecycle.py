@@ -27,7 +27,7 @@ from felixpy.testing import netns as nsmod
 from fv.chaos.kill9 import TCPProber
 from fv.datastore import HOST, datastore, iface, nets, policy, workload
 from fv.expect import TCP, UDP, Expect
-from fv.harness import BPF_MODES, FvNode, Pinger
+from fv.harness import BPF_ATTACH, BPF_MODES, FvNode, Pinger
 from fv.test_backend_switch import leftovers as tables_leftovers
 
 pytestmark = [pytest.mark.fv, pytest.mark.bpf]
@@ -54,8 +54,11 @@ def node() -> Iterator[FvNode]:
 
 
 def tcx_links(node: FvNode) -> dict[str, tuple[int, int]]:
-    """TCX link pins in the node's bpffs: pin name → (link id, program id)."""
+    """The preambles' attachments: with TCX the link pins in the node's bpffs, pin name → (link id,
+    program id); with clsact (FELIXPY_FV_BPF_ATTACH=TC) ``<iface>_<hook>`` → (0, the filter's program id)."""
     assert node.bpffs is not None
+    if BPF_ATTACH == "TC":
+        return {f"{name}_{hook}": (0, ids[-1]) for (name, hook), ids in node.bpf_programs().items()}
     return bpfpins.tcx_links(os.path.join(node.bpffs, "tcx"))
 
 
@@ -79,7 +82,7 @@ def bpf_objects(node: FvNode) -> list[str]:
             idx = socket.if_nametoindex(name)
             for hook in HOOKS:
                 found += [f"tc filter {name}/{hook}: {f}" for f in bpfattach.tc_filters(idx, hook)
-                          if is_owned_prog_name(f)]
+                          if is_owned_prog_name(bpfattach.filter_prog_name(f))]
                 found += [f"tcx {name}/{hook}: {p}" for p in bpfattach.tcx_programs(idx, hook)
                           if is_owned_prog_name(_prog_name(p))]
     return found

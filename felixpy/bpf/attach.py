@@ -14,8 +14,12 @@ request to attach with netkit, raises :class:`~felixpy.bpf.errors.UnsupportedAtt
 
 Only the calling thread's network namespace is touched.  The netlink calls take an optional
 :class:`RouteSocket`: one pyroute2 ``IPRoute`` kept open across calls, for the link-kind query,
-qdiscs and filters (a driver attaching to 1,000 interfaces opened ~5,000 sockets before, and the
+qdiscs and filter dumps (a driver attaching to 1,000 interfaces opened ~5,000 sockets before, and the
 kind alone cost 9.8 s of a 44.7 s apply); without one, each call opens and closes its own socket.
+The bulk TC attach does not use it: it hands ``tc -force -batch`` the lines :func:`clsact_line`
+and :func:`filter_line` spell (the preamble taken from its pin, :func:`preamble_pin_path`), so its
+filters are named ``cali_tc_preambl:[*fsobj]`` -- :func:`is_preamble_filter` recognises that, the
+bare name :func:`replace_tc_filter` sets and libbpf's ``cali_tc_preambl:[<id>]`` (Felix's).
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ import enum
 import errno
 import functools
 import os
+import re
 import socket
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,22 +129,6 @@ class RouteSocket:
                 return str(kind) if kind else None
         return None
 
-    def tc_batch(self, requests: Sequence[TcRequest]) -> list[Exception | None]:
-        """Send *requests* (clsact/filter changes, as ``IPRoute.tc`` would) a chunk of
-        :data:`TC_BATCH` at a time, each chunk in one ``send`` (the kernel acts on them in order),
-        and return each one's outcome: None, or the kernel's ``NetlinkError`` for that request.
-
-        pyroute2's per-call path (an asyncio loop run, one send and one read per request) cost
-        ~3-5 ms a request at 3,000 requests against ~0.1 ms of kernel work; this builds each
-        message with pyroute2's own request machinery (what ``IPRoute.tc`` and
-        ``nlm_request_batch`` use) and reads every ack back, so a failure is attributed to its
-        request.  A non-netlink error closes the socket (:meth:`use`)."""
-        out: list[Exception | None] = []
-        with self.use() as ipr:
-            for k in range(0, len(requests), TC_BATCH):
-                out += ipr._run_with_cleanup(_tc_batch, ipr.asyncore, requests[k:k + TC_BATCH])
-        return out
-
     def close_socket(self) -> None:
         ipr, self._ipr = self._ipr, None
         if ipr is not None:
@@ -152,65 +140,62 @@ class RouteSocket:
         self._ns = None
 
 
-TC_BATCH = 128  # requests per send: ~15 KiB of filter requests, well inside the socket buffers
+# ---------------------------------------------------------------------------------------------
+# clsact / TC as ``tc -batch`` lines (the bulk path, :meth:`KernelAttacher.attach_many
+# <felixpy.drivers.bpfendpoints.attacher.KernelAttacher.attach_many>`)
+
+PREAMBLE_PIN_DIR = "felixpy-preamble"  # under the pin root: <dir>/<ingress|egress>/cali_tc_preambl
+HOOK_NAMES = {defs.HOOK_TC_INGRESS: "ingress", defs.HOOK_TC_EGRESS: "egress"}
+_SAFE_PATH = re.compile(r"\A[A-Za-z0-9_./@+=-]+\Z")
 
 
-@dataclass(frozen=True, slots=True)
-class TcRequest:
-    """One ``IPRoute.tc(command, kind, ifindex, **args)`` call, to be sent in a batch."""
-
-    command: str  # "add" (a qdisc) or "replace-filter"
-    kind: str
-    ifindex: int
-    args: tuple[tuple[str, Any], ...] = ()
+def preamble_pin_path(pin_dir: str, hook: int) -> str:
+    """Where the hook's preamble is pinned for ``tc ... bpf da pinned``.  The file is named
+    :data:`PREAMBLE_NAME` because ``tc`` names the filter ``<file name>:[*fsobj]``."""
+    return os.path.join(pin_dir, HOOK_NAMES[hook], PREAMBLE_NAME)
 
 
-def clsact_request(ifindex: int) -> TcRequest:
-    return TcRequest("add", "clsact", ifindex)
+def filter_prog_name(filter_name: str) -> str:
+    """The program part of a BPF filter's name: ``tc`` names a filter of a pinned program
+    ``<pin file>:[*fsobj]`` and libbpf (Felix) ``<program>:[<id>]``; pyroute2 sets the bare name."""
+    return filter_name.partition(":[")[0]
 
 
-def filter_request(ifindex: int, hook: int, prog_fd: int, *, prio: int = TC_PRIO) -> TcRequest:
-    """The preamble filter of :func:`replace_tc_filter`, as a batch request."""
-    return TcRequest("replace-filter", "bpf", ifindex, _filter_args(hook, prog_fd, prio))
+def is_preamble_filter(filter_name: str) -> bool:
+    """Whether a clsact filter name is our preamble's, in any of the spellings above."""
+    return filter_prog_name(filter_name) == PREAMBLE_NAME
+
+
+def clsact_line(dev: str) -> str:
+    """Make sure *dev* has a clsact qdisc: ``replace`` leaves an existing one (and its filters)
+    as it is, so the line can go before every interface's filters."""
+    return f"qdisc replace dev {dev} clsact"
+
+
+def filter_line(dev: str, hook: int, pin: str, *, prio: int = TC_PRIO) -> str:
+    """The preamble filter :func:`replace_tc_filter` makes, as a ``tc -batch`` line: the same
+    priority, handle, protocol, class id and direct action, the program taken from its pin."""
+    if not _SAFE_PATH.match(pin):
+        raise ValueError(f"pin path {pin!r} cannot be passed to tc -batch")
+    return (f"filter replace dev {dev} {HOOK_NAMES[hook]} prio {prio} handle {TC_HANDLE:#x} protocol all "
+            f"bpf da pinned {pin} classid :1")
+
+
+def parse_qdisc_dump(text: str) -> set[str]:
+    """``tc -j qdisc show`` -> the devices with a clsact (or ``ingress``) qdisc: the only ones
+    whose TC hooks can carry a filter at all."""
+    import json
+
+    data = json.loads(text.strip() or "[]")
+    if not isinstance(data, list):
+        raise ValueError("expected a JSON list")
+    return {str(q["dev"]) for q in data if isinstance(q, dict) and q.get("kind") in ("clsact", "ingress")
+            and q.get("dev")}
 
 
 def _filter_args(hook: int, prog_fd: int, prio: int) -> tuple[tuple[str, Any], ...]:
     return (("handle", f":{TC_HANDLE}"), ("fd", prog_fd), ("name", PREAMBLE_NAME), ("parent", _PARENT[hook]),
             ("classid", 1), ("direct_action", True), ("prio", prio), ("protocol", ETH_P_ALL))
-
-
-async def _tc_batch(core: Any, requests: Sequence[TcRequest]) -> list[Exception | None]:
-    """Build each request as ``AsyncIPRoute.tc`` does, send them all in one buffer, read each ack."""
-    from pyroute2.iproute.linux import get_arguments_processor, get_dump_filter
-    from pyroute2.netlink.nlsocket import NetlinkRequest  # type: ignore[import-untyped]
-    from pyroute2.netlink.rtnl import RTM_NEWQDISC, RTM_NEWTFILTER  # type: ignore[import-untyped]
-    from pyroute2.netlink.rtnl.tcmsg import tcmsg  # type: ignore[import-untyped]
-
-    NetlinkError = _netlink_error()
-    commands = {"add": (RTM_NEWQDISC, "create"), "replace-filter": (RTM_NEWTFILTER, "replace")}
-    built = []
-    for r in requests:
-        _dump, kwarg = get_dump_filter("tc", r.command, {**dict(r.args), "kind": r.kind, "index": r.ifindex})
-        req = NetlinkRequest(core, tcmsg(), r.command, commands, None,
-                             get_arguments_processor("tc", r.command, kwarg))
-        await req.prepare()
-        built.append(req)
-    out: list[Exception | None] = []
-    unread = 0  # built[unread:] have not had their reply read (response() frees what it reads)
-    try:
-        core.send(b"".join(req.msg.data for req in built))
-        for req in built:
-            unread += 1
-            try:
-                async for _ in req.response():
-                    pass
-                out.append(None)
-            except NetlinkError as e:
-                out.append(e)
-    finally:
-        for req in built[unread:]:
-            req.cleanup()  # never sent or never answered: free its sequence number and queue
-    return out
 
 
 @contextlib.contextmanager

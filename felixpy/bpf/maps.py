@@ -385,7 +385,8 @@ def unmount(path: str) -> None:
         raise OSError(err, f"umount {path}: {os.strerror(err)}")
 
 
-def _on_bpffs(path: str) -> bool:
+def on_bpffs(path: str) -> bool:
+    """Whether *path* (or, where it does not exist yet, its nearest existing parent) is on a bpffs."""
     p = os.path.abspath(path)
     while not os.path.exists(p):
         p = os.path.dirname(p)
@@ -396,7 +397,7 @@ def ensure_pin_root(pin_root: str, bpffs_mount: str = "/sys/fs/bpf") -> None:
     """Make sure ``pin_root`` lives on a bpffs, mounting one at ``bpffs_mount`` if needed.
 
     Only the daemon calls this with the default root; tests use :func:`private_bpffs`."""
-    if not _on_bpffs(pin_root) and not is_bpffs(bpffs_mount):
+    if not on_bpffs(pin_root) and not is_bpffs(bpffs_mount):
         log.info("mounting bpffs", path=bpffs_mount)
         mount_bpffs(bpffs_mount)
     os.makedirs(pin_root, exist_ok=True)

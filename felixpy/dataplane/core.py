@@ -71,6 +71,7 @@ from felixpy.managers.base import (
     Syncer,
     UpdateBatchResolver,
     WatchesIfaces,
+    WatchesLinkKinds,
 )
 from felixpy.proto import felixbackend_pb2 as pb
 
@@ -243,6 +244,8 @@ class InternalDataplane:
         if isinstance(update, IfaceStateUpdate):
             for watcher in self._iface_watchers():
                 try:
+                    if update.kind is not None and update.index and _conforms(watcher, WatchesLinkKinds):
+                        watcher.on_iface_kind(update.name, update.index, update.kind)
                     watcher.on_iface_state(update.name, update.state, update.index)
                 except Exception:
                     log.exception("Syncer failed to take interface update", iface=update.name,

@@ -22,6 +22,7 @@ class Link:
     index: int
     name: str
     oper_up: bool  # IFF_RUNNING, not IFF_UP: admin-up alone does not carry traffic
+    kind: str | None = None  # IFLA_INFO_KIND ("veth", "netkit", ...; "" for none); None: not known
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +63,13 @@ class IfaceState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class IfaceStateUpdate:
-    """An interface's oper state changed (or it vanished: state DOWN, index 0)."""
+    """An interface's oper state changed (or it vanished: state DOWN, index 0).  ``kind`` is the
+    link kind of that index (as :class:`Link` has it: "" for none, None when not known)."""
 
     name: str
     state: IfaceState
     index: int
+    kind: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,7 +146,9 @@ def _link_from_msg(msg: Any) -> Link | None:
     name = msg.get_attr("IFLA_IFNAME")
     if not name:
         return None
-    return Link(int(msg["index"]), name, bool(int(msg["flags"]) & IFF_RUNNING))
+    info = msg.get_attr("IFLA_LINKINFO")
+    kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
+    return Link(int(msg["index"]), name, bool(int(msg["flags"]) & IFF_RUNNING), str(kind or ""))
 
 
 def _addr_from_msg(msg: Any) -> tuple[int, str, bool] | None:

@@ -56,6 +56,7 @@ class _Iface:
     name: str
     oper_up: bool
     track_addrs: bool
+    kind: str | None = None
     addrs: set[str] = field(default_factory=set)
 
 
@@ -150,6 +151,8 @@ class IfaceTracker:
                     log.info("duplicate interface name: newer index deferred until the older goes",
                              iface=link.name, ifindex=link.index, holder_ifindex=holders[0])
             iface.oper_up = link.oper_up
+            if link.kind is not None:
+                iface.kind = link.kind
             if iface.track_addrs:
                 addrs = lookup(link.index)
                 if addrs is None:
@@ -195,7 +198,7 @@ class IfaceTracker:
         state = (IfaceState.UP if iface.oper_up else IfaceState.DOWN, iface.index)
         if self._reported_state.get(name) != state:
             self._reported_state[name] = state
-            self._on_state(IfaceStateUpdate(name, state[0], state[1]))
+            self._on_state(IfaceStateUpdate(name, state[0], state[1], iface.kind))
         if iface.track_addrs:  # exclusion is by name, so all holders of a name agree
             addrs = frozenset(iface.addrs)
             if self._reported_addrs.get(name) != addrs:

@@ -34,7 +34,9 @@ checkable protocols below):
 Drivers the loop applies declare their optional hooks the same way:
 :class:`HasDeadline` (``next_deadline()``: seconds until the loop should apply
 again — grace periods, device re-checks, retries) and :class:`WatchesIfaces`
-(``on_iface_state()``: interface state, forwarded by the loop as Felix does).
+(``on_iface_state()``: interface state, forwarded by the loop as Felix does), and
+:class:`WatchesLinkKinds` (``on_iface_kind()``: the link kind the monitor decoded, given just
+before the state of the same update).
 """
 
 from __future__ import annotations
@@ -118,3 +120,11 @@ class HasDeadline(Protocol):
 @runtime_checkable
 class WatchesIfaces(Protocol):
     def on_iface_state(self, name: str, state: IfaceState, index: int) -> None: ...
+
+
+@runtime_checkable
+class WatchesLinkKinds(Protocol):
+    def on_iface_kind(self, name: str, index: int, kind: str) -> None:
+        """Interface *name* at *index* has link kind *kind* ("" for none), from the monitor's
+        RTM_NEWLINK; only for updates that carry a kind (not for a vanished interface)."""
+        ...

@@ -13,6 +13,7 @@ import errno
 import os
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -134,6 +135,40 @@ def test_netkit_is_still_refused_through_the_shared_socket() -> None:
         a.mode("nk0")
 
 
+def test_a_kind_the_monitor_reported_chooses_the_mode_without_any_link_query() -> None:
+    """The interface monitor already decoded every link's kind: with it, netkit is refused and
+    everything else resolved without opening a socket; forgotten, the kind is asked again."""
+    from felixpy.errors import UnsupportedFeature
+
+    nl, op = _nl({"nk0": "netkit"})
+    a = KernelAttacher("Netkit", "/nonexistent", nl=nl)
+    a.learn_kind("nk0", "netkit")
+    a.learn_kind("cali1", "veth")
+    a.learn_kind("eth0", "")  # no kind (a physical device)
+    with pytest.raises(UnsupportedFeature):
+        a.mode("nk0")
+    assert a.mode("cali1") == a.mode("eth0") == ("tcx" if attach.tcx_supported() else "tc")
+    assert op.made == []
+    a.learn_kind("cali1", "netkit")  # the name now belongs to a netkit device: decided again
+    with pytest.raises(UnsupportedFeature):
+        a.mode("cali1")
+    a.learn_kind("nk0", None)  # gone: its kind is not trusted any more
+    with pytest.raises(UnsupportedFeature):
+        a.mode("nk0")
+    assert len(op.made) == 1 and op.made[0].calls == 1
+
+
+def test_the_qdisc_listing_names_the_devices_whose_hooks_can_carry_filters() -> None:
+    text = ('[{"kind":"noqueue","handle":"0:","dev":"lo","root":true,"refcnt":2,"options":{}},'
+            '{"kind":"clsact","handle":"ffff:","dev":"cali0","parent":"ffff:fff1","options":{}},'
+            '{"kind":"ingress","handle":"ffff:","dev":"eth0","parent":"ffff:fff1","options":{}},'
+            '{"kind":"fq_codel","handle":"0:","dev":"eth0","root":true,"options":{}}]\n')
+    assert attach.parse_qdisc_dump(text) == {"cali0", "eth0"}
+    assert attach.parse_qdisc_dump("") == set() and attach.parse_qdisc_dump("[]\n") == set()
+    with pytest.raises(ValueError):
+        attach.parse_qdisc_dump("{}")
+
+
 # ------------------------------------------------------------------------------ kernel
 
 
@@ -206,10 +241,12 @@ def test_attacher_programs_twenty_interfaces_over_one_socket_per_kind(ns: str, a
 @pytest.mark.bpf
 @pytest.mark.kernel
 def test_tc_attach_adds_clsact_back_when_it_was_removed_under_the_attacher(ns: str) -> None:
+    from felixpy.bpf import maps
+
     prog = sc.prog_load(sc.PROG_TYPE_SCHED_CLS, RET0, name=attach.PREAMBLE_NAME)
     try:
-        with nsutil.entered(ns):
-            a = KernelAttacher("TC", "/nonexistent")
+        with maps.private_bpffs() as root, nsutil.entered(ns):
+            a = KernelAttacher("TC", os.path.join(root, "tcx"))
             nsutil.run_in(ns, "ip", "link", "set", "cali0", "up")
             idx = socket.if_nametoindex("cali0")
             for hook in HOOKS:
@@ -265,7 +302,7 @@ def test_attach_many_attaches_like_attach_and_names_only_the_interfaces_that_fai
                 assert not any(a.is_current(n, idx[n], hook, prog) for hook in HOOKS)
                 if attach_type == "TC":
                     for hook in HOOKS:
-                        assert attach.tc_filters(idx[n], hook, nl=a.nl) == [attach.PREAMBLE_NAME]
+                        assert attach.tc_filters(idx[n], hook, nl=a.nl) == [f"{attach.PREAMBLE_NAME}:[*fsobj]"]
             assert a.nl.opened == 1
             a.nl.close()
     finally:
@@ -300,6 +337,93 @@ def test_a_fresh_attacher_sees_attachments_without_asking_any_link_kind(ns: str,
                 assert [fresh.is_attached(n, socket.if_nametoindex(n), hook) for hook in HOOKS] == [want, want], n
             # TC: no kind asked at all; TCX: only where a link pin of ours exists.
             assert set(fresh._modes) <= ({"cali1", "cali2"} if attach_type == "TCX" else set())
+            # The sweep looks closer only at interfaces with a clsact qdisc (TC: one qdisc listing).
+            everyone = {n: socket.if_nametoindex(n) for _i, n in socket.if_nameindex()}
+            nsutil.run_in(ns, "tc", "qdisc", "add", "dev", "cali3", "clsact")  # someone's, empty
+            assert fresh.sweep_candidates(everyone) == (
+                {"cali1", "cali2", "cali3"} if attach_type == "TC" else set(everyone))
             fresh.nl.close()
     finally:
         os.close(prog)
+
+
+def _filters_json(dev: str, hook: int) -> list[dict[str, Any]]:
+    import json
+    import subprocess
+
+    out = subprocess.run(["tc", "-j", "filter", "show", "dev", dev, attach.HOOK_NAMES[hook]],
+                         check=True, capture_output=True, text=True).stdout
+    return list(json.loads(out or "[]"))
+
+
+@pytest.mark.bpf
+@pytest.mark.kernel
+def test_the_tc_batch_makes_the_filter_the_per_call_attach_made_and_a_restart_recognises_both(ns: str) -> None:
+    """``tc -batch`` (the bulk path) and pyroute2 (earlier versions) leave the same filter: same
+    priority, handle, protocol, class id, direct action and program; only the name differs
+    (``tc`` names a pinned program ``<pin file>:[*fsobj]``), and a fresh attacher recognises
+    either as the preamble, detaches either, and replaces the old one in place."""
+    from felixpy.bpf import maps
+    from felixpy.drivers.bpfendpoints.attacher import AttachRequest
+
+    prog = sc.prog_load(sc.PROG_TYPE_SCHED_CLS, RET0, name=attach.PREAMBLE_NAME)
+    try:
+        with maps.private_bpffs() as root, nsutil.entered(ns):
+            old, new = socket.if_nametoindex("cali1"), socket.if_nametoindex("cali2")
+            for hook in HOOKS:
+                attach.attach_tc(old, hook, prog)  # what earlier versions left
+            a = KernelAttacher("TC", os.path.join(root, "tcx"))
+            assert a.attach_many([AttachRequest("cali2", new, hook, prog) for hook in HOOKS]) == {}
+            for hook in HOOKS:
+                got_old, got_new = _filters_json("cali1", hook), _filters_json("cali2", hook)
+                names = [f["options"].pop("bpf_name") for f in (*got_old, *got_new) if "options" in f]
+                assert names == [attach.PREAMBLE_NAME, f"{attach.PREAMBLE_NAME}:[*fsobj]"]
+                assert got_old == got_new and len(got_new) == 2  # (tc lists the priority's head first)
+                opts = got_new[1]["options"]
+                assert opts["handle"] == "0x1" and opts["flowid"] == ":1" and opts["direct-action"] is True
+                assert got_new[1]["pref"] == attach.TC_PRIO and got_new[1]["protocol"] == "all"
+            fresh = KernelAttacher("TC", os.path.join(root, "tcx"))
+            assert all(fresh.is_attached(n, i, hook) for n, i in (("cali1", old), ("cali2", new)) for hook in HOOKS)
+            assert all(fresh.is_current(n, i, hook, prog) for n, i in (("cali1", old), ("cali2", new)) for hook in HOOKS)
+            # The new process replaces the old filter in place (the same priority and handle: one filter).
+            assert fresh.attach_many([AttachRequest("cali1", old, hook, prog) for hook in HOOKS]) == {}
+            assert [attach.tc_filters(old, hook) for hook in HOOKS] == [[f"{attach.PREAMBLE_NAME}:[*fsobj]"]] * 2
+            for n, i in (("cali1", old), ("cali2", new)):
+                fresh.detach(n, i)
+                assert [attach.tc_filters(i, hook) for hook in HOOKS] == [[], []]
+            fresh.nl.close()
+            a.nl.close()
+    finally:
+        os.close(prog)
+
+
+@pytest.mark.bpf
+@pytest.mark.kernel
+def test_a_line_the_kernel_refuses_fails_only_its_own_interface(ns: str) -> None:
+    """One ``tc -batch`` run for twenty interfaces where the kernel refuses one line in the middle
+    (cali5 carries someone's IPv4-only filter at our priority on its ingress hook, and a priority
+    holds one protocol): cali5 alone is reported, with its hook, and every other interface is attached."""
+    from felixpy.bpf import maps
+    from felixpy.drivers.bpfendpoints.attacher import AttachRequest
+
+    prog = sc.prog_load(sc.PROG_TYPE_SCHED_CLS, RET0, name=attach.PREAMBLE_NAME)
+    foreign = sc.prog_load(sc.PROG_TYPE_SCHED_CLS, RET0, name="foreign_prog")
+    try:
+        with maps.private_bpffs() as root, nsutil.entered(ns):
+            sc.obj_pin(foreign, os.path.join(root, "foreign"))
+            nsutil.run_in(ns, "tc", "qdisc", "add", "dev", "cali5", "clsact")
+            nsutil.run_in(ns, "tc", "filter", "add", "dev", "cali5", "ingress", "prio", "1", "protocol", "ip",
+                          "bpf", "da", "pinned", os.path.join(root, "foreign"))
+            a = KernelAttacher("TC", os.path.join(root, "tcx"))
+            names = [f"cali{i}" for i in range(20)]
+            idx = {n: socket.if_nametoindex(n) for n in names}
+            failed = a.attach_many([AttachRequest(n, idx[n], hook, prog) for n in names for hook in HOOKS])
+            assert set(failed) == {"cali5"}
+            assert isinstance(failed["cali5"], OSError) and "cali5 ingress" in str(failed["cali5"])
+            for n in names:
+                assert [a.is_current(n, idx[n], hook, prog) for hook in HOOKS] == \
+                    ([False, True] if n == "cali5" else [True, True])
+            a.nl.close()
+    finally:
+        os.close(prog)
+        os.close(foreign)

@@ -50,4 +50,8 @@ def test_route_ifstate_failsafe_helpers() -> None:
 def test_globals_defaults() -> None:
     g = mt.empty_tc_globals()
     assert list(g.jumps) == [defs.JUMP_UNUSED] * defs.JUMPS_LEN
-    assert g.log_filter_jmp == defs.JUMP_UNUSED and g.dscp == -1
+    assert g.log_filter_jmp == defs.JUMP_UNUSED and g.dscp == -1 and g.istio_dscp == -1
+    assert bytes(g) == bytes(mt.empty_tc_globals()) and not any(bytes(g.host_ip))
+    g.jumps[0], g.flags = 7, 1  # each call is its own copy of the template
+    fresh = mt.empty_tc_globals()
+    assert fresh.jumps[0] == defs.JUMP_UNUSED and fresh.flags == 0

@@ -75,7 +75,9 @@ def owned_pins(root: str) -> list[str]:
 
 def test_cleanup_removes_every_attachment_and_pin_of_ours_and_nothing_foreign(world: World) -> None:
     tcx = KernelAttacher("TCX", world.tcx_dir)
-    tc = KernelAttacher("TC", world.tcx_dir)
+    # TC pins its preambles under the pin root, as the daemon's bundle (open_kernel) has it.
+    tc = KernelAttacher("TC", world.tcx_dir,
+                        preamble_pin_dir=os.path.join(world.pin_root, bpfattach.PREAMBLE_PIN_DIR))
     a, b, c, foreign_if = (world.ifindex(n) for n in ("calia", "calib", "calic", "eth9"))
     for hook in (ING, EGR):
         tcx.attach("calia", a, hook, world.programs.preamble_fd(hook))
@@ -92,17 +94,20 @@ def test_cleanup_removes_every_attachment_and_pin_of_ours_and_nothing_foreign(wo
     foreign_link = sc.link_create(foreign, foreign_if, sc.ATTACH_TCX_EGRESS)
     fmap = sc.map_create(sc.MAP_TYPE_HASH, 4, 4, 8, name="foreign_map")
     sc.obj_pin(fmap, os.path.join(world.pin_root, "foreign_map"))
-    assert tcx_ids(a) and "cali_tc_preambl" in tc_names(b) and owned_pins(world.pin_root)
+    assert tcx_ids(a) and all(bpfattach.is_preamble_filter(n) for n in tc_names(b)) and len(tc_names(b)) == 2
+    assert {"felixpy-preamble/ingress/cali_tc_preambl", "felixpy-preamble/egress/cali_tc_preambl"} <= \
+        set(owned_pins(world.pin_root))
 
     cleanup = BPFCleanup(world.pin_root, world.tcx_dir)
     found = cleanup.find()
     assert len(found.tcx_pins) == 4 and [n for n, _i in found.tc] == ["calib"] and not found.tcx_unpinned
     cleanup.apply()
     assert cleanup.done
-    assert cleanup.removed_by_kind == {"tcx_links": 4, "tc_ifaces": 1, "pins": len(maps.ALL_SPECS)}
+    assert cleanup.removed_by_kind == {"tcx_links": 4, "tc_ifaces": 1, "pins": len(maps.ALL_SPECS) + 2}
     assert tcx_ids(a) == [] and tc_names(a) == []
     assert tc_names(b) == [] and tcx_ids(b) == []
     assert owned_pins(world.pin_root) == [] and not os.path.exists(world.tcx_dir)
+    assert not os.path.exists(os.path.join(world.pin_root, bpfattach.PREAMBLE_PIN_DIR))
     # Foreign objects survive.
     assert tc_names(foreign_if) == ["foreign_filter"]
     assert bpfattach.tcx_programs(foreign_if, EGR) == [sc.prog_info(foreign).id]

@@ -1,6 +1,7 @@
 """The BPF endpoint driver restarted against the real kernel: each "process" is a new bundle
 (:func:`~felixpy.drivers.bpfendpoints.open_kernel`: maps opened from their pins, every variant compiled
-and loaded again in the worker, empty allocators) over the same namespace and bpffs."""
+and loaded again in the worker, empty allocators) over the same namespace and bpffs, in TCX and in
+TC (clsact) mode."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from felixpy.bpf import attach as bpfattach
 from felixpy.bpf import defs
 from felixpy.bpf import maptypes as mt
 from felixpy.bpf import syscall as sc
 from felixpy.bpf import maps
+from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.policy_ir import ALLOW_ALL, DENY_ALL
 from felixpy.drivers.bpfendpoints import BPFEndpoints, BPFKernel, WorkloadPolicy, open_kernel
 from felixpy.drivers.bpfroutes.api import LOCAL_WORKLOAD, RouteValue
@@ -36,6 +39,7 @@ IFACES = {"calia": "10.65.0.2", "calib": "10.65.0.3"}
 class World:
     ns: str
     root: str
+    attach_type: str = "TCX"
 
     @property
     def pin_root(self) -> str:
@@ -46,22 +50,38 @@ class World:
         return os.path.join(self.root, "tcx")
 
     def process(self) -> BPFKernel:
-        return open_kernel(self.pin_root, "TCX", tcx_pin_dir=self.tcx_dir, sizes=SMALL_SIZES)
+        return open_kernel(self.pin_root, self.attach_type, tcx_pin_dir=self.tcx_dir, sizes=SMALL_SIZES)
 
     def links(self) -> dict[str, tuple[int, int]]:
-        return bpfpins.tcx_links(self.tcx_dir)
+        """TCX: the link pins, name -> (link id, program id); TC: ``<iface>_<hook>`` -> (0, the
+        program id of the clsact filter at our priority and handle)."""
+        if self.attach_type == "TCX":
+            return bpfpins.tcx_links(self.tcx_dir)
+        out = {}
+        for name in IFACES:
+            for hook, tc_hook, h in ((ING, sc.TC_INGRESS, "ingress"), (EGR, sc.TC_EGRESS, "egress")):
+                try:
+                    prog = sc.tc_query_prog_id(socket.if_nametoindex(name), tc_hook, bpfattach.TC_HANDLE,
+                                               bpfattach.TC_PRIO)
+                except (OSError, BPFSyscallError):
+                    prog = None
+                if prog is not None:
+                    out[f"{name}_{h}"] = (0, prog)
+        return out
 
 
-@pytest.fixture
-def world() -> Iterator[World]:
+@pytest.fixture(params=["TCX", "TC"])
+def world(request: pytest.FixtureRequest) -> Iterator[World]:
     _need_root_and_bcc()
+    if request.param == "TCX" and not bpfattach.tcx_supported():
+        pytest.skip("kernel without TCX")
     with nsutil.netns("fpyr") as ns, maps.private_bpffs() as root:
         for name in IFACES:
             nsutil.run_in(ns, "ip", "link", "add", name, "type", "veth", "peer", "name", f"p{name}")
             nsutil.run_in(ns, "ip", "link", "set", name, "up")
             nsutil.run_in(ns, "ip", "link", "set", f"p{name}", "up")
         with nsutil.entered(ns):
-            yield World(ns, root)
+            yield World(ns, root, request.param)
 
 
 def driver(kernel: BPFKernel, wanted: dict[str, str]) -> BPFEndpoints:

@@ -44,7 +44,9 @@ def ifindex(ns: str, name: str) -> int:
 
 
 def state(name: str, st: IfaceState, index: int) -> IfaceStateUpdate:
-    return IfaceStateUpdate(name, st, index)
+    """The update the monitor reports, with the link kind it decoded: every test interface is a
+    veth but loopback (no kind); a vanished one (index 0) has none known."""
+    return IfaceStateUpdate(name, st, index, None if not index else "" if name == "lo" else "veth")
 
 
 def addrs(name: str, *a: str) -> IfaceAddrsUpdate:

@@ -199,3 +199,13 @@ def test_resync_replaces_a_stale_duplicate() -> None:
     out.clear()
     t.resync([Link(6, "cali1", True)], {6: frozenset({"10.0.0.6"})})
     assert out == [S("cali1", UP, 6), A("cali1", "10.0.0.6")]
+
+
+def test_the_link_kind_travels_with_the_state_and_outlives_an_event_without_one() -> None:
+    t, _, out = make()
+    t.on_link(Link(5, "cali1", False, "netkit"), True)
+    t.on_link(Link(5, "cali1", True), True)  # (an event whose kind was not decoded)
+    t.on_link(Link(6, "eth0", True, ""), True)
+    assert [u for u in out if isinstance(u, IfaceStateUpdate)] == [
+        IfaceStateUpdate("cali1", DOWN, 5, "netkit"), IfaceStateUpdate("cali1", UP, 5, "netkit"),
+        IfaceStateUpdate("eth0", UP, 6, "")]

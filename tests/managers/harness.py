@@ -250,14 +250,15 @@ class Node:
         for m in msgs:
             self.dp.on_datastore_message(m)
 
-    def link_up(self, name: str, mac: str | None = None) -> int:
-        """The interface exists and is oper-up (a CNI plugin made it)."""
+    def link_up(self, name: str, mac: str | None = None, kind: str | None = None) -> int:
+        """The interface exists and is oper-up (a CNI plugin made it); *kind*: the link kind the
+        monitor decoded (None: an update without one)."""
         try:
             link = self.netlink.set_link_state(name, True)
         except LinkNotFound:
             link = self.netlink.add_link(name, mac=mac)
         self.sysctls.add_iface(name)
-        self.dp.on_iface_update(IfaceStateUpdate(name, IfaceState.UP, link.index))
+        self.dp.on_iface_update(IfaceStateUpdate(name, IfaceState.UP, link.index, kind))
         return link.index
 
     def link_down(self, name: str) -> None:

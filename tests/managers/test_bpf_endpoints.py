@@ -579,3 +579,20 @@ def test_an_attach_batch_failing_as_a_whole_retries_every_interface_in_it(monkey
     assert not programmed(n, fb, "cali1") and not programmed(n, fb, "cali2") and allowed(n) == []
     n.apply()
     assert programmed(n, fb, "cali1") and programmed(n, fb, "cali2")
+
+
+def test_the_monitors_link_kind_reaches_the_attacher_and_a_netkit_workload_is_refused_alone() -> None:
+    """The loop hands the driver the kind the interface monitor decoded (the attacher then needs no
+    per-interface link query): a netkit workload is refused by name -- reported, not retried as a
+    failure -- while its veth neighbour is programmed; a vanished interface's kind is forgotten."""
+    n, fb = node()
+    n.link_up("cali1", kind="netkit")
+    n.link_up("cali2", kind="veth")
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]),
+           wep("b", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"]))
+    n.apply()
+    assert fb.attacher.kinds == {"cali1": "netkit", "cali2": "veth"}
+    assert programmed(n, fb, "cali2")
+    assert not fb.attacher.is_attached("cali1", n.ifindex("cali1"), ING) and "cali1" not in allowed(n)
+    n.link_gone("cali1")
+    assert fb.attacher.kinds == {"cali2": "veth"}

@@ -608,3 +608,13 @@ def test_nftables_mode_dispatches_through_verdict_maps(v: int) -> None:
     node.apply()
     assert maps.programmed_map("cali-to-wl-dispatch") == {}
     assert not maps.is_programmed("cali-tw-calia")
+
+
+def test_an_address_of_the_other_family_is_skipped_and_the_rest_routed(node: Node, v: int) -> None:
+    """``ipv4_nets`` holding an IPv6 address (and the reverse) gets no route in either family;
+    the endpoint's right addresses are routed as usual."""
+    node.send(profile("prof"), wep("a", mac=MAC, profiles=["prof"], ipv4=[ip(4, 1), "fd00:65::9/128"],
+                                   ipv6=[ip(6, 1), "10.65.0.9/32"]))
+    node.link_up("calia")
+    node.apply()
+    assert set(node.routes(v)) == {ip(v, 1)}

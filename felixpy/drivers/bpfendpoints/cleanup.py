@@ -9,12 +9,14 @@ What it owns
     Nothing that should exist in a *tables mode:
 
     * on every interface of this network namespace, the preamble on the clsact hooks (a BPF
-      filter whose program name is ours, :func:`felixpy.bpf.owned.is_owned_prog_name`): the
-      clsact qdisc carrying it is deleted, as Felix does;
+      filter whose program name is ours, :func:`felixpy.bpf.owned.is_owned_prog_name`, read
+      through :func:`felixpy.bpf.attach.filter_prog_name` since ``tc`` and libbpf add a
+      ``:[...]`` suffix): the clsact qdisc carrying it is deleted, as Felix does;
     * TCX links pinned in the TCX pin directory (``<iface without dots>_<ingress|egress>``):
       detached, then unlinked;
     * every pin under the pin root (and its subdirectories) whose name has one of our map
-      prefixes (``cali_``, ``calico_``, ``xdp_cali_``), and the policy programs' sources in
+      prefixes (``cali_``, ``calico_``, ``xdp_cali_``) -- the TC preambles' pins in
+      ``<pin root>/felixpy-preamble/<hook>/`` among them -- and the policy programs' sources in
       ``<pin root>/felixpy-policy`` (:mod:`felixpy.bpf.policyload`); programs held only by the prog arrays go
       with the last reference to those arrays.
 
@@ -119,7 +121,8 @@ class BPFCleanup:
                     out.tcx_pins.append(os.path.join(self.tcx_pin_dir, pin))
                     pinned_tcx.add(pin)
         for name, ifindex in self._links():
-            if any(is_owned_prog_name(f) for hook in HOOKS for f in bpfattach.tc_filters(ifindex, hook)):
+            if any(is_owned_prog_name(bpfattach.filter_prog_name(f))
+                   for hook in HOOKS for f in bpfattach.tc_filters(ifindex, hook)):
                 out.tc.append((name, ifindex))
             for hook in HOOKS:
                 mine = [p for p in bpfattach.tcx_programs(ifindex, hook) if is_owned_prog_name(_prog_name(p))]
@@ -164,7 +167,9 @@ class BPFCleanup:
         for pin in found.pins:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(pin)
-        for d in (self.tcx_pin_dir, os.path.join(self.pin_root, "old_jumps"), os.path.join(self.pin_root, SOURCE_DIR)):
+        preambles = os.path.join(self.pin_root, bpfattach.PREAMBLE_PIN_DIR)
+        for d in (self.tcx_pin_dir, os.path.join(self.pin_root, "old_jumps"), os.path.join(self.pin_root, SOURCE_DIR),
+                  *(os.path.join(preambles, h) for h in bpfattach.HOOK_NAMES.values()), preambles):
             with contextlib.suppress(OSError):
                 os.rmdir(d)
         for k, v in (("tcx_links", len(found.tcx_pins)), ("tc_ifaces", len(found.tc)), ("pins", len(found.pins))):

@@ -24,7 +24,8 @@ deleted (the last also detached). Policy entries no reclaimed interface owns are
 jump maps (every sub-program part), higher parts a reclaimed entry no longer needs too (the routes
 map is the routes driver's, which reads it back and sweeps it itself); TCX link pins of interfaces that no
 longer exist are detached and unlinked; interfaces that exist but carry no wanted workload have
-their preambles detached. The conntrack map is never touched (it is reused by its pin,
+their preambles detached (only interfaces :meth:`Attacher.sweep_candidates` names are looked at:
+in TC mode those with a clsact qdisc, from one qdisc listing). The conntrack map is never touched (it is reused by its pin,
 :mod:`felixpy.bpf.maps`), so established flows survive the restart.
 
 Apply contract (per interface, in Felix's order; an interface that fails stays dirty and is
@@ -209,7 +210,14 @@ class BPFEndpoints:
     def ready_interfaces(self, ip_version: int) -> frozenset[str]:
         return frozenset(n for n, p in self._done.items() if ip_version in p.ready)
 
+    def on_iface_kind(self, name: str, index: int, kind: str) -> None:
+        """The monitor's link kind: the attacher chooses the mode from it (netkit is refused)
+        instead of asking the kernel per interface."""
+        self.kernel.attacher.learn_kind(name, kind)
+
     def on_iface_state(self, name: str, state: IfaceState, index: int) -> None:
+        if state is IfaceState.UNKNOWN or not index:
+            self.kernel.attacher.learn_kind(name, None)
         if state is IfaceState.UNKNOWN:
             self._ifaces.pop(name, None)
         else:
@@ -315,9 +323,15 @@ class BPFEndpoints:
                 log.info("Deleting a stale cali_iface entry", ifindex=ifindex, iface=name,
                          now=by_index.get(ifindex))
                 ifstate.delete(ctypes.c_uint32(ifindex))
-        for name, (ifindex, _up) in self._ifaces.items():
+        unwanted = {n: i for n, (i, _up) in self._ifaces.items() if n not in self._want}
+        try:
+            candidates = k.attacher.sweep_candidates(unwanted) if unwanted else set()
+        except Exception as e:  # not narrowed down: every interface is checked
+            log.warning("Could not narrow the sweep down", error=str(e), error_type=type(e).__name__)
+            candidates = set(unwanted)
+        for name, ifindex in unwanted.items():
             try:
-                if name not in self._want and any(self._attached_any(name, ifindex)):
+                if name in candidates and any(self._attached_any(name, ifindex)):
                     log.info("Detaching BPF programs from an interface that is no longer a workload", iface=name)
                     k.attacher.detach(name, ifindex)
             except Exception as e:  # one interface must not keep every workload from being programmed

@@ -20,8 +20,9 @@ from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.fake import FakeMap
 from felixpy.bpf.maps import ALL_SPECS, Map, MapSet, MapSpec
 from felixpy.bpf.policyload import JumpMapAllocator, PolicyPrograms
-from felixpy.drivers.bpfendpoints.attacher import HOOKS, AttachRequest
+from felixpy.drivers.bpfendpoints.attacher import HOOKS, NETKIT_FEATURE, AttachRequest
 from felixpy.drivers.bpfendpoints.kernel import BPFKernel
+from felixpy.errors import UnsupportedFeature
 
 
 class FakeKernelMap(FakeMap):
@@ -86,9 +87,18 @@ class FakeAttacher:
     names: dict[int, str] = field(default_factory=dict)
     fail_ifaces: set[str] = field(default_factory=set)
     attach_calls: int = 0
+    kinds: dict[str, str] = field(default_factory=dict)  # what learn_kind was told
+
+    def learn_kind(self, iface: str, kind: str | None) -> None:
+        if kind is None:
+            self.kinds.pop(iface, None)
+        else:
+            self.kinds[iface] = kind
 
     def attach(self, iface: str, ifindex: int, hook: int, prog_fd: int) -> None:
         self.attach_calls += 1
+        if self.kinds.get(iface) == "netkit":  # as the kernel attacher: this kernel has no netkit
+            raise UnsupportedFeature(NETKIT_FEATURE, "netkit devices are not supported")
         if iface in self.fail_ifaces:
             raise OSError(errno.EBUSY, f"injected attach failure on {iface}")
         self.attached[(ifindex, hook)] = prog_fd
@@ -121,6 +131,10 @@ class FakeAttacher:
         for ifindex, hook in list(self.attached):
             if existing.get(self.names.get(ifindex, "")) != ifindex:
                 del self.attached[(ifindex, hook)]
+
+    def sweep_candidates(self, existing: dict[str, int]) -> set[str]:
+        # As a qdisc listing would: only interfaces that carry something.
+        return {n for n, i in existing.items() if any((i, h) in self.attached for h in HOOKS)}
 
     def mode(self, iface: str) -> str:
         return "tcx"

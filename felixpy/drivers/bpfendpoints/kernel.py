@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from felixpy.bpf.attach import PREAMBLE_PIN_DIR
 from felixpy.bpf.hook import ProgramsMap
 from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.maps import MapSet, ensure_pin_root
@@ -66,5 +67,6 @@ def open_kernel(pin_root: str, attach_type: str, *, tcx_pin_dir: str | None = No
     tcx_dir = tcx_pin_dir or default_tcx_pin_dir(pin_root)
     return BPFKernel(maps=maps, programs=ProgramsMap(maps, pin_root, loader=WorkerLoader(pin_root)),
                      policies=PolicyPrograms(maps, ids, sources=PinnedSources(pin_root)),
-                     attacher=KernelAttacher(attach_type, tcx_dir),
+                     attacher=KernelAttacher(attach_type, tcx_dir,
+                                             preamble_pin_dir=os.path.join(pin_root, PREAMBLE_PIN_DIR)),
                      ipset_ids=ids, slots={hook: JumpMapAllocator() for hook in HOOKS})

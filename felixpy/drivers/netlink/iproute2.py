@@ -35,6 +35,11 @@ never matter)
     ``bridge -j fdb show dev NAME`` -> :func:`parse_fdb_dump`.
     A dump ``ip`` reports as interrupted (``NLM_F_DUMP_INTR``) is retried.
 
+TC (BPF mode's clsact attach)
+    ``tc -force -batch -`` with the qdisc and filter lines of
+    :mod:`felixpy.bpf.attach` (:meth:`IpTool.tc_batch`); failed lines are reported as ``ip``
+    reports them.
+
 Bridge FDB (VXLAN devices)
     ``bridge -force -batch -`` with ``fdb replace MAC dev NAME dst IP self
     permanent`` lines: one child for every entry instead of one pyroute2
@@ -418,11 +423,12 @@ class IpTool:
     """
 
     def __init__(self, runner: CommandRunner, names: Callable[[], dict[int, str]], ip: str = "ip",
-                 max_dump_attempts: int = 5, bridge: str = "bridge") -> None:
+                 max_dump_attempts: int = 5, bridge: str = "bridge", tc: str = "tc") -> None:
         self.runner = runner
         self.names = names
         self.ip = ip
         self.bridge = bridge
+        self.tc = tc
         self.max_dump_attempts = max_dump_attempts
 
     def _run(self, args: Sequence[str], stdin: str | None = None) -> CommandResult:
@@ -443,6 +449,13 @@ class IpTool:
     def fdbs_replace(self, entries: Sequence[FDBEntry]) -> list[int]:
         return self._write("fdb replace", entries, fdb_replace_line, lambda e: e.ifindex, dev_required=True,
                            locate=self._locate_fdb_abort, tool=self.bridge)
+
+    def tc_batch(self, items: Sequence[Any], line_of: Callable[[Any, str], str]) -> list[int]:
+        """``tc -force -batch -``: one line per item (``line_of(item, dev)``; each item names its
+        interface by ``ifindex``), one errno per item.  ``tc`` keeps going after a failed line and
+        reports it as ``ip`` does; it has no abort to locate, so a run that stops early marks every
+        unreported line failed."""
+        return self._write("tc", items, line_of, lambda item: int(item.ifindex), dev_required=True, tool=self.tc)
 
     def _write(self, op: str, items: Sequence[Any], line_of: Callable[[Any, Any], str],
                oif_of: Callable[[Any], int], *, dev_required: bool = False,
