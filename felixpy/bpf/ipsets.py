@@ -16,6 +16,7 @@ knows).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import ipaddress
 from collections.abc import Iterable
@@ -79,6 +80,24 @@ def member_key(set_id: int, member: str, v6: bool) -> ctypes.Structure | None:
     return mt.ipset_key(set_id, str(net.network_address), net.prefixlen, v6=v6)
 
 
+_LONGEST_MEMBER = 64  # "<IPv6 address>/128,sctp:65535" fits
+
+
+@functools.lru_cache(maxsize=16384)
+def _member_bytes_cached(set_id: int, member: str, v6: bool) -> bytes | None:
+    k = member_key(set_id, member, v6)
+    return bytes(k) if k is not None else None
+
+
+def member_key_bytes(set_id: int, member: str, v6: bool) -> bytes | None:
+    """:func:`member_key`'s bytes, memoised: IP-set deltas name the same members again and again
+    (a member leaves one set and joins another; a flood toggles between two versions).  A string longer
+    than any member is spelled is parsed without the cache, so a hostile feed cannot fill it."""
+    if len(member) > _LONGEST_MEMBER:
+        return _member_bytes_cached.__wrapped__(set_id, member, v6)
+    return _member_bytes_cached(set_id, member, v6)
+
+
 class BPFIPSets:
     """Desired-state writer for one family's IP-set map."""
 
@@ -97,26 +116,26 @@ class BPFIPSets:
         sid = self.ids.get_or_alloc(name)
         keys: set[bytes] = set()
         for mem in members:
-            k = member_key(sid, mem, self.v6)
+            k = member_key_bytes(sid, mem, self.v6)
             if k is not None:
-                keys.add(bytes(k))
+                keys.add(k)
         self._desired[name] = keys
 
     def add_members(self, name: str, members: Iterable[str]) -> None:
         sid = self.ids.get_or_alloc(name)
         cur = self._desired.setdefault(name, set())
         for mem in members:
-            k = member_key(sid, mem, self.v6)
+            k = member_key_bytes(sid, mem, self.v6)
             if k is not None:
-                cur.add(bytes(k))
+                cur.add(k)
 
     def remove_members(self, name: str, members: Iterable[str]) -> None:
         sid = self.ids.get_or_alloc(name)
         cur = self._desired.setdefault(name, set())
         for mem in members:
-            k = member_key(sid, mem, self.v6)
+            k = member_key_bytes(sid, mem, self.v6)
             if k is not None:
-                cur.discard(bytes(k))
+                cur.discard(k)
 
     def remove(self, name: str) -> None:
         self._desired.pop(name, None)

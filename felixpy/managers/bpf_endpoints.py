@@ -65,6 +65,9 @@ def _key(wid: pb.WorkloadEndpointID) -> WlKey:
     return (wid.orchestrator_id, wid.workload_id, wid.endpoint_id)
 
 
+_Uses = tuple[frozenset[from_proto.PolicyKey], frozenset[str], str]  # policies, profiles, interface
+
+
 def _drop_user(index: dict[K, set[WlKey]], item: K, key: WlKey) -> None:
     users = index.get(item)
     if users is not None:
@@ -74,6 +77,11 @@ def _drop_user(index: dict[K, set[WlKey]], item: K, key: WlKey) -> None:
 
 
 class BPFEndpointManager:
+    update_types: tuple[type, ...] = (  # what on_update acts on (managers/base.py)
+        pb.WorkloadEndpointUpdate, pb.WorkloadEndpointRemove, pb.ActivePolicyUpdate, pb.ActivePolicyRemove,
+        pb.ActiveProfileUpdate, pb.ActiveProfileRemove, pb.HostEndpointUpdate, pb.HostEndpointRemove,
+        IfaceAddrsUpdate, pb.GlobalBGPConfigUpdate)
+
     def __init__(self, ip_version: int, ctx: RenderContext, driver: BPFEndpointsAPI, *, filter: Table) -> None:
         self.ip_version = ip_version
         self._ctx = ctx
@@ -91,6 +99,7 @@ class BPFEndpointManager:
         self._policy_users: dict[from_proto.PolicyKey, set[WlKey]] = {}
         self._profile_users: dict[str, set[WlKey]] = {}
         self._by_name: dict[str, set[WlKey]] = {}  # interface -> endpoints naming it (the lowest id wins)
+        self._indexed: dict[WlKey, _Uses] = {}  # what each endpoint is indexed under in the three above
         self._unbuilt: set[WlKey] = set()  # winners whose policy could not be built: retried every pass
         self._programmed: dict[str, WorkloadPolicy] = {}  # iface -> what we gave the driver
         self._allowed: frozenset[str] | None = None
@@ -111,9 +120,11 @@ class BPFEndpointManager:
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.WorkloadEndpointUpdate):
             key = _key(msg.id)
-            self._unindex(key)
+            uses = self._uses(msg.endpoint)
+            if self._indexed.get(key) != uses:  # a resend naming the same policies leaves the index alone
+                self._unindex(key)
+                self._index(key, uses)
             self._endpoints[key] = msg.endpoint
-            self._index(key, msg.endpoint)
             self._dirty_keys.add(key)
             if msg.endpoint.ipv4_nat or msg.endpoint.ipv6_nat:
                 self._nat_endpoints.add(key)
@@ -158,30 +169,32 @@ class BPFEndpointManager:
                                    *msg.service_loadbalancer_cidrs)
 
     @staticmethod
-    def _uses(ep: pb.WorkloadEndpoint) -> tuple[set[from_proto.PolicyKey], set[str]]:
-        pols = {from_proto.policy_key(pid) for ti in ep.tiers for pid in (*ti.ingress_policies, *ti.egress_policies)}
-        return pols, set(ep.profile_ids)
+    def _uses(ep: pb.WorkloadEndpoint) -> _Uses:
+        pols = frozenset(from_proto.policy_key(pid)
+                         for ti in ep.tiers for pid in (*ti.ingress_policies, *ti.egress_policies))
+        return pols, frozenset(ep.profile_ids), ep.name
 
-    def _index(self, key: WlKey, ep: pb.WorkloadEndpoint) -> None:
-        pols, profs = self._uses(ep)
+    def _index(self, key: WlKey, uses: _Uses) -> None:
+        pols, profs, name = uses
+        self._indexed[key] = uses
         for pk in pols:
             self._policy_users.setdefault(pk, set()).add(key)
         for pr in profs:
             self._profile_users.setdefault(pr, set()).add(key)
-        if ep.name:
-            self._by_name.setdefault(ep.name, set()).add(key)
+        if name:
+            self._by_name.setdefault(name, set()).add(key)
 
     def _unindex(self, key: WlKey) -> None:
-        ep = self._endpoints.get(key)
-        if ep is None:
+        uses = self._indexed.pop(key, None)
+        if uses is None:
             return
-        pols, profs = self._uses(ep)
+        pols, profs, name = uses
         for pk in pols:
             _drop_user(self._policy_users, pk, key)
         for pr in profs:
             _drop_user(self._profile_users, pr, key)
-        if ep.name:
-            _drop_user(self._by_name, ep.name, key)
+        if name:
+            _drop_user(self._by_name, name, key)
 
     # ---------------------------------------------------------------------- programming
     def complete_deferred_work(self) -> None:

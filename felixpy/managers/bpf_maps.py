@@ -22,6 +22,7 @@ values into a driver's contract (:mod:`felixpy.drivers.bpfroutes.api`,
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from typing import Any
 
@@ -45,11 +46,32 @@ def _key(wid: pb.WorkloadEndpointID) -> WlKey:
     return (wid.orchestrator_id, wid.workload_id, wid.endpoint_id)
 
 
-def _cidr(text: str) -> str | None:
+_LONGEST_CIDR = 49  # "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255/128" and then some
+
+
+@functools.lru_cache(maxsize=16384)
+def _parse_cached(text: str) -> tuple[str, int, str] | None:
     try:
-        return str(ipaddress.ip_network(text, strict=False))
+        iface = ipaddress.ip_interface(text)
     except ValueError:
         return None
+    return str(iface.network), iface.version, str(iface.ip)
+
+
+def _parse(text: str) -> tuple[str, int, str] | None:
+    """(canonical CIDR, IP version, the address) of *text*, or None if it is not a CIDR.
+
+    Every endpoint update names its addresses again (a flood sends the same few thousand over and
+    over), so the parse is memoised; a string longer than any CIDR is spelled is parsed without the
+    cache, which a hostile feed's 100k-character names must not fill."""
+    if len(text) > _LONGEST_CIDR:
+        return _parse_cached.__wrapped__(text)
+    return _parse_cached(text)
+
+
+def _cidr(text: str) -> str | None:
+    parsed = _parse(text)
+    return parsed[0] if parsed is not None else None
 
 
 def _global_unicast(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
@@ -59,6 +81,9 @@ def _global_unicast(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool
 
 
 class BPFRouteManager:
+    update_types: tuple[type, ...] = (IfaceStateUpdate, IfaceAddrsUpdate, pb.RouteUpdate, pb.RouteRemove,
+                                      pb.WorkloadEndpointUpdate, pb.WorkloadEndpointRemove)  # (managers/base.py)
+
     def __init__(self, ip_version: int, config: Config, routes: BPFRoutesAPI, *,
                  workload_prefixes: tuple[str, ...]) -> None:
         self.ip_version = ip_version
@@ -70,6 +95,7 @@ class BPFRouteManager:
         self._host_cidrs: dict[str, set[str]] = {}  # cidr -> host interfaces holding it
         self._ifindex: dict[str, int] = {}  # interfaces that are up
         self._weps: dict[WlKey, tuple[str, frozenset[str]]] = {}  # key -> (iface, cidrs)
+        self._pending_weps: dict[WlKey, pb.WorkloadEndpoint | None] = {}  # since the last apply (None: removed)
         self._cidr_weps: dict[str, set[WlKey]] = {}
         self._external: frozenset[str] = frozenset(
             c for c in (_cidr(x) for x in config.ExternalNodesCIDRList)
@@ -78,7 +104,8 @@ class BPFRouteManager:
         self._programmed: dict[str, RouteValue] = {}
 
     def _mine(self, cidr: str | None) -> bool:
-        return cidr is not None and ipaddress.ip_network(cidr).version == self.ip_version
+        parsed = _parse(cidr) if cidr is not None else None
+        return parsed is not None and parsed[1] == self.ip_version
 
     # ---------------------------------------------------------------------- updates
     def on_update(self, msg: Any) -> None:
@@ -103,11 +130,9 @@ class BPFRouteManager:
             if cidr is not None and self._cg.pop(cidr, None) is not None:
                 self._dirty.add(cidr)
         elif isinstance(msg, pb.WorkloadEndpointUpdate):
-            nets = msg.endpoint.ipv4_nets if self.ip_version == 4 else msg.endpoint.ipv6_nets
-            cidrs = frozenset(c for c in (_cidr(n) for n in nets) if self._mine(c))
-            self._set_wep(_key(msg.id), (msg.endpoint.name, cidrs))  # type: ignore[arg-type]
+            self._pending_weps[_key(msg.id)] = msg.endpoint  # the latest version, taken at the apply
         elif isinstance(msg, pb.WorkloadEndpointRemove):
-            self._set_wep(_key(msg.id), None)
+            self._pending_weps[_key(msg.id)] = None
 
     def _on_iface_state(self, msg: IfaceStateUpdate) -> None:
         old = self._ifindex.get(msg.name)
@@ -161,8 +186,23 @@ class BPFRouteManager:
                 self._cidr_weps.setdefault(cidr, set()).add(key)
             self._dirty |= value[1]
 
+    def _take_pending_weps(self) -> None:
+        """Endpoint updates since the last apply, the latest per endpoint: an endpoint updated several
+        times between two applies (a flood) is parsed once.  Every route is computed from the final
+        inputs at the apply, so taking them here programs what taking each in turn would."""
+        v = self.ip_version
+        for key, ep in self._pending_weps.items():
+            if ep is None:
+                self._set_wep(key, None)
+                continue
+            cidrs = frozenset(p[0] for p in map(_parse, ep.ipv4_nets if v == 4 else ep.ipv6_nets)
+                              if p is not None and p[1] == v)
+            self._set_wep(key, (ep.name, cidrs))
+        self._pending_weps.clear()
+
     # ------------------------------------------------------------------- programming
     def complete_deferred_work(self) -> None:
+        self._take_pending_weps()
         for cidr in sorted(self._dirty):
             try:
                 want = self._calculate(cidr)
@@ -240,6 +280,8 @@ class BPFRouteManager:
 class BPFFailsafeManager:
     """Config only: the failsafe entries are pushed once (a config change restarts the daemon)."""
 
+    update_types: tuple[type, ...] = ()  # it takes no messages (managers/base.py)
+
     def __init__(self, ip_version: int, config: Config, failsafes: BPFFailsafesAPI) -> None:
         self.ip_version = ip_version
         self._driver = failsafes
@@ -277,23 +319,36 @@ class BPFFailsafeManager:
 class BPFConntrackManager:
     """Tells the conntrack scanner which workload addresses went away."""
 
+    update_types: tuple[type, ...] = (pb.WorkloadEndpointUpdate, pb.WorkloadEndpointRemove)  # (managers/base.py)
+
     def __init__(self, ip_version: int, conntrack: BPFConntrackAPI) -> None:
         self.ip_version = ip_version
         self._driver = conntrack
         self._addrs: dict[WlKey, frozenset[str]] = {}
+        self._pending: dict[WlKey, pb.WorkloadEndpoint | None] = {}  # since the last apply (None: removed)
         self._gone: set[str] = set()
 
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.WorkloadEndpointUpdate):
-            nets = msg.endpoint.ipv4_nets if self.ip_version == 4 else msg.endpoint.ipv6_nets
-            new = frozenset(str(ipaddress.ip_interface(n).ip) for n in nets if _cidr(n) is not None)
-            old = self._addrs.get(_key(msg.id), frozenset())
-            self._addrs[_key(msg.id)] = new
-            self._gone |= old - new
+            self._pending[_key(msg.id)] = msg.endpoint  # the latest version, taken at the apply
         elif isinstance(msg, pb.WorkloadEndpointRemove):
-            self._gone |= self._addrs.pop(_key(msg.id), frozenset())
+            self._pending[_key(msg.id)] = None
+
+    def _take_pending(self) -> None:
+        """The latest version of each endpoint updated since the last apply.  An address an endpoint
+        held only between two applies was never programmed for it, so it has no flows to forget."""
+        for key, ep in self._pending.items():
+            if ep is None:
+                self._gone |= self._addrs.pop(key, frozenset())
+                continue
+            nets = ep.ipv4_nets if self.ip_version == 4 else ep.ipv6_nets
+            new = frozenset(p[2] for p in map(_parse, nets) if p is not None)
+            self._gone |= self._addrs.get(key, frozenset()) - new
+            self._addrs[key] = new
+        self._pending.clear()
 
     def complete_deferred_work(self) -> None:
+        self._take_pending()
         if not self._gone:
             return
         held = frozenset().union(*self._addrs.values()) if self._addrs else frozenset()

@@ -51,6 +51,27 @@ def route_update(dst: str, types: int, **kw: object) -> pb.RouteUpdate:
     return r
 
 
+def test_memoised_cidr_parse_equals_ipaddress_and_long_strings_stay_out_of_the_cache() -> None:
+    """The route and conntrack managers parse every endpoint update's addresses through a memo; it
+    must agree with ``ipaddress`` on every spelling and never keep a string longer than a CIDR."""
+    from felixpy.managers.bpf_maps import _cidr, _parse, _parse_cached
+    spellings = ["10.0.0.1", "10.0.0.1/32", "10.0.0.7/24", "10.0.0.0/8", "fd00::1", "FD00::1/128", "fd00::7/64",
+                 "::ffff:10.0.0.1", "10.0.0.1/255.255.255.0", "bogus", "", "10.0.0.256", "10.0.0.1/33",
+                 "fd00::1/129", "1" * 60, "10.0.0.1" + " " * 80]
+    for text in spellings:
+        try:
+            iface = ipaddress.ip_interface(text)
+            want = (str(ipaddress.ip_network(text, strict=False)), iface.version, str(iface.ip))
+        except ValueError:
+            want = None
+        assert _parse(text) == want, text
+        assert _cidr(text) == (want[0] if want else None)
+    before = _parse_cached.cache_info().currsize
+    for i in range(100):
+        _parse("10." + "1" * (60 + i))
+    assert _parse_cached.cache_info().currsize == before
+
+
 # ------------------------------------------------------------------------------------- routes
 def test_routes_from_the_feed_carry_felixs_flags_and_next_hops() -> None:
     n, fb = node(families=(4,))
@@ -261,6 +282,42 @@ def test_scanner_forgets_a_removed_workloads_flows_through_the_manager() -> None
     n.send(wep("c", "cali3", ipv4=["10.65.0.3/32"]), wep_remove("b"))
     n.apply()
     assert m.get(kb) is not None
+
+
+def test_endpoint_updates_between_applies_are_taken_as_their_latest_version() -> None:
+    """The route and conntrack managers take the latest version of each endpoint at the apply (a flood
+    updates one endpoint several times between applies): the routes map ends as applying each message
+    in turn leaves it, and a workload re-addressed away and back keeps its flows while the addresses it
+    really left lose theirs."""
+    msgs = [wep("a", "cali1", ipv4=["10.65.0.2/32"], ipv6=["fd00::2/128"]),
+            wep("b", "cali2", ipv4=["10.65.0.3/32"]),
+            wep("a", "cali1", ipv4=["10.65.0.9/32"], ipv6=["fd00::9/128"]),
+            wep_remove("b"), wep("b", "cali2", ipv4=["10.65.0.4/32"]),
+            wep("a", "cali1", ipv4=["10.65.0.2/32"], ipv6=["fd00::2/128"])]
+    one_by_one, fb1 = node()
+    batched, fb2 = node()
+    for n in (one_by_one, batched):
+        n.link_up("cali1")
+        n.link_up("cali2")
+        n.send(wep("a", "cali1", ipv4=["10.65.0.2/32"], ipv6=["fd00::2/128"]), wep("b", "cali2", ipv4=["10.65.0.3/32"]))
+        n.apply()
+    now_like = 1 << 62
+    flows = {}
+    for name, fb in (("one", fb1), ("batch", fb2)):
+        m = fb.map(CT4.name)
+        flows[name] = (m, ct_entry(m, 6, "10.65.0.2", 40000, "8.8.8.8", 443, last_seen=now_like, legs="syn ack"),
+                       ct_entry(m, 6, "10.65.0.3", 40000, "8.8.8.8", 443, last_seen=now_like, legs="syn ack"))
+    for msg in msgs:
+        one_by_one.send(msg)
+        one_by_one.apply()
+    batched.send(*msgs)
+    batched.apply()
+    for v6 in (False, True):
+        assert routes(fb2, v6) == routes(fb1, v6)
+    assert "10.65.0.4/32" in routes(fb2) and "10.65.0.3/32" not in routes(fb2) and "10.65.0.9/32" not in routes(fb2)
+    m, ka, kb = flows["batch"]
+    assert m.get(ka) is not None  # a is back on 10.65.0.2 at the apply: its flow stays
+    assert m.get(kb) is None  # b left 10.65.0.3
 
 
 def test_scanner_keeps_an_entry_refreshed_during_the_walk() -> None:
