@@ -88,6 +88,7 @@ class BPFEndpointManager:
         self._driver = driver
         self._filter = filter
         self._endpoints: dict[WlKey, pb.WorkloadEndpoint] = {}
+        self._pending_eps: dict[WlKey, pb.WorkloadEndpoint | None] = {}  # since the last apply (None: removed)
         self._policies: dict[from_proto.PolicyKey, Any] = {}
         self._profiles: dict[str, Any] = {}
         self._dirty_keys: set[WlKey] = set()
@@ -119,23 +120,9 @@ class BPFEndpointManager:
     # ----------------------------------------------------------------------- updates
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.WorkloadEndpointUpdate):
-            key = _key(msg.id)
-            uses = self._uses(msg.endpoint)
-            if self._indexed.get(key) != uses:  # a resend naming the same policies leaves the index alone
-                self._unindex(key)
-                self._index(key, uses)
-            self._endpoints[key] = msg.endpoint
-            self._dirty_keys.add(key)
-            if msg.endpoint.ipv4_nat or msg.endpoint.ipv6_nat:
-                self._nat_endpoints.add(key)
-            else:
-                self._nat_endpoints.discard(key)
+            self._pending_eps[_key(msg.id)] = msg.endpoint  # the latest version, taken at the apply
         elif isinstance(msg, pb.WorkloadEndpointRemove):
-            key = _key(msg.id)
-            self._unindex(key)
-            self._endpoints.pop(key, None)
-            self._dirty_keys.add(key)
-            self._nat_endpoints.discard(key)
+            self._pending_eps[_key(msg.id)] = None
         elif isinstance(msg, pb.ActivePolicyUpdate):
             key = from_proto.policy_key(msg.id)
             self._rules.forget(self._policies.get(key))
@@ -168,6 +155,28 @@ class BPFEndpointManager:
             self._service_cidrs = (*msg.service_cluster_cidrs, *msg.service_external_cidrs,
                                    *msg.service_loadbalancer_cidrs)
 
+    def _take_pending_endpoints(self) -> None:
+        """Endpoint updates since the last apply, the latest per endpoint (a flood updates one several
+        times between applies): stored, indexed by the policies, profiles and interface they name (left
+        alone when those did not change), and marked dirty."""
+        for key, ep in self._pending_eps.items():
+            if ep is None:
+                self._unindex(key)
+                self._endpoints.pop(key, None)
+                self._nat_endpoints.discard(key)
+            else:
+                old = self._endpoints.get(key)
+                if old is None or old.name != ep.name or old.tiers != ep.tiers or old.profile_ids != ep.profile_ids:
+                    self._unindex(key)
+                    self._index(key, self._uses(ep))
+                self._endpoints[key] = ep
+                if ep.ipv4_nat or ep.ipv6_nat:
+                    self._nat_endpoints.add(key)
+                else:
+                    self._nat_endpoints.discard(key)
+            self._dirty_keys.add(key)
+        self._pending_eps.clear()
+
     @staticmethod
     def _uses(ep: pb.WorkloadEndpoint) -> _Uses:
         pols = frozenset(from_proto.policy_key(pid)
@@ -198,6 +207,7 @@ class BPFEndpointManager:
 
     # ---------------------------------------------------------------------- programming
     def complete_deferred_work(self) -> None:
+        self._take_pending_endpoints()
         if self._dirty_policies or self._dirty_profiles:
             self._heps_dirty = self._heps_dirty or bool(self._heps)
         wildcard = self._wildcard()

@@ -556,6 +556,62 @@ def test_policy_users_index_follows_endpoint_updates_shadowing_and_failed_builds
     assert sorted(built) == ["cali2", "cali3"] and programmed(n, fb, "cali3")
 
 
+def test_endpoint_updates_between_applies_are_taken_as_their_latest_version(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manager takes each endpoint's latest version at the apply (a flood updates one several times
+    between applies): an endpoint that moved from policy p to q, was removed and came back on p within
+    one batch is indexed under p alone, so a change of q rebuilds nothing and a change of p rebuilds it;
+    one removed and re-added on another interface within a batch programs only that interface."""
+    from felixpy.managers.bpf_endpoints import BPFEndpointManager
+
+    n, fb = node()
+    for iface in ("cali1", "cali2", "cali3"):
+        n.link_up(iface)
+    pols = (profile("allow"), policy("p", inbound=[rule("allow", protocol="tcp")], outbound=[rule("allow")]),
+            policy("q", inbound=[rule("allow", protocol="udp")], outbound=[rule("allow")]))
+    n.send(*pols, wep("a", "cali1", profiles=["allow"], tiers=[tier(ingress=["p"], egress=["p"])]),
+           wep("b", "cali2", profiles=["allow"], tiers=[tier(ingress=["q"], egress=["q"])]))
+    n.apply()
+    n.send(wep("a", "cali1", profiles=["allow"], tiers=[tier(ingress=["q"], egress=["q"])]), wep_remove("a"),
+           wep("a", "cali1", profiles=["allow"], tiers=[tier(ingress=["p"], egress=["p"])]),
+           wep_remove("b"), wep("b", "cali3", profiles=["allow"], tiers=[tier(ingress=["q"], egress=["q"])]))
+    n.apply()
+    assert programmed(n, fb, "cali1") and programmed(n, fb, "cali3") and not programmed(n, fb, "cali2")
+    built: list[str] = []
+    real = BPFEndpointManager._workload_policy
+    monkeypatch.setattr(BPFEndpointManager, "_workload_policy",
+                        lambda self, ep: (built.append(ep.name), real(self, ep))[1])
+    n.send(policy("q", inbound=[rule("deny")], outbound=[rule("allow")]))
+    n.apply()
+    assert built == ["cali3"]
+    built.clear()
+    n.send(policy("p", inbound=[rule("deny", protocol="tcp"), rule("allow")], outbound=[rule("allow")]))
+    n.apply()
+    assert built == ["cali1"]
+    # The same history one message per apply ends with the same programs in the same slots' places.
+    m, fb2 = node()
+    for iface in ("cali1", "cali2", "cali3"):
+        m.link_up(iface)
+    for msg in (*pols, wep("a", "cali1", profiles=["allow"], tiers=[tier(ingress=["p"], egress=["p"])]),
+                wep("b", "cali2", profiles=["allow"], tiers=[tier(ingress=["q"], egress=["q"])]),
+                wep("a", "cali1", profiles=["allow"], tiers=[tier(ingress=["q"], egress=["q"])]), wep_remove("a"),
+                wep("a", "cali1", profiles=["allow"], tiers=[tier(ingress=["p"], egress=["p"])]),
+                wep_remove("b"), wep("b", "cali3", profiles=["allow"], tiers=[tier(ingress=["q"], egress=["q"])]),
+                policy("q", inbound=[rule("deny")], outbound=[rule("allow")]),
+                policy("p", inbound=[rule("deny", protocol="tcp"), rule("allow")], outbound=[rule("allow")])):
+        m.send(msg)
+        m.apply()
+    def slot_programs(nd: Node, b: FakeBPF) -> dict[str, tuple[str, ...]]:
+        out = {}
+        for iface in ("cali1", "cali3"):
+            assert programmed(nd, b, iface)
+            ing, egr = entries(b, nd.ifindex(iface))
+            out[iface] = tuple(b.progs.tags[slot_fd(b, hook, e) or 0] for hook, e in ((ING, ing), (EGR, egr)))
+        return out
+    assert not programmed(m, fb2, "cali2")
+    assert slot_programs(m, fb2) == slot_programs(n, fb)
+
+
 def test_an_attach_batch_failing_as_a_whole_retries_every_interface_in_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Step 5 runs once for all the apply's interfaces: if that call fails outright (a socket error),
     none of them is READY or admitted, and the next apply programs them all."""
