@@ -22,7 +22,7 @@ the generated proto copied in) so before/after are measured in one run on the sa
     .venv/bin/python bench/bench_render.py --tree /tmp/wt-render-base --tree .
 
 Usage: ``.venv/bin/python bench/bench_render.py [--k 300] [--rules 10] [--batch 300] [--rounds 4]
-[--mode nftables|iptables] [--tree PATH ...] [--repeat N] [--profile policy|endpoint|ipset|flood]
+[--mode nftables|iptables|bpf] [--tree PATH ...] [--repeat N] [--profile policy|endpoint|ipset|flood]
 [--flood-batch 3000]``.
 """
 
@@ -96,7 +96,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     logs.configure(args.log_level, stream=open(os.devnull, "w"))  # the daemon logs at INFO by default
     config = {"NFTablesMode": "Enabled"} if args.mode == "nftables" else {}
-    node = Node(families=(4, 6), config=Config(Ipv6Support=True, **config))  # type: ignore[arg-type]
+    if args.mode == "bpf":  # BPF mode's managers and drivers over the in-memory maps and attach layer
+        from felixpy.drivers.bpfendpoints.fake import fake_kernel
+
+        config = {"BPFEnabled": "true"}
+        node = Node(families=(4, 6), config=Config(Ipv6Support=True, BPFEnabled=True),
+                    bpf=fake_kernel({"cali_iface": 8192}))
+    else:
+        node = Node(families=(4, 6), config=Config(Ipv6Support=True, **config))  # type: ignore[arg-type]
     f, x = world(0, args.k, args.rules), world(1, args.k, args.rules)
     init = [m for m in payloads(scenario_from_dict({"config": config, **f}).initial)
             if type(m).__name__ not in ("ConfigUpdate", "InSync")]
@@ -163,7 +170,7 @@ def main() -> int:
     ap.add_argument("--flood-batch", type=int, default=3000,
                     help="kind 'flood': every message type interleaved as the FV flood sends them, this many "
                          "per apply (the FV's messages per apply)")
-    ap.add_argument("--mode", choices=("nftables", "iptables"), default="nftables")
+    ap.add_argument("--mode", choices=("nftables", "iptables", "bpf"), default="nftables")
     ap.add_argument("--tree", action="append", default=[])
     ap.add_argument("--profile", choices=KINDS)
     ap.add_argument("--log-level", default="INFO")

@@ -72,6 +72,21 @@ def test_memoised_cidr_parse_equals_ipaddress_and_long_strings_stay_out_of_the_c
     assert _parse_cached.cache_info().currsize == before
 
 
+def test_routes_driver_memo_equals_the_parse_and_long_strings_stay_out_of_it() -> None:
+    from felixpy.drivers.bpfroutes.driver import _norm, _norm_cached
+    for text in ("10.65.0.1", "10.65.0.7/24", "fd00::1", "FD00::7/64", "10.0.0.1/255.255.255.0"):
+        net = ipaddress.ip_network(text, strict=False)
+        assert _norm(text) == (str(net), net.version, bytes(mt.route_key(str(net))))
+    for bad in ("bogus", "10.0.0.1/33", "1" * 80):
+        with pytest.raises(ValueError):
+            _norm(bad)
+    before = _norm_cached.cache_info().currsize
+    for i in range(50):
+        with pytest.raises(ValueError):
+            _norm("10." + "1" * (60 + i))
+    assert _norm_cached.cache_info().currsize == before
+
+
 # ------------------------------------------------------------------------------------- routes
 def test_routes_from_the_feed_carry_felixs_flags_and_next_hops() -> None:
     n, fb = node(families=(4,))

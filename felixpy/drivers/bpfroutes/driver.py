@@ -22,6 +22,7 @@ CIDR that cannot be encoded (wrong family, bad next hop) is logged and skipped f
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 
 import structlog
@@ -42,8 +43,22 @@ class RoutesNotProgrammed(Exception):
         super().__init__(f"IPv{ip_version} BPF routes not written ({detail})")
 
 
-def _norm(cidr: str) -> str:
-    return str(ipaddress.ip_network(cidr, strict=False))
+_LONGEST_CIDR = 49
+
+
+@functools.lru_cache(maxsize=16384)
+def _norm_cached(cidr: str) -> tuple[str, int, bytes]:
+    net = ipaddress.ip_network(cidr, strict=False)
+    return str(net), net.version, bytes(mt.route_key(str(net)))
+
+
+def _norm(cidr: str) -> tuple[str, int, bytes]:
+    """(canonical CIDR, IP version, routes-map key) of *cidr*; ValueError if it is not one.  Memoised:
+    the route manager hands over the same CIDRs apply after apply (a re-addressed workload's two
+    addresses, over and over, in a flood).  Longer strings than any CIDR bypass the memo."""
+    if len(cidr) > _LONGEST_CIDR:
+        return _norm_cached.__wrapped__(cidr)
+    return _norm_cached(cidr)
 
 
 class BPFRoutes:
@@ -66,8 +81,8 @@ class BPFRoutes:
     # ------------------------------------------------------------------ desired state
     def set_route(self, cidr: str, value: RouteValue) -> None:
         try:
-            key = _norm(cidr)
-            if (ipaddress.ip_network(key).version == 6) != self._v6:
+            key, version, _ = _norm(cidr)
+            if (version == 6) != self._v6:
                 raise ValueError(f"not an IPv{self.ip_version} CIDR")
             raw = bytes(mt.route_value(value.flags, ifindex=value.ifindex, next_hop=value.next_hop, v6=self._v6))
         except (ValueError, OSError) as e:
@@ -81,7 +96,7 @@ class BPFRoutes:
 
     def remove_route(self, cidr: str) -> None:
         try:
-            key = _norm(cidr)
+            key = _norm(cidr)[0]
         except ValueError:
             return
         if self._want.pop(key, None) is not None:
@@ -104,9 +119,9 @@ class BPFRoutes:
             want = self._want.get(cidr)
             try:
                 if want is None:
-                    self._map.delete(mt.route_key(cidr))
+                    self._map.delete(_norm(cidr)[2])
                 else:
-                    self._map.set(mt.route_key(cidr), want)
+                    self._map.set(_norm(cidr)[2], want)
                 self.writes += 1
                 if self._believed is not None:
                     if want is None:
