@@ -94,9 +94,31 @@ def rule_from_proto(r: Any) -> Rule:
     )
 
 
+_RULE_MEMO: dict[bytes, Rule] = {}  # a rule's deterministic serialisation -> its IR (immutable, shared)
+_RULE_MEMO_MAX = 8192
+_RULE_MEMO_LONGEST = 4096  # a rule serialised longer than this is converted without the memo
+
+
+def rule_of(r: Any) -> Rule:
+    """:func:`rule_from_proto`, memoised by the rule's content: a policy update mostly resends the rules
+    it had (one rule of ten changed; a flood toggles two versions), and every endpoint's program build
+    after it would convert them again.  ~2 µs to serialise against ~50 µs to convert; bounded (cleared
+    when full) and never keeping a hostile feed's huge rules."""
+    key = r.SerializeToString(deterministic=True)
+    if len(key) > _RULE_MEMO_LONGEST:
+        return rule_from_proto(r)
+    hit = _RULE_MEMO.get(key)
+    if hit is None:
+        hit = rule_from_proto(r)  # a rule that cannot be converted raises, and is not remembered
+        if len(_RULE_MEMO) >= _RULE_MEMO_MAX:
+            _RULE_MEMO.clear()
+        _RULE_MEMO[key] = hit
+    return hit
+
+
 def _rules(msg: Any, direction: str) -> tuple[Rule, ...]:
     rs = msg.inbound_rules if direction == INGRESS else msg.outbound_rules
-    return tuple(rule_from_proto(r) for r in rs)
+    return tuple(rule_of(r) for r in rs)
 
 
 RulesOf = Callable[[Any, str], tuple[Rule, ...]]  # (policy or profile message, direction) -> its rules

@@ -76,3 +76,27 @@ def test_host_endpoint_sets() -> None:
     xdp = fp.xdp_policy_set(hep, policies)
     assert xdp is not None and xdp.for_xdp and xdp.host_normal_tiers[0].end_action is Action.PASS
     assert fp.xdp_policy_set(pb.HostEndpoint(name="eth1"), policies) is None
+
+
+def test_rule_memo_gives_the_conversion_shares_equal_content_and_keeps_no_huge_or_bad_rule() -> None:
+    """``rule_of`` (what every program build uses) must equal ``rule_from_proto`` for each rule, hand
+    out one shared value per rule content, and keep neither a rule that cannot be converted nor one
+    too large to be worth remembering (a hostile feed's 100k-character CIDR lists)."""
+    import pytest
+
+    rules = [pb.Rule(action="allow", protocol=pb.Protocol(name="tcp"), dst_ports=[pb.PortRange(first=80)]),
+             pb.Rule(action="deny", src_net=["10.0.0.0/8"], rule_id="r2"),
+             pb.Rule(action="allow", icmp_type_code=pb.IcmpTypeAndCode(type=8, code=0), ip_version=pb.IPV4),
+             pb.Rule(action="next-tier", not_src_ip_set_ids=["s:x"], protocol=pb.Protocol(number=17))]
+    for r in rules:
+        assert fp.rule_of(r) == fp.rule_from_proto(r)
+        again = pb.Rule()
+        again.CopyFrom(r)
+        assert fp.rule_of(again) is fp.rule_of(r)
+    size = len(fp._RULE_MEMO)
+    huge = pb.Rule(action="allow", src_net=[f"10.{i // 250}.{i % 250}.0/24" for i in range(1000)])
+    assert fp.rule_of(huge) == fp.rule_from_proto(huge) and len(fp._RULE_MEMO) == size
+    bad = pb.Rule(action="allow", protocol=pb.Protocol(name="not-a-protocol"))
+    with pytest.raises(ValueError):
+        fp.rule_of(bad)
+    assert len(fp._RULE_MEMO) == size
