@@ -435,8 +435,9 @@ def _family_drivers(dp: InternalDataplane, config: Config, v: int,
 
 def _family_parts(config: Config, v: int, renderer: RuleRenderer, ft: FamilyTables, tables: Mapping[str, Table],
                   drivers: tuple[RouteTableAPI, TunnelDevices, InterfaceSysctls], status: EndpointStatusCombiner, *,
-                  maps: MapsDataplane | None, floating_ips: bool) -> FamilyParts:
-    """The family's managers, writing to *tables* (the family's own, or discarded ones in BPF mode)."""
+                  maps: MapsDataplane | None, floating_ips: bool, endpoint_chains: bool = True) -> FamilyParts:
+    """The family's managers, writing to *tables* (the family's own, or discarded ones in BPF mode, where
+    the endpoint manager renders no chains: *endpoint_chains* False)."""
     main_rt, devices, sysctls = drivers
     priority = config.IPv4NormalRoutePriority if v == 4 else config.IPv6NormalRoutePriority
     # Workload and host endpoints share policy-group chains: one refcount decides when one exists.
@@ -448,7 +449,8 @@ def _family_parts(config: Config, v: int, renderer: RuleRenderer, ft: FamilyTabl
         policy=PolicyManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"], filter=tables["filter"]),
         endpoints=EndpointManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"], filter=tables["filter"],
                                   route_table=main_rt, sysctls=sysctls, status=status, route_priority=priority,
-                                  maps=maps, groups=groups, floating_ips=floating_ips),
+                                  maps=maps, groups=groups, floating_ips=floating_ips,
+                                  render_chains=endpoint_chains),
         hostendpoints=HostEndpointManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"],
                                           filter=tables["filter"], status=status, groups=groups,
                                           workload_prefixes=config.InterfacePrefix),
@@ -662,7 +664,8 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
         # mode: their managers write to discarded tables, and only some are registered with the loop
         # (the host-endpoint manager for its status).
         # Outgoing NAT is: the programs mark, cali-nat-outgoing (in the real nat table) masquerades.
-        fam = _family_parts(config, v, renderer, ft, discard, drivers, status, maps=None, floating_ips=False)
+        fam = _family_parts(config, v, renderer, ft, discard, drivers, status, maps=None, floating_ips=False,
+                            endpoint_chains=False)
         fam.masq = MasqManager(v, bpf_ipsets, tables["nat"], renderer, config.MaxIpsetSize)
         fam.bpf = BPFFamilyParts(BPFEndpointManager(v, renderer.ctx, driver, filter=tables["filter"]),
                                  bpf_ipsets, driver, routes, failsafes, conntrack,

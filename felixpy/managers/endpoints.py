@@ -94,8 +94,12 @@ class EndpointManager:
     def __init__(self, ip_version: int, renderer: RuleRenderer, *, raw: Table, mangle: Table, filter: Table,
                  route_table: RouteTableAPI, sysctls: InterfaceConfigurer, status: EndpointStatusCombiner,
                  maps: MapsDataplane | None = None, route_priority: int = 0,
-                 groups: PolicyGroupChains | None = None, floating_ips: bool = False) -> None:
+                 groups: PolicyGroupChains | None = None, floating_ips: bool = False,
+                 render_chains: bool = True) -> None:
         self.ip_version = ip_version
+        # False in BPF mode: the programs enforce the endpoints' policy and these tables are discarded,
+        # so only routes, interface configuration and status are this manager's work there.
+        self._render_chains = render_chains
         self._r = renderer
         self._raw, self._mangle, self._filter = raw, mangle, filter
         self._routes = route_table
@@ -161,7 +165,7 @@ class EndpointManager:
     # ------------------------------------------------------------------------- work
     def complete_deferred_work(self) -> None:
         self._resolve_workloads()
-        if self._dispatch_dirty:
+        if self._dispatch_dirty and self._render_chains:
             self._update_dispatch()
             self._dispatch_dirty = False
         if self._rpf_dirty:
@@ -209,31 +213,12 @@ class EndpointManager:
         if previous is not None and previous.endpoint.name != iface:
             self._deactivate(key)
             self._promote_shadowed(previous.endpoint.name)  # the old interface is free now
-        tiers = tiers_from_proto(ep.tiers, self._selectors)
-        inputs = _chain_inputs(ep, tiers)
         old = self._active.get(key)
         route_inputs = self._route_inputs(pid, ep)
-        if old is not None and old.inputs == inputs:
-            # Same interface, policies (and their groups), profiles, admin state and QoS: the chains the
-            # tables hold are already these; only addresses/MAC/etc. changed (routes below).
-            self._active[key] = _Active(ep, pid, old.chains, old.groups, inputs, route_inputs)
-        else:
-            new_groups = groups_to_program(tiers)
-            try:
-                chains = self._groups.render_holding(new_groups,
-                                                     lambda: self._r.workload_endpoint_chains(ep, tiers))
-            except Exception:
-                log.exception("Failed to render endpoint chains; endpoint left as it was", endpoint=key,
-                              iface=iface)
-                return
-            names = [c.name for c in chains]
-            if old is not None:
-                for stale in old.chains:
-                    if stale not in names:
-                        self._filter.remove_chain_by_name(stale)
-                self._groups.decref(old.groups)
-            self._filter.update_chains(chains)
-            self._active[key] = _Active(ep, pid, names, new_groups, inputs, route_inputs)
+        if not self._render_chains:
+            self._active[key] = _Active(ep, pid, [], [], (), route_inputs)
+        elif not self._chains_for(key, pid, ep, iface, old, route_inputs):
+            return
         self._iface_to_key[iface] = key
         self._shadowed.pop(key, None)
         spoof = self._allowed_spoofing(key, ep)
@@ -248,6 +233,35 @@ class EndpointManager:
         if old is None or old.route_inputs != route_inputs:
             self._set_routes(pid, ep, iface)
         self._to_reconfigure.add(iface)
+
+    def _chains_for(self, key: WlKey, pid: pb.WorkloadEndpointID, ep: pb.WorkloadEndpoint, iface: str,
+                    old: _Active | None, route_inputs: tuple[Any, ...]) -> bool:
+        """Render the endpoint's chains into the tables unless their inputs are unchanged; False if
+        they could not be rendered (the endpoint is left as it was)."""
+        tiers = tiers_from_proto(ep.tiers, self._selectors)
+        inputs = _chain_inputs(ep, tiers)
+        if old is not None and old.inputs == inputs:
+            # Same interface, policies (and their groups), profiles, admin state and QoS: the chains the
+            # tables hold are already these; only addresses/MAC/etc. changed (routes below).
+            self._active[key] = _Active(ep, pid, old.chains, old.groups, inputs, route_inputs)
+        else:
+            new_groups = groups_to_program(tiers)
+            try:
+                chains = self._groups.render_holding(new_groups,
+                                                     lambda: self._r.workload_endpoint_chains(ep, tiers))
+            except Exception:
+                log.exception("Failed to render endpoint chains; endpoint left as it was", endpoint=key,
+                              iface=iface)
+                return False
+            names = [c.name for c in chains]
+            if old is not None:
+                for stale in old.chains:
+                    if stale not in names:
+                        self._filter.remove_chain_by_name(stale)
+                self._groups.decref(old.groups)
+            self._filter.update_chains(chains)
+            self._active[key] = _Active(ep, pid, names, new_groups, inputs, route_inputs)
+        return True
 
     def _allowed_spoofing(self, key: WlKey, ep: pb.WorkloadEndpoint) -> tuple[str, ...]:
         """The endpoint's ``allow_spoofed_source_prefixes`` if ``WorkloadSourceSpoofing=Any``.

@@ -460,10 +460,11 @@ def test_a_policy_change_rebuilds_only_the_endpoints_that_use_it_and_converts_it
     converted: list[object] = []
     real_rule = from_proto.rule_from_proto
     monkeypatch.setattr(from_proto, "rule_from_proto", lambda r: (converted.append(r), real_rule(r))[1])
+    monkeypatch.setattr(from_proto, "_RULE_MEMO", {})  # the rule-content memo would know "allow" already
     n.send(policy("p", inbound=[rule("deny", protocol="tcp"), rule("allow")], outbound=[rule("allow")]))
     n.apply()
     assert sorted(built) == users
-    assert len(converted) == 3  # p's two inbound rules and one outbound, once for its three users
+    assert len(converted) == 2  # p's two rule contents (deny tcp; allow, in and out), once for its three users
     built.clear()
     n.send(profile("allow"))  # the same profile resent: every user of it is rebuilt, none changes
     n.apply()
@@ -610,6 +611,28 @@ def test_endpoint_updates_between_applies_are_taken_as_their_latest_version(
         return out
     assert not programmed(m, fb2, "cali2")
     assert slot_programs(m, fb2) == slot_programs(n, fb)
+
+
+def test_bpf_mode_programs_workload_routes_without_rendering_endpoint_chains(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """In BPF mode the *tables endpoint manager keeps routes, sysctls and status but renders no chains
+    (they would go to discarded tables): a renderer that fails on every endpoint leaves the workload's
+    kernel route, both families, and its programs in place."""
+    from felixpy.rules.renderer import RuleRenderer
+
+    def refuse(*_a: object, **_k: object) -> object:
+        raise AssertionError("endpoint chains rendered in BPF mode")
+    monkeypatch.setattr(RuleRenderer, "workload_endpoint_chains", refuse)
+    monkeypatch.setattr(RuleRenderer, "workload_dispatch_chains", refuse)
+    n, fb = node(families=(4, 6))
+    n.link_up("cali1")
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], ipv6=["fd00:65::2/128"], profiles=["allow"]))
+    n.apply()
+    assert "10.65.0.2/32" in n.routes(4) and "fd00:65::2/128" in n.routes(6)
+    assert programmed(n, fb, "cali1") and programmed(n, fb, "cali1", v=6)
+    n.send(wep("a", "cali1", ipv4=["10.65.0.3/32"], ipv6=["fd00:65::3/128"], profiles=["allow"]))
+    n.apply()
+    assert "10.65.0.3/32" in n.routes(4) and "10.65.0.2/32" not in n.routes(4) and "fd00:65::3/128" in n.routes(6)
 
 
 def test_an_attach_batch_failing_as_a_whole_retries_every_interface_in_it(monkeypatch: pytest.MonkeyPatch) -> None:
