@@ -97,3 +97,25 @@ def test_a_delta_for_a_malformed_set_id_is_still_dropped() -> None:
     sc = Screen()
     assert sc(pb.IPSetDeltaUpdate(id="s:ok", added_members=["10.0.0.1"])) != []
     assert sc(pb.IPSetDeltaUpdate(id="bad id!", added_members=["10.0.0.1"])) == []
+
+
+def test_a_host_endpoint_that_keeps_its_tiers_but_changes_another_tier_list_is_indexed_again() -> None:
+    """The screen skips working out an endpoint's references when its tiers and profiles compare equal
+    to the previous version's; for a host endpoint the untracked, pre-DNAT and forward tiers count too."""
+    def hep(normal: str, pre_dnat: str | None = None, addr: str = "10.0.0.1") -> pb.HostEndpointUpdate:
+        def tier(p: str) -> pb.TierInfo:
+            return pb.TierInfo(name="default", ingress_policies=[pb.PolicyID(name=p, kind="GlobalNetworkPolicy")])
+        ep = pb.HostEndpoint(name="eth0", tiers=[tier(normal)], expected_ipv4_addrs=[addr])
+        if pre_dnat:
+            ep.pre_dnat_tiers.append(tier(pre_dnat))
+        return pb.HostEndpointUpdate(id=pb.HostEndpointID(endpoint_id="h"), endpoint=ep)
+
+    sc = Screen()
+    sc(pol("p1"))
+    sc(pol("p2"))
+    assert sc(hep("p1"))[0].endpoint.tiers
+    assert sc(hep("p1", pre_dnat="p2", addr="10.0.0.2"))[0].endpoint.pre_dnat_tiers
+    out = sc(pol_remove("p2"))  # the pre-DNAT tier's policy went: the host endpoint is re-screened
+    assert len(out) == 2 and not out[1].endpoint.tiers and not out[1].endpoint.pre_dnat_tiers
+    assert not sc(hep("p1", pre_dnat="p2", addr="10.0.0.3"))[0].endpoint.tiers  # still missing p2
+    assert sc(hep("p1", addr="10.0.0.4"))[0].endpoint.tiers  # p2 no longer named: programmed again

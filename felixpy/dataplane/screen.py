@@ -84,6 +84,18 @@ def _refs(msg: Any) -> tuple[frozenset[_PolicyKey], frozenset[str]]:
     return frozenset(policies), frozenset(ep.profile_ids)
 
 
+def _same_refs(old: Any, new: Any) -> bool:
+    """Whether two updates of one endpoint name the same tiers and profiles (a protobuf comparison, in C:
+    cheaper than working out the references of *new*)."""
+    a, b = old.endpoint, new.endpoint
+    if a.tiers != b.tiers or a.profile_ids != b.profile_ids:
+        return False
+    if isinstance(new, pb.HostEndpointUpdate):
+        return bool(a.untracked_tiers == b.untracked_tiers and a.pre_dnat_tiers == b.pre_dnat_tiers
+                    and a.forward_tiers == b.forward_tiers)
+    return True
+
+
 def _without_refs(msg: Any) -> Any:
     """The endpoint with no tiers and no profiles: its chains drop everything (fail closed)."""
     out = type(msg)()
@@ -179,14 +191,17 @@ class Screen:
         msg = first
         if isinstance(msg, (pb.WorkloadEndpointUpdate, pb.HostEndpointUpdate)):
             key = _ep_key(msg)
-            policies, profiles = _refs(msg)
             old = self._endpoints.get(key)
-            if old is None or old[1] != policies or old[2] != profiles:
-                self._forget(key)
-                for pk in policies:
-                    self._by_policy.setdefault(pk, set()).add(key)
-                for name in profiles:
-                    self._by_profile.setdefault(name, set()).add(key)
+            if old is not None and _same_refs(old[0], msg):  # the common resend: new addresses, same tiers
+                policies, profiles = old[1], old[2]
+            else:
+                policies, profiles = _refs(msg)
+                if old is None or old[1] != policies or old[2] != profiles:
+                    self._forget(key)
+                    for pk in policies:
+                        self._by_policy.setdefault(pk, set()).add(key)
+                    for name in profiles:
+                        self._by_profile.setdefault(name, set()).add(key)
             self._endpoints[key] = (msg, policies, profiles)  # same references: the indexes stand
             return [self._checked(key)]
         if isinstance(msg, (pb.WorkloadEndpointRemove, pb.HostEndpointRemove)):

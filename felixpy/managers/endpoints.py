@@ -100,6 +100,8 @@ class EndpointManager:
         # False in BPF mode: the programs enforce the endpoints' policy and these tables are discarded,
         # so only routes, interface configuration and status are this manager's work there.
         self._render_chains = render_chains
+        if not render_chains:  # the policies' selectors only name the chains' comments: not wanted here
+            self.update_types = (pb.WorkloadEndpointUpdate, pb.WorkloadEndpointRemove, IfaceStateUpdate)
         self._r = renderer
         self._raw, self._mangle, self._filter = raw, mangle, filter
         self._routes = route_table
