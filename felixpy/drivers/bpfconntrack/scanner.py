@@ -37,6 +37,7 @@ programs refresh ``last_seen`` at creation, so an entry is never younger than it
 from __future__ import annotations
 
 import ctypes
+import functools
 import ipaddress
 import threading
 import time
@@ -96,6 +97,19 @@ class ScanResult:
     duration_ns: int = 0
 
 
+_LONGEST_ADDR = 49  # an address, or one with a prefix length, as the manager hands them over
+
+
+@functools.lru_cache(maxsize=16384)
+def _packed(addr: str) -> bytes | None:
+    """The address's bytes (4 or 16), or None if *addr* is not an address (a prefix length is ignored).
+    Memoised: a flood re-addresses the same workloads to and fro, apply after apply."""
+    try:
+        return ipaddress.ip_interface(addr).ip.packed
+    except ValueError:
+        return None
+
+
 class ConntrackScanner:
     """One family's scanner (a device syncer: its apply only starts the background thread)."""
 
@@ -121,13 +135,12 @@ class ConntrackScanner:
     def forget_addresses(self, addrs: Iterable[str]) -> None:
         raw: set[bytes] = set()
         for a in addrs:
-            try:
-                ip = ipaddress.ip_interface(a).ip
-            except ValueError:
+            packed = _packed(a) if len(a) <= _LONGEST_ADDR else _packed.__wrapped__(a)
+            if packed is None:
                 log.error("Conntrack cleanup skipped a bad address", addr=a, ip_version=self.ip_version)
                 continue
-            if (ip.version == 6) == self._v6:
-                raw.add(ip.packed)
+            if (len(packed) == 16) == self._v6:
+                raw.add(packed)
         if raw:
             with self._lock:
                 self._forget |= raw
