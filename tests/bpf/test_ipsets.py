@@ -69,3 +69,22 @@ def test_memoised_member_keys_equal_the_parse_and_long_strings_stay_out_of_the_c
     for i in range(100):
         member_key_bytes(3, "10.0.0.1," + "x" * (100 + i), False)
     assert _member_bytes_cached.cache_info().currsize == before
+
+
+def test_dataplane_desired_members_follow_deltas_in_place_and_a_snapshot_stays_put() -> None:
+    """The BPF IP-set dataplane keeps each set's members in a mutable set (a delta costs its own size,
+    not the set's); what ``get_desired_members`` hands out is a snapshot that later deltas leave alone."""
+    from felixpy.drivers.bpfendpoints.fake import fake_kernel
+    from felixpy.drivers.bpfendpoints.ipsets import BPFIPSetsDataplane
+    from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
+
+    dp = BPFIPSetsDataplane(4, fake_kernel().kernel)
+    dp.add_or_replace_ip_set(IPSetMetadata("s:a", IPSetType.HASH_NET, 1000), ["10.0.0.1/32", "10.0.0.2/32"])
+    snap = dp.get_desired_members("s:a")
+    dp.add_members("s:a", ["10.0.0.3/32"])
+    dp.remove_members("s:a", ["10.0.0.1/32"])
+    assert snap == {"10.0.0.1/32", "10.0.0.2/32"}
+    assert dp.get_desired_members("s:a") == {"10.0.0.2/32", "10.0.0.3/32"}
+    dp.add_members("s:new", ["10.0.0.9/32"])  # a delta for a set not seen yet starts it, as before
+    assert dp.get_desired_members("s:new") == {"10.0.0.9/32"}
+    assert dp.status_counts() == {"sets": 2, "members": 3}

@@ -37,7 +37,7 @@ class BPFIPSetsDataplane:
     def __init__(self, ip_version: int, kernel: BPFKernel) -> None:
         self.ip_version = ip_version
         self._sets = BPFIPSets(kernel.maps.ipsets(ip_version == 6), kernel.ipset_ids, ip_version == 6)
-        self._members: dict[str, frozenset[str]] = {}
+        self._members: dict[str, set[str]] = {}  # updated in place: a delta costs its own size, not the set's
         self._types: dict[str, IPSetType] = {}
         self._removed: set[str] = set()
         self._drift = DriftTally(structlog.get_logger(__name__), map="ip_sets", ip_version=ip_version)
@@ -49,19 +49,19 @@ class BPFIPSetsDataplane:
 
     def add_or_replace_ip_set(self, meta: IPSetMetadata, members: Iterable[str]) -> None:
         mem = frozenset(members)
-        self._members[meta.set_id] = mem
+        self._members[meta.set_id] = set(mem)
         self._types[meta.set_id] = meta.type
         self._removed.discard(meta.set_id)
         self._sets.replace(meta.set_id, mem)
 
     def add_members(self, set_id: str, members: Iterable[str]) -> None:
         mem = frozenset(members)
-        self._members[set_id] = self._members.get(set_id, frozenset()) | mem
+        self._members.setdefault(set_id, set()).update(mem)
         self._sets.add_members(set_id, mem)
 
     def remove_members(self, set_id: str, members: Iterable[str]) -> None:
         mem = frozenset(members)
-        self._members[set_id] = self._members.get(set_id, frozenset()) - mem
+        self._members.setdefault(set_id, set()).difference_update(mem)
         self._sets.remove_members(set_id, mem)
 
     def remove_ip_set(self, set_id: str) -> None:
@@ -73,7 +73,8 @@ class BPFIPSetsDataplane:
         return self._types.get(set_id)
 
     def get_desired_members(self, set_id: str) -> frozenset[str] | None:
-        return self._members.get(set_id)
+        members = self._members.get(set_id)
+        return frozenset(members) if members is not None else None  # a copy: ours changes in place
 
     # ------------------------------------------------------------------------------ apply
     def queue_resync(self) -> None:
