@@ -5,6 +5,9 @@
   the name the wiring looks up, so the daemon's own code is untouched.
 * ``FELIXPY_BENCH_TRACEMALLOC=PATH`` — trace Python allocations from the start; on ``SIGUSR2`` write the
   top allocation sites (by line, and by file) of what is held right now, plus the traced peak, to PATH.
+* ``FELIXPY_BENCH_PYSPY=PATH`` — py-spy (next to the interpreter: ``.venv/bin/pip install py-spy``) samples
+  this process from its start until it exits (100 Hz, all threads, non-blocking), raw collapsed stacks to
+  PATH: a profile of a daemon a benchmark starts itself.
 """
 
 from __future__ import annotations
@@ -16,6 +19,15 @@ if os.environ.get("FELIXPY_BENCH_NFT_SHIM") == "child":
     from felixpy.drivers.nftables.shim import NftChildProcess
 
     _nft.LibNftables = NftChildProcess  # type: ignore[misc,assignment]
+
+_SPY = os.environ.get("FELIXPY_BENCH_PYSPY")
+if _SPY:
+    import subprocess
+    import sys
+
+    subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--pid", str(os.getpid()),
+                      "--rate", "100", "--format", "raw", "--nonblocking", "--threads", "-o", _SPY],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 _TM = os.environ.get("FELIXPY_BENCH_TRACEMALLOC")
 if _TM:
