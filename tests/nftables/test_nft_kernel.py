@@ -316,3 +316,37 @@ def test_refused_script_falls_back_to_json(kernel_nft: NftShim, make: Callable[.
     h.root.apply()
     assert len(h.sleeps) == 1
     assert len(hp.chains(kernel_nft, 4)["filter-cali-fw-cali5678"]["rules"]) == 1
+
+
+class ScriptCountingShim(CountingShim):
+    """Also takes scripts (so the table may send them), counting those apart."""
+
+    def __init__(self, inner: NftShim) -> None:
+        super().__init__(inner)
+        self.scripts = 0
+
+    def run_script(self, script: str) -> None:
+        self.scripts += 1
+        self.inner.run_script(script)  # type: ignore[attr-defined]
+
+
+def test_small_transactions_go_as_scripts_until_one_is_refused_then_as_json(
+        kernel_nft: NftShim, make: Callable[..., Harness]) -> None:
+    """Below the big-transaction threshold a transaction is sent as an nft script too (cheaper than
+    JSON for nft to parse, and nothing to encode); once nft refuses one that its JSON retry gets through
+    (a log prefix with a quote), the table sends small transactions as JSON without failing first."""
+    from felixpy.drivers.generictables.model import Log
+    shim = ScriptCountingShim(kernel_nft)
+    h = make(shim, 4)  # the default threshold: every transaction here is small
+    program_typical(h)
+    h.root.apply()
+    assert shim.scripts >= 1 and shim.runs == 0 and h.sleeps == []
+    h.filter.update_chain(Chain("cali-fw-cali5678", (Rule(Match(), Log('say "hi"')),)))
+    h.root.apply()
+    assert len(h.sleeps) == 1 and shim.runs == 1  # refused as text, taken as JSON
+    assert len(hp.chains(kernel_nft, 4)["filter-cali-fw-cali5678"]["rules"]) == 1
+    scripts = shim.scripts
+    h.filter.update_chain(Chain("cali-fw-cali5678", (Rule(Match(), Log('say "bye"')), Rule(Match(), Log("x")))))
+    h.root.apply()
+    assert len(h.sleeps) == 1 and shim.scripts == scripts and shim.runs == 2  # JSON at once
+    assert len(hp.chains(kernel_nft, 4)["filter-cali-fw-cali5678"]["rules"]) == 2
