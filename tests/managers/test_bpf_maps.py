@@ -132,6 +132,29 @@ def test_local_workload_route_follows_the_interface_index_both_families() -> Non
     assert routes(fb) == {}
 
 
+def test_local_workload_route_follows_the_interface_it_moved_to_not_the_old_one() -> None:
+    """The routes manager finds an interface's endpoints through an index (a scan of every endpoint per
+    interface event was quadratic at a start of day): after an endpoint moves from cali1 to cali2, cali1
+    going down and up leaves its route alone and cali2's index is what the route carries."""
+    n, fb = node(families=(4,))
+    i1, i2 = n.link_up("cali1"), n.link_up("cali2")
+    n.send(wep("a", "cali1", ipv4=["10.65.0.2/32"]))
+    n.apply()
+    assert routes(fb)["10.65.0.2/32"][1] == i1
+    n.send(wep("a", "cali2", ipv4=["10.65.0.2/32"]))
+    n.apply()
+    assert routes(fb)["10.65.0.2/32"][1] == i2
+    n.link_down("cali1")
+    n.apply()
+    assert routes(fb)["10.65.0.2/32"][1] == i2
+    n.link_down("cali2")
+    n.apply()
+    assert routes(fb)["10.65.0.2/32"][1] == 0
+    i2b = n.link_up("cali2")
+    n.apply()
+    assert routes(fb)["10.65.0.2/32"][1] == i2b
+
+
 def test_host_addresses_are_global_unicast_only_and_external_nodes_are_hosts() -> None:
     cfg = replace(BPF_CONFIG, ExternalNodesCIDRList=("172.16.0.0/16", "fd00:ee::/64"))
     n, fb = node(config=cfg)
