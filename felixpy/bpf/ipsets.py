@@ -16,7 +16,6 @@ knows).
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import ipaddress
 from collections.abc import Iterable
@@ -27,6 +26,7 @@ from felixpy.bpf import defs
 from felixpy.bpf import maptypes as mt
 from felixpy.bpf.maps import BPFMap
 from felixpy.bpf.policy_ir import PROTOCOL_NUMBERS
+from felixpy.memo import short_string_memo
 
 log = structlog.get_logger(__name__)
 
@@ -80,22 +80,12 @@ def member_key(set_id: int, member: str, v6: bool) -> ctypes.Structure | None:
     return mt.ipset_key(set_id, str(net.network_address), net.prefixlen, v6=v6)
 
 
-_LONGEST_MEMBER = 64  # "<IPv6 address>/128,sctp:65535" fits
-
-
-@functools.lru_cache(maxsize=16384)
-def _member_bytes_cached(set_id: int, member: str, v6: bool) -> bytes | None:
-    k = member_key(set_id, member, v6)
-    return bytes(k) if k is not None else None
-
-
+@short_string_memo(64)  # "<IPv6 address>/128,sctp:65535" fits
 def member_key_bytes(set_id: int, member: str, v6: bool) -> bytes | None:
     """:func:`member_key`'s bytes, memoised: IP-set deltas name the same members again and again
-    (a member leaves one set and joins another; a flood toggles between two versions).  A string longer
-    than any member is spelled is parsed without the cache, so a hostile feed cannot fill it."""
-    if len(member) > _LONGEST_MEMBER:
-        return _member_bytes_cached.__wrapped__(set_id, member, v6)
-    return _member_bytes_cached(set_id, member, v6)
+    (a member leaves one set and joins another; a flood toggles between two versions)."""
+    k = member_key(set_id, member, v6)
+    return bytes(k) if k is not None else None
 
 
 class BPFIPSets:

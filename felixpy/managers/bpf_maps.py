@@ -22,7 +22,6 @@ values into a driver's contract (:mod:`felixpy.drivers.bpfroutes.api`,
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 from typing import Any
 
@@ -34,6 +33,7 @@ from felixpy.drivers.bpffailsafe.api import BPFFailsafesAPI, FailsafePort
 import felixpy.drivers.bpfroutes.api as rt
 from felixpy.drivers.bpfroutes.api import BPFRoutesAPI, RouteValue
 from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceState, IfaceStateUpdate
+from felixpy.memo import LONGEST_CIDR, short_string_memo
 from felixpy.proto import felixbackend_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -46,27 +46,15 @@ def _key(wid: pb.WorkloadEndpointID) -> WlKey:
     return (wid.orchestrator_id, wid.workload_id, wid.endpoint_id)
 
 
-_LONGEST_CIDR = 49  # "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255/128" and then some
-
-
-@functools.lru_cache(maxsize=16384)
-def _parse_cached(text: str) -> tuple[str, int, str] | None:
+@short_string_memo(LONGEST_CIDR)
+def _parse(text: str) -> tuple[str, int, str] | None:
+    """(canonical CIDR, IP version, the address) of *text*, or None if it is not a CIDR (memoised:
+    every endpoint update names its addresses again)."""
     try:
         iface = ipaddress.ip_interface(text)
     except ValueError:
         return None
     return str(iface.network), iface.version, str(iface.ip)
-
-
-def _parse(text: str) -> tuple[str, int, str] | None:
-    """(canonical CIDR, IP version, the address) of *text*, or None if it is not a CIDR.
-
-    Every endpoint update names its addresses again (a flood sends the same few thousand over and
-    over), so the parse is memoised; a string longer than any CIDR is spelled is parsed without the
-    cache, which a hostile feed's 100k-character names must not fill."""
-    if len(text) > _LONGEST_CIDR:
-        return _parse_cached.__wrapped__(text)
-    return _parse_cached(text)
 
 
 def _cidr(text: str) -> str | None:

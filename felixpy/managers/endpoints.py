@@ -167,8 +167,9 @@ class EndpointManager:
     # ------------------------------------------------------------------------- work
     def complete_deferred_work(self) -> None:
         self._resolve_workloads()
-        if self._dispatch_dirty and self._render_chains:
-            self._update_dispatch()
+        if self._dispatch_dirty:
+            if self._render_chains:
+                self._update_dispatch()
             self._dispatch_dirty = False
         if self._rpf_dirty:
             self._raw.update_chain(self._r.rpf_skip_chain(self._spoofing))

@@ -24,7 +24,6 @@ write a ruleset the kernel rejects.
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import re
 from collections import OrderedDict
@@ -46,6 +45,7 @@ from felixpy.drivers.generictables.model import (
     SetMark,
     SetMaskedMark,
 )
+from felixpy.memo import LONGEST_CIDR, short_string_memo
 from felixpy.rules import nflog
 from felixpy.rules.ipset_names import SET_ID_RE
 from felixpy.rules.names import (
@@ -198,7 +198,7 @@ def _view(rule: pb.Rule) -> _View:
 _CIDR_FORM = re.compile(r"\A[0-9A-Fa-f:.]+(?:/[0-9]{1,3})?\Z")
 
 
-@functools.lru_cache(maxsize=8192)  # pure; parsing (an IPv6 CIDR especially) is the slow part of checking a rule
+@short_string_memo(LONGEST_CIDR, maxsize=8192)  # pure; parsing (an IPv6 CIDR especially) is the slow part of checking a rule
 def cidr_problem(cidr: str) -> str | None:
     """Why *cidr* is not an address or ``<address>/<prefix length>`` (None when it is).
 

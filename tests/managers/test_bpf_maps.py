@@ -54,7 +54,7 @@ def route_update(dst: str, types: int, **kw: object) -> pb.RouteUpdate:
 def test_memoised_cidr_parse_equals_ipaddress_and_long_strings_stay_out_of_the_cache() -> None:
     """The route and conntrack managers parse every endpoint update's addresses through a memo; it
     must agree with ``ipaddress`` on every spelling and never keep a string longer than a CIDR."""
-    from felixpy.managers.bpf_maps import _cidr, _parse, _parse_cached
+    from felixpy.managers.bpf_maps import _cidr, _parse
     spellings = ["10.0.0.1", "10.0.0.1/32", "10.0.0.7/24", "10.0.0.0/8", "fd00::1", "FD00::1/128", "fd00::7/64",
                  "::ffff:10.0.0.1", "10.0.0.1/255.255.255.0", "bogus", "", "10.0.0.256", "10.0.0.1/33",
                  "fd00::1/129", "1" * 60, "10.0.0.1" + " " * 80]
@@ -66,25 +66,25 @@ def test_memoised_cidr_parse_equals_ipaddress_and_long_strings_stay_out_of_the_c
             want = None
         assert _parse(text) == want, text
         assert _cidr(text) == (want[0] if want else None)
-    before = _parse_cached.cache_info().currsize
+    before = _parse.cache_info().currsize
     for i in range(100):
         _parse("10." + "1" * (60 + i))
-    assert _parse_cached.cache_info().currsize == before
+    assert _parse.cache_info().currsize == before
 
 
 def test_routes_driver_memo_equals_the_parse_and_long_strings_stay_out_of_it() -> None:
-    from felixpy.drivers.bpfroutes.driver import _norm, _norm_cached
+    from felixpy.drivers.bpfroutes.driver import _norm
     for text in ("10.65.0.1", "10.65.0.7/24", "fd00::1", "FD00::7/64", "10.0.0.1/255.255.255.0"):
         net = ipaddress.ip_network(text, strict=False)
         assert _norm(text) == (str(net), net.version, bytes(mt.route_key(str(net))))
     for bad in ("bogus", "10.0.0.1/33", "1" * 80):
         with pytest.raises(ValueError):
             _norm(bad)
-    before = _norm_cached.cache_info().currsize
+    before = _norm.cache_info().currsize
     for i in range(50):
         with pytest.raises(ValueError):
             _norm("10." + "1" * (60 + i))
-    assert _norm_cached.cache_info().currsize == before
+    assert _norm.cache_info().currsize == before
 
 
 # ------------------------------------------------------------------------------------- routes

@@ -37,7 +37,6 @@ programs refresh ``last_seen`` at creation, so an entry is never younger than it
 from __future__ import annotations
 
 import ctypes
-import functools
 import ipaddress
 import threading
 import time
@@ -54,6 +53,7 @@ from felixpy.bpf.errors import BPFError
 from felixpy.bpf.maps import BPFMap, Map
 from felixpy.drivers.bpfconntrack import metrics
 from felixpy.drivers.bpfconntrack.api import ConntrackTimeouts
+from felixpy.memo import LONGEST_CIDR, short_string_memo
 
 log = structlog.get_logger(__name__)
 
@@ -97,10 +97,7 @@ class ScanResult:
     duration_ns: int = 0
 
 
-_LONGEST_ADDR = 49  # an address, or one with a prefix length, as the manager hands them over
-
-
-@functools.lru_cache(maxsize=16384)
+@short_string_memo(LONGEST_CIDR)
 def _packed(addr: str) -> bytes | None:
     """The address's bytes (4 or 16), or None if *addr* is not an address (a prefix length is ignored).
     Memoised: a flood re-addresses the same workloads to and fro, apply after apply."""
@@ -135,7 +132,7 @@ class ConntrackScanner:
     def forget_addresses(self, addrs: Iterable[str]) -> None:
         raw: set[bytes] = set()
         for a in addrs:
-            packed = _packed(a) if len(a) <= _LONGEST_ADDR else _packed.__wrapped__(a)
+            packed = _packed(a)
             if packed is None:
                 log.error("Conntrack cleanup skipped a bad address", addr=a, ip_version=self.ip_version)
                 continue

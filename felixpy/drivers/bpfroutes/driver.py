@@ -22,7 +22,6 @@ CIDR that cannot be encoded (wrong family, bad next hop) is logged and skipped f
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 
 import structlog
@@ -32,6 +31,7 @@ from felixpy.bpf.errors import BPFError
 from felixpy.bpf.maps import BPFMap
 from felixpy.drivers.bpfroutes.api import RouteValue
 from felixpy.drivers.drift import DriftTally
+from felixpy.memo import LONGEST_CIDR, short_string_memo
 
 log = structlog.get_logger(__name__)
 
@@ -43,22 +43,12 @@ class RoutesNotProgrammed(Exception):
         super().__init__(f"IPv{ip_version} BPF routes not written ({detail})")
 
 
-_LONGEST_CIDR = 49
-
-
-@functools.lru_cache(maxsize=16384)
-def _norm_cached(cidr: str) -> tuple[str, int, bytes]:
+@short_string_memo(LONGEST_CIDR)
+def _norm(cidr: str) -> tuple[str, int, bytes]:
+    """(canonical CIDR, IP version, routes-map key) of *cidr*; ValueError if it is not one (memoised:
+    the route manager hands over the same CIDRs apply after apply)."""
     net = ipaddress.ip_network(cidr, strict=False)
     return str(net), net.version, bytes(mt.route_key(str(net)))
-
-
-def _norm(cidr: str) -> tuple[str, int, bytes]:
-    """(canonical CIDR, IP version, routes-map key) of *cidr*; ValueError if it is not one.  Memoised:
-    the route manager hands over the same CIDRs apply after apply (a re-addressed workload's two
-    addresses, over and over, in a flood).  Longer strings than any CIDR bypass the memo."""
-    if len(cidr) > _LONGEST_CIDR:
-        return _norm_cached.__wrapped__(cidr)
-    return _norm_cached(cidr)
 
 
 class BPFRoutes:

@@ -168,7 +168,6 @@ class NftablesTable:
         # JSON is encoded here: the steady state's applies ~20 % shorter in the large-node churn) until
         # one is refused and its JSON retry goes through; from then on, JSON (a log prefix with a quote).
         self._small_text = True
-        self._sent_text = False  # whether the last transaction went as a script
         self._sleep, self._now = sleep, now
         self._log = log.bind(table=TABLE_NAME, ip_version=ip_version)
         self._tbl = {"family": self._family, "table": TABLE_NAME}
@@ -477,10 +476,11 @@ class NftablesTable:
                 self._load_sets()
             full = failures >= RECREATE_FROM_FAILURE - 1
             plan = self._build_plan(full)
+            as_text = failures == 0 and self._as_text(plan)  # after a failure, JSON only
             try:
-                self._run(plan, allow_text=failures == 0)   # after a failure, JSON only
+                self._run(plan, as_text)
             except DataplaneError as e:
-                text_refused = self._sent_text and plan.num_rules < self._text_threshold
+                text_refused = as_text and plan.num_rules < self._text_threshold
                 failures += 1
                 self._log.warning("nftables transaction failed", attempt=failures, recreate=full,
                                   error=str(e), commands=plan.summary())
@@ -500,8 +500,11 @@ class NftablesTable:
                                       "small transactions go as JSON from now on")
             return
 
-    def _run(self, plan: _Plan, allow_text: bool) -> None:
-        self._sent_text = False
+    def _as_text(self, plan: _Plan) -> bool:
+        """Whether *plan* goes as an nft script: a big one always, a small one until nft refused one."""
+        return (plan.num_rules >= self._text_threshold or self._small_text) and isinstance(self._shim, NftScriptShim)
+
+    def _run(self, plan: _Plan, as_text: bool) -> None:
         if not plan.commands:
             return
         metrics.NFT_CALLS.inc()
@@ -510,9 +513,8 @@ class NftablesTable:
         self._c_lines.inc(len(plan.commands))
         v, fr = self.ip_version, self._fully_random
         big = plan.num_rules >= self._text_threshold
-        self._sent_text = allow_text and (big or self._small_text) and isinstance(self._shim, NftScriptShim)
         try:
-            if self._sent_text:
+            if as_text:
                 assert isinstance(self._shim, NftScriptShim)
                 script = to_script(plan.commands, v, fr)
                 with _BIG_TRANSACTION if big else contextlib.nullcontext():
