@@ -426,7 +426,7 @@ class RouteTable:
                 self.conntrack.on_dataplane_route_deleted(key[0], old.oif)
         self.kernel.replace_dataplane(owned)
         if self._resynced_before:
-            self._count_drift(believed, owned)
+            self._count_drift(nl, believed, owned)
         self._resynced_before = True
         if self._pending_arps:
             self._drop_arps_already_present(nl)
@@ -438,15 +438,29 @@ class RouteTable:
                       seconds=round(time.monotonic() - start, 4))
         metrics.resync_seconds.observe(time.monotonic() - start)
 
-    def _count_drift(self, believed: dict[Key, Route], found: dict[Key, Route]) -> None:
+    def _count_drift(self, nl: Netlink, believed: dict[Key, Route], found: dict[Key, Route]) -> None:
         """Routes changed behind our back (believed → found) that this apply rewrites or deletes.
 
         A believed route via an ifindex that no longer exists (the device was deleted, or deleted and
         made again) is not counted: the routes went with the device, and rewriting them onto the new
-        ifindex is the consequence of the device's repair, which the tunnel driver counts.
+        ifindex is the consequence of the device's repair, which the tunnel driver counts.  The link
+        dump comes before the route dump (routes are judged ours by their interface), so a device
+        deleted between the two looks alive to the first and is missing its routes in the second:
+        a candidate's device is asked for again before its route is counted (only candidates: a
+        quiet refresh makes no extra call).
         """
         def same_device(route: Route) -> bool:
-            return route.oif <= 1 or route.oif in self._index_to_name
+            if route.oif <= 1:
+                return True
+            name = self._index_to_name.get(route.oif)
+            if name is None:
+                return False
+            try:
+                return nl.link_by_name(name).index == route.oif
+            except NetlinkCallError as exc:
+                if exc.not_found:
+                    return False
+                raise
 
         n = sum(1 for k in self.kernel.pending_update_keys()
                 if k in believed and found.get(k) != believed[k] and same_device(believed[k]))
