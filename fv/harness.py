@@ -379,6 +379,30 @@ class FvNode:
                 out.pop(m.workload_endpoint_status_remove.id.workload_id, None)
         return out
 
+    def host_statuses(self) -> dict[str, str]:
+        """Latest reported status per host endpoint id (removed ones dropped)."""
+        out: dict[str, str] = {}
+        assert self.client is not None
+        for m in list(self.client.received):
+            if m.HasField("host_endpoint_status_update"):
+                u = m.host_endpoint_status_update
+                out[u.id.endpoint_id] = u.status.status
+            elif m.HasField("host_endpoint_status_remove"):
+                out.pop(m.host_endpoint_status_remove.id.endpoint_id, None)
+        return out
+
+    def wait_host_endpoints_up(self, ids: Sequence[str], timeout: float = CONVERGE_TIMEOUT) -> None:
+        """Until the daemon reports every host endpoint of *ids* "up": it has seen each one's
+        interfaces up, and the apply that said so programmed them.  The feed's barrier cannot cover
+        this: interface events reach the daemon on the interface monitor's schedule (after its flap
+        damping), not the feed's."""
+        __tracebackhide__ = True
+        deadline = time.monotonic() + timeout
+        while any((got := self.host_statuses()).get(i) != "up" for i in ids):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"[{self.mode}] host endpoints {list(ids)} not up within {timeout}s: {got}")
+            time.sleep(0.05)
+
     # --------------------------------------------------------------- connectivity
     def probe(self, v: int, probes: Sequence[cc.Probe], names: Sequence[str] | None = None
               ) -> dict[tuple[cc.Probe, str, str], bool]:

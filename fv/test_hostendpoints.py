@@ -85,6 +85,7 @@ def lab(fvnode: FvNode) -> Iterator[Lab]:
         try:
             b = _plug_outside(fvnode, "eth1", "10.97.0", "fd00:97")
             try:
+                _wait_daemon_sees(fvnode, "eth0", "eth1")
                 yield Lab(fvnode, a, b)
             finally:
                 _unplug(fvnode, b)
@@ -92,6 +93,20 @@ def lab(fvnode: FvNode) -> Iterator[Lab]:
             _unplug(fvnode, a)
     finally:
         ssh.stop()
+
+
+def _wait_daemon_sees(fvnode: FvNode, *ifaces: str) -> None:
+    """The interfaces just plugged are up as far as the daemon knows (its interface monitor reports
+    them after a flap-damping delay, on its own schedule).  Without this, a test's first host endpoint
+    can reach the daemon before its interface's link-up does: then, as in Felix, the apply that takes
+    the host endpoint leaves the interface for the later apply that sees it up, and a probe made
+    between the two finds the interface unprotected.  Found as a CI flake in BPF mode, whose first
+    host-endpoint apply compiles for seconds.  An allow-all host endpoint per interface is applied
+    until the daemon reports each "up", then removed."""
+    ids = [f"lab-{i}" for i in ifaces]
+    fvnode.apply(with_heps(*(hep(h, i, tiers=OPEN) for h, i in zip(ids, ifaces)), policies=[ALLOW_ALL]))
+    fvnode.wait_host_endpoints_up(ids, timeout=30.0)
+    fvnode.apply(with_heps())
 
 
 Case = tuple[str, str, int]  # source namespace, destination IP, TCP port
