@@ -113,6 +113,7 @@ class BPFEndpointManager:
         self._data_iface = _data_iface_regex(ctx.config.BPFDataIfacePattern)
         self._floating_ips = ctx.config.FloatingIPs == "Enabled"
         self._nat_endpoints: set[WlKey] = set()  # endpoints with floating IPs (reported, not programmed)
+        self._dscp_endpoints: set[WlKey] = set()  # endpoints with DSCP QoS policies (reported, not programmed)
         self._service_cidrs: tuple[str, ...] = ()
         self._untracked_heps: set[str] = set()
         self._wildcard_seen: pb.HostEndpoint | None = None  # the '*' HEP the workload programs were built with
@@ -164,6 +165,7 @@ class BPFEndpointManager:
                 self._unindex(key)
                 self._endpoints.pop(key, None)
                 self._nat_endpoints.discard(key)
+                self._dscp_endpoints.discard(key)
             else:
                 old = self._endpoints.get(key)
                 if old is None or old.name != ep.name or old.tiers != ep.tiers or old.profile_ids != ep.profile_ids:
@@ -174,6 +176,10 @@ class BPFEndpointManager:
                     self._nat_endpoints.add(key)
                 else:
                     self._nat_endpoints.discard(key)
+                if ep.qos_policies:
+                    self._dscp_endpoints.add(key)
+                else:
+                    self._dscp_endpoints.discard(key)
             self._dirty_keys.add(key)
         self._pending_eps.clear()
 
@@ -239,6 +245,15 @@ class BPFEndpointManager:
                 "floating IPs in BPF mode",
                 "Felix's eBPF dataplane does not support floating IPs (Calico docs, 'Enable the eBPF "
                 "dataplane', not supported: floating IPs; projectcalico/calico#5251): their NAT is not programmed"))
+        dscp_heps = sorted(hid for hid, h in self._heps.items() if h.qos_policies)
+        if self._dscp_endpoints or dscp_heps:
+            names = sorted(self._endpoints[k].name for k in self._dscp_endpoints)
+            out.append(UnsupportedFeature(
+                "DSCP in BPF mode",
+                f"workload interface(s) {names[:5]}{' ...' if len(names) > 5 else ''} and host endpoint(s) "
+                f"{dscp_heps[:5]} carry QoS DSCP policies: the iptables and nftables modes set them in the "
+                "mangle table (cali-egress-dscp); felixpy's BPF programs do not set DSCP and BPF "
+                "mode's mangle table is not programmed, so their traffic leaves unmarked"))
         if self._service_cidrs and self._ctx.config.ServiceLoopPrevention != "Disabled":
             out.append(UnsupportedFeature(
                 "service-loop prevention in BPF mode",

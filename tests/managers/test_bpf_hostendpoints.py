@@ -239,6 +239,27 @@ def test_unsupported_features_are_reported_by_name_and_the_rest_is_programmed() 
     assert slot_policy(n, fb, "eth0", ING).host_normal_tiers  # normal policy still enforced
 
 
+@pytest.mark.parametrize("on", ["workload", "host endpoint"])
+def test_dscp_in_bpf_mode_is_reported_unsupported_and_the_endpoint_still_programmed(on: str) -> None:
+    """BPF mode sets no DSCP (its programs do not, its mangle table is discarded): said by name, once,
+    naming who asked; the endpoint's policy is programmed as without it."""
+    n, fb = node(families=(4, 6))
+    n.apply()
+    assert "DSCP in BPF mode" not in n.dp.unsupported
+    if on == "workload":
+        n.send(wep("a", "cali1", ipv4=["10.65.0.2/32"], ipv6=["fd00:65::2/128"], profiles=["allow"], dscp=46))
+    else:
+        h = hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS)
+        h.endpoint.qos_policies.append(pb.QoSPolicy(destination="external", dscp=46))
+        n.send(h)
+    n.apply()
+    said = n.dp.unsupported.get("DSCP in BPF mode", "")
+    assert ("cali1" if on == "workload" else "eth0-hep") in said, n.dp.unsupported
+    assert programmed(n, fb, "cali1")
+    if on == "host endpoint":
+        assert hep_ifaces(fb) == {"eth0"} and slot_policy(n, fb, "eth0", ING).host_normal_tiers
+
+
 def test_hep_status_is_reported_in_bpf_mode() -> None:
     n, fb = node()
     n.send(hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS), hep("ghost", "eth9"))
