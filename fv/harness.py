@@ -369,26 +369,21 @@ class FvNode:
 
     def statuses(self) -> dict[str, str]:
         """Latest reported status per workload id (removed ones dropped)."""
-        out: dict[str, str] = {}
-        assert self.client is not None
-        for m in list(self.client.received):
-            if m.HasField("workload_endpoint_status_update"):
-                u = m.workload_endpoint_status_update
-                out[u.id.workload_id] = u.status.status
-            elif m.HasField("workload_endpoint_status_remove"):
-                out.pop(m.workload_endpoint_status_remove.id.workload_id, None)
-        return out
+        return self._latest_statuses("workload_endpoint_status", "workload_id")
 
     def host_statuses(self) -> dict[str, str]:
         """Latest reported status per host endpoint id (removed ones dropped)."""
+        return self._latest_statuses("host_endpoint_status", "endpoint_id")
+
+    def _latest_statuses(self, kind: str, id_field: str) -> dict[str, str]:
         out: dict[str, str] = {}
         assert self.client is not None
         for m in list(self.client.received):
-            if m.HasField("host_endpoint_status_update"):
-                u = m.host_endpoint_status_update
-                out[u.id.endpoint_id] = u.status.status
-            elif m.HasField("host_endpoint_status_remove"):
-                out.pop(m.host_endpoint_status_remove.id.endpoint_id, None)
+            if m.HasField(f"{kind}_update"):
+                u = getattr(m, f"{kind}_update")
+                out[getattr(u.id, id_field)] = u.status.status
+            elif m.HasField(f"{kind}_remove"):
+                out.pop(getattr(getattr(m, f"{kind}_remove").id, id_field), None)
         return out
 
     def wait_host_endpoints_up(self, ids: Sequence[str], timeout: float = CONVERGE_TIMEOUT) -> None:

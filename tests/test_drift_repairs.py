@@ -384,24 +384,30 @@ def test_route_drift_counted_when_repaired_and_foreign_routes_untouched(counts: 
     assert cali1.index in {r.oif for r in fake.routes.values()}
 
 
-@V46
-def test_routes_lost_with_a_replaced_device_are_not_route_drift(counts: Counts, v: int) -> None:
-    """The device was deleted and made again (a new ifindex) behind our back: its routes went with it.
-    That is the device's repair (counted by the tunnel driver); the routes rewritten onto the new
-    ifindex are its consequence, whichever comes first — the interface monitor or the refresh."""
+def _vxlan_route_programmed(v: int) -> tuple[int, str, FakeNetlink, FakeClock, Any, str]:
+    """A main route table with one route via the family's VXLAN device, programmed:
+    (family, device, fake, clock, table, the route's CIDR)."""
     fam = AF_INET if v == 4 else AF_INET6
     dev = "vxlan.calico" if v == 4 else "vxlan-v6.calico"  # each family's table owns its own device
     fake = FakeNetlink()
     fake.add_link(dev, kind="vxlan")
     clock = FakeClock()
     rt = main_table(fake, clock, ip_version=v)
-    pl = 26 if v == 4 else 122
-    p = "10.0.1.0" if v == 4 else "fd00:1::"
-    rt.set_routes(RouteClass.VXLAN_TUNNEL, dev, [Target(f"{p}/{pl}")])
+    cidr = "10.0.1.0/26" if v == 4 else "fd00:1::/122"
+    rt.set_routes(RouteClass.VXLAN_TUNNEL, dev, [Target(cidr)])
     clock.advance(11)
     rt.apply()
-    assert set(fake.routes_in(254, fam)) == {f"{p}/{pl}"}
-    fake.remove_link(dev)            # routes via it go too
+    return fam, dev, fake, clock, rt, cidr
+
+
+@V46
+def test_routes_lost_with_a_replaced_device_are_not_route_drift(counts: Counts, v: int) -> None:
+    """The device was deleted and made again (a new ifindex) behind our back: its routes went with it.
+    That is the device's repair (counted by the tunnel driver); the routes rewritten onto the new
+    ifindex are its consequence, whichever comes first — the interface monitor or the refresh."""
+    fam, dev, fake, clock, rt, cidr = _vxlan_route_programmed(v)
+    assert set(fake.routes_in(254, fam)) == {cidr}
+    fake.remove_link(dev)                       # routes via it go too
     new = fake.add_link(dev, kind="vxlan")
     rt.queue_resync()                           # the refresh sees the new ifindex before the monitor does
     rt.apply()
@@ -414,17 +420,7 @@ def test_device_deleted_between_the_link_and_route_dumps_is_not_route_drift(coun
     """A refresh dumps links (the device is there), then routes (the device, and its routes, are gone):
     the missing route is the device's, not drift (found as a CI flake: the FV drift test deletes the
     VXLAN device at an arbitrary moment)."""
-    fam = AF_INET if v == 4 else AF_INET6
-    dev = "vxlan.calico" if v == 4 else "vxlan-v6.calico"
-    fake = FakeNetlink()
-    fake.add_link(dev, kind="vxlan")
-    clock = FakeClock()
-    rt = main_table(fake, clock, ip_version=v)
-    pl = 26 if v == 4 else 122
-    p = "10.0.1.0" if v == 4 else "fd00:1::"
-    rt.set_routes(RouteClass.VXLAN_TUNNEL, dev, [Target(f"{p}/{pl}")])
-    clock.advance(11)
-    rt.apply()
+    fam, dev, fake, clock, rt, cidr = _vxlan_route_programmed(v)
     rt.queue_resync()
     rt.apply()                                  # a quiet refresh: the route table has a belief to compare
     assert counts.moved() == {}
@@ -432,7 +428,7 @@ def test_device_deleted_between_the_link_and_route_dumps_is_not_route_drift(coun
 
     def links_then_delete() -> list[Any]:
         links = dump_links()
-        fake.remove_link(dev)        # routes via it go too
+        fake.remove_link(dev)                   # routes via it go too
         return links
 
     fake.link_list = links_then_delete  # type: ignore[method-assign]
