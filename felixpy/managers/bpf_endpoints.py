@@ -172,14 +172,12 @@ class BPFEndpointManager:
                     self._unindex(key)
                     self._index(key, self._uses(ep))
                 self._endpoints[key] = ep
-                if ep.ipv4_nat or ep.ipv6_nat:
-                    self._nat_endpoints.add(key)
-                else:
-                    self._nat_endpoints.discard(key)
-                if ep.qos_policies:
-                    self._dscp_endpoints.add(key)
-                else:
-                    self._dscp_endpoints.discard(key)
+                for flagged, has in ((self._nat_endpoints, ep.ipv4_nat or ep.ipv6_nat),
+                                     (self._dscp_endpoints, ep.qos_policies)):
+                    if has:
+                        flagged.add(key)
+                    else:
+                        flagged.discard(key)
             self._dirty_keys.add(key)
         self._pending_eps.clear()
 
