@@ -343,13 +343,16 @@ def _nftables_tables(config: Config, v: int, deps: KernelDeps) -> FamilyTables:
     # One `calico` table per family: the root is the transaction, the IP-set dataplane and the
     # verdict-map owner; the rules layer sees per-layer views of it.
     from felixpy.drivers.nftables import new_nftables_tables
-    from felixpy.drivers.nftables.shim import NftChildProcess
+    from felixpy.drivers.nftables.shim import WORKER_BELOW_BYTES, NftChildProcess
 
     # nft as a child per call, as Felix (knftables) does: libnftables in-process kept a 300k-rule
     # transaction's C heap resident (2.5 GiB at stress, #17) and aborted the daemon when both families'
     # contexts ran on two apply threads at once (found by the kill -9 trials, #14).
     # Listings are parsed in a child too (nftables/snapshotworker.py): nft's JSON never enters the daemon.
-    shim = deps.nft_shim_factory() if deps.nft_shim_factory else NftChildProcess(parse_in_child=True)
+    # Small transactions (the steady state) go to one long-lived libnftables context in a worker child
+    # (nftables/txworker.py): half a fresh nft's time, and its heap and failures stay out of the daemon.
+    shim = deps.nft_shim_factory() if deps.nft_shim_factory else NftChildProcess(
+        parse_in_child=True, worker_below=WORKER_BELOW_BYTES)
     root, layers = new_nftables_tables(v, shim, refresh_interval=config.NftablesRefreshInterval)
     views: dict[str, Table] = dict(layers)
     # The dispatch maps live in the filter layer (their names get its prefix).

@@ -29,10 +29,16 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import select
+import subprocess
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from felixpy.drivers.cmdshim import CommandRunner
+import structlog
+
+from felixpy.drivers.cmdshim import DEFAULT_TIMEOUT, CommandRunner
 from felixpy.errors import CommandError
 
 if TYPE_CHECKING:
@@ -40,12 +46,17 @@ if TYPE_CHECKING:
 
 SNAPSHOT_WORKER_NFT_FAILED = 3  # snapshotworker.EXIT_NFT_FAILED: nft's status and stderr follow as JSON
 
+_log = structlog.get_logger(__name__)
 _ARGV = ["libnftables", "json"]
 # A run whose input or output is at least this big (a start of day, a full listing) hands the
 # C heap libnftables freed back to the kernel: ~3.8 KB per rule, held in the calling thread's
 # malloc arena, where the next big run (the other family's table, on another apply thread)
 # could not reuse it.
 BIG_RUN_BYTES = 1 << 20
+# The daemon's transactions below this size go to the long-lived transaction worker: the steady state
+# (a churn apply is ~60 KB, ~400 rules); start of day and rebuilds (~2,000 rules and up, the table's
+# TEXT_THRESHOLD) keep a fresh ``nft`` whose heap dies with it.
+WORKER_BELOW_BYTES = 256 << 10
 
 
 class NftError(CommandError):
@@ -182,16 +193,133 @@ class LibNftables:
         return objs
 
 
+class WorkerUnavailable(Exception):
+    """The transaction worker could not be started: run the transaction some other way."""
+
+
+class TransactionWorker:
+    """The client of one :mod:`.txworker` child: small transactions through its long-lived context.
+
+    Started on first use, from the calling thread (so in that thread's network namespace).  A worker
+    that dies mid-transaction fails that transaction with :class:`NftError` — whether the kernel took
+    it is unknown, which the table's retry (re-list, then rewrite) is there for — and the next call
+    starts a new one.  One that cannot start at all raises :class:`WorkerUnavailable` and is not
+    tried again: the caller falls back to ``nft`` per call.
+    """
+
+    def __init__(self, argv: Sequence[str] | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        import sys
+
+        self._argv = list(argv) if argv is not None else [sys.executable, "-m", "felixpy.drivers.nftables.txworker"]
+        self._timeout = timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self.broken = False
+        self.starts = 0
+        self.transactions = 0       # answered by a worker (committed or refused)
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        from felixpy.drivers.nftables.txworker import READY
+
+        try:
+            proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env={**os.environ, "LC_ALL": "C"})
+        except OSError as e:
+            self.broken = True
+            raise WorkerUnavailable(f"cannot start {self._argv[0]}: {e}") from e
+        assert proc.stdout is not None
+        if not select.select([proc.stdout], [], [], self._timeout)[0]:
+            proc.kill()
+        if proc.stdout.read(1) != READY:
+            _out, err = proc.communicate()
+            self.broken = True
+            raise WorkerUnavailable(f"the nft transaction worker did not start (status {proc.returncode}): "
+                                    f"{err.decode(errors='replace').strip()[-500:]}")
+        self.starts += 1
+        return proc
+
+    def run(self, kind: bytes, text: str, excerpt: str) -> None:
+        from felixpy.drivers.nftables.txworker import REPLY, REQUEST, read_exactly
+
+        with self._lock:
+            if self.broken:
+                raise WorkerUnavailable("the nft transaction worker could not start before")
+            if self._proc is None or self._proc.poll() is not None:
+                self._proc = self._start()
+            proc = self._proc
+            assert proc.stdin is not None and proc.stdout is not None
+            body = text.encode()
+            try:
+                proc.stdin.write(REQUEST.pack(kind, len(body)) + body)
+                proc.stdin.flush()
+                if not select.select([proc.stdout], [], [], self._timeout)[0]:
+                    proc.kill()
+                    raise EOFError(f"no reply in {self._timeout:g}s, killed")
+                head = read_exactly(proc.stdout, REPLY.size)
+                if head is None:
+                    raise EOFError("no reply")
+                rc, size = REPLY.unpack(head)
+                err = read_exactly(proc.stdout, size) if size else b""
+                self.transactions += 1
+            except (OSError, EOFError, ValueError) as e:
+                said = self._reap(proc)
+                raise NftError(-1, f"the nft transaction worker exited mid-transaction "
+                                   f"(status {proc.returncode}): {e}; {said}", excerpt,
+                               argv=self._argv) from e
+        if rc != 0:
+            raise NftError(rc, (err or b"").decode(errors="replace"), excerpt, argv=["libnftables", "worker"])
+
+    def _reap(self, proc: subprocess.Popen[bytes]) -> str:
+        """Close the worker's stdin (it exits), wait for it (killing one that will not) and return the
+        end of what it wrote on stderr."""
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        try:
+            assert proc.stderr is not None
+            said = proc.stderr.read().decode(errors="replace").strip()[-500:]
+            proc.stderr.close()
+        except (OSError, ValueError):
+            said = ""
+        self._proc = None
+        return said
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else int(self._proc.pid)
+
+    def close(self) -> None:
+        """Stop the worker (stdin closes, it exits); a later call starts a new one."""
+        with self._lock:
+            if self._proc is not None:
+                self._reap(self._proc)
+
+
 class NftChildProcess:
     """The shim as a child process per call: the ``nft`` binary reading JSON or a script on stdin.
 
     Same protocol as :class:`LibNftables` (``run``, ``run_script``, ``list_table``) and the same
     all-or-nothing transactions (``nft -f`` is one batch).  Children are forked from the calling
     thread, so they act on its network namespace like libnftables does.
+
+    With ``worker_below`` > 0, a transaction smaller than that many bytes (the steady state: churn,
+    one-rule changes) goes instead to a long-lived :class:`TransactionWorker` child holding one
+    libnftables context — half the time of a fresh ``nft`` — while big ones (start of day, rebuilds)
+    keep a fresh ``nft`` each, whose heap dies with it.  If the worker cannot start, every
+    transaction goes to ``nft`` per call (logged once).
     """
 
     def __init__(self, runner: CommandRunner | None = None, nft: str = "nft", *, yielding: bool = False,
-                 parse_in_child: bool = False) -> None:
+                 parse_in_child: bool = False, worker_below: int = 0,
+                 worker: TransactionWorker | None = None) -> None:
         if runner is None:
             from felixpy.drivers.cmdshim import SubprocessRunner
 
@@ -199,6 +327,8 @@ class NftChildProcess:
         self._runner = runner
         self._nft = nft
         self._yielding = yielding
+        self._worker_below = worker_below
+        self._worker = worker if worker is not None else (TransactionWorker() if worker_below > 0 else None)
         # Listings decoded one object at a time (nft_objects_yielding): the lister for background listings.
         self._loads: Callable[[str], list[dict[str, Any]]] = nft_objects_yielding if yielding else _whole
         # snapshot(): list and parse in a child Python (.snapshotworker), so nft's JSON never enters this
@@ -247,10 +377,33 @@ class NftChildProcess:
         if not commands:
             return
         text = json.dumps({"nftables": list(commands)}, separators=(",", ":"))
-        self._call(["-j", "-f", "-"], text, text[:2000])
+        if not self._in_worker(b"J", text):
+            self._call(["-j", "-f", "-"], text, text[:2000])
 
     def run_script(self, script: str) -> None:
-        self._call(["-f", "-"], script, script[:2000])
+        if not self._in_worker(b"S", script):
+            self._call(["-f", "-"], script, script[:2000])
+
+    def _in_worker(self, kind: bytes, text: str) -> bool:
+        """Run a small transaction in the worker; False when it is not for the worker (or has none)."""
+        worker = self._worker
+        if worker is None or worker.broken or len(text) >= self._worker_below:
+            return False
+        try:
+            worker.run(kind, text, text[:2000])
+        except WorkerUnavailable as e:
+            _log.warning("nft transaction worker unavailable; running nft per transaction", error=str(e))
+            return False
+        return True
+
+    @property
+    def worker(self) -> TransactionWorker | None:
+        return self._worker
+
+    def close(self) -> None:
+        """Stop the transaction worker, if any (the daemon's exit closes its pipe anyway)."""
+        if self._worker is not None:
+            self._worker.close()
 
     def list_table(self, family: str, name: str) -> list[dict[str, Any]] | None:
         try:
