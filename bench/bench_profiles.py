@@ -372,10 +372,32 @@ class ModeResult:
     rss_after_churn: float = 0.0
     rss_after_idle: float = 0.0
     hwm_churn: float = 0.0
+    worker_rss: float = 0.0
+    worker_hwm: float = 0.0
 
 
 def mib(pid_: int) -> tuple[float, float]:
     rss, hwm = rss_kib(pid_)
+    return rss / 1024, hwm / 1024
+
+
+def worker_mib(pid_: int) -> tuple[float, float]:
+    """RSS and peak RSS of the daemon's long-lived children (the nftables transaction workers), summed:
+    memory the daemon's own figure does not show."""
+    rss = hwm = 0
+    for task in os.listdir(f"/proc/{pid_}/task"):
+        try:
+            kids = open(f"/proc/{pid_}/task/{task}/children").read().split()
+        except OSError:
+            continue
+        for kid in kids:
+            try:
+                cmd = open(f"/proc/{kid}/cmdline", "rb").read()
+                if b"txworker" in cmd:
+                    r, h = rss_kib(int(kid))
+                    rss, hwm = rss + r, hwm + h
+            except OSError:
+                continue
     return rss / 1024, hwm / 1024
 
 
@@ -478,6 +500,7 @@ def run_mode(mode: str, p: Profile, *, ipv6: bool, settle: float, churn_s: float
                     res.applies_n = len(durations)
                     res.apply_p50, res.apply_p99 = pct(durations, 0.5), pct(durations, 0.99)
                 res.rss_after_churn, res.hwm_churn = mib(d.proc.pid)
+                res.worker_rss, res.worker_hwm = worker_mib(d.proc.pid)
                 time.sleep(15)
                 res.rss_after_idle = mib(d.proc.pid)[0]
             c.close()
@@ -517,13 +540,13 @@ def report(p: Profile, results: list[ModeResult], ipv6: bool, churn_s: float, wa
     if churn_s > 0:
         print(f"\nChurn: 100 endpoint + 10 policy updates/s for {churn_s:.0f} s (after the restart).\n")
         print("| mode | messages timed | p50 | p99 | applies: n, duration p50 / p99 | "
-              "RSS before / right after / 15 s after | peak RSS |")
-        print("|---|---|---|---|---|---|---|")
+              "RSS before / right after / 15 s after | peak RSS | transaction worker RSS / peak |")
+        print("|---|---|---|---|---|---|---|---|")
         for r in results:
             print(f"| {r.mode} | {r.churn_n} (+{r.churn_lost} untimed) | {ms(r.churn_p50)} | {ms(r.churn_p99)} | "
                   f"{r.applies_n}, {ms(r.apply_p50)} / {ms(r.apply_p99)} | "
                   f"{r.rss_before_churn:.0f} / {r.rss_after_churn:.0f} / {r.rss_after_idle:.0f} MiB | "
-                  f"{r.hwm_churn:.0f} MiB |")
+                  f"{r.hwm_churn:.0f} MiB | {r.worker_rss:.0f} / {r.worker_hwm:.0f} MiB |")
     print("\nOne-rule samples: " + "; ".join(
         f"{r.mode}: " + ", ".join(ms(x) for x in r.one_rule) for r in results))
     print("Wall time per mode: " + ", ".join(f"{k} {v:.0f} s" for k, v in wall.items()))
