@@ -345,9 +345,9 @@ def _nftables_tables(config: Config, v: int, deps: KernelDeps) -> FamilyTables:
     from felixpy.drivers.nftables import new_nftables_tables
     from felixpy.drivers.nftables.shim import WORKER_BELOW_BYTES, NftChildProcess
 
-    # nft as a child per call, as Felix (knftables) does: libnftables in-process kept a 300k-rule
-    # transaction's C heap resident (2.5 GiB at stress, #17) and aborted the daemon when both families'
-    # contexts ran on two apply threads at once (found by the kill -9 trials, #14).
+    # Big transactions run nft as a child per call, as Felix (knftables) does: libnftables in-process
+    # kept a 300k-rule transaction's C heap resident (2.5 GiB at stress, #17) and aborted the daemon
+    # when both families' contexts ran on two apply threads at once (found by the kill -9 trials, #14).
     # Listings are parsed in a child too (nftables/snapshotworker.py): nft's JSON never enters the daemon.
     # Small transactions (the steady state) go to one long-lived libnftables context in a worker child
     # (nftables/txworker.py): half a fresh nft's time, and its heap and failures stay out of the daemon.

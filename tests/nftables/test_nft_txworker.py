@@ -176,9 +176,8 @@ def _request(kind: bytes, text: str) -> bytes:
 
 
 def _replies(out: bytes) -> list[tuple[int, str]]:
-    got, i = [], 0
     assert out[:1] == txworker.READY
-    i = 1
+    got, i = [], 1
     while i < len(out):
         rc, n = txworker.REPLY.unpack_from(out, i)
         i += txworker.REPLY.size

@@ -17,7 +17,10 @@ Two implementations: :class:`LibNftables` runs libnftables inside this process
 (``nft -j -f -``, ``nft -f -``, ``nft -j list table``), as Felix does through
 knftables.  The child's C heap — about 3.8 KB per rule of a transaction, so
 gigabytes for a 300k-rule start of day — dies with the child instead of
-staying in this process's malloc arenas.
+staying in this process's malloc arenas.  Given ``worker_below``, it sends
+transactions smaller than that to a :class:`TransactionWorker` instead: one
+long-lived child (:mod:`.txworker`) holding a libnftables context, which skips
+a fresh ``nft``'s cold start for the steady state's small transactions.
 
 libnftables acts on the network namespace of the *calling thread*, through a
 context that is not thread safe: one shim per table, used from one thread at a
@@ -32,6 +35,7 @@ import json
 import os
 import select
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -39,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import structlog
 
 from felixpy.drivers.cmdshim import DEFAULT_TIMEOUT, CommandRunner
+from felixpy.drivers.nftables.txworker import JSON, READY, REPLY, REQUEST, SCRIPT, read_exactly
 from felixpy.errors import CommandError
 
 if TYPE_CHECKING:
@@ -208,8 +213,6 @@ class TransactionWorker:
     """
 
     def __init__(self, argv: Sequence[str] | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        import sys
-
         self._argv = list(argv) if argv is not None else [sys.executable, "-m", "felixpy.drivers.nftables.txworker"]
         self._timeout = timeout
         self._proc: subprocess.Popen[bytes] | None = None
@@ -219,8 +222,6 @@ class TransactionWorker:
         self.transactions = 0       # answered by a worker (committed or refused)
 
     def _start(self) -> subprocess.Popen[bytes]:
-        from felixpy.drivers.nftables.txworker import READY
-
         try:
             proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, env={**os.environ, "LC_ALL": "C"})
@@ -228,19 +229,19 @@ class TransactionWorker:
             self.broken = True
             raise WorkerUnavailable(f"cannot start {self._argv[0]}: {e}") from e
         assert proc.stdout is not None
-        if not select.select([proc.stdout], [], [], self._timeout)[0]:
+        timed_out = not select.select([proc.stdout], [], [], self._timeout)[0]
+        if timed_out:
             proc.kill()
         if proc.stdout.read(1) != READY:
             _out, err = proc.communicate()
             self.broken = True
-            raise WorkerUnavailable(f"the nft transaction worker did not start (status {proc.returncode}): "
+            why = f"not ready in {self._timeout:g}s, killed" if timed_out else f"status {proc.returncode}"
+            raise WorkerUnavailable(f"the nft transaction worker did not start ({why}): "
                                     f"{err.decode(errors='replace').strip()[-500:]}")
         self.starts += 1
         return proc
 
     def run(self, kind: bytes, text: str, excerpt: str) -> None:
-        from felixpy.drivers.nftables.txworker import REPLY, REQUEST, read_exactly
-
         with self._lock:
             if self.broken:
                 raise WorkerUnavailable("the nft transaction worker could not start before")
@@ -259,7 +260,7 @@ class TransactionWorker:
                 if head is None:
                     raise EOFError("no reply")
                 rc, size = REPLY.unpack(head)
-                err = read_exactly(proc.stdout, size) if size else b""
+                err = (read_exactly(proc.stdout, size) or b"") if size else b""
                 self.transactions += 1
             except (OSError, EOFError, ValueError) as e:
                 said = self._reap(proc)
@@ -267,7 +268,7 @@ class TransactionWorker:
                                    f"(status {proc.returncode}): {e}; {said}", excerpt,
                                argv=self._argv) from e
         if rc != 0:
-            raise NftError(rc, (err or b"").decode(errors="replace"), excerpt, argv=["libnftables", "worker"])
+            raise NftError(rc, err.decode(errors="replace"), excerpt, argv=["libnftables", "worker"])
 
     def _reap(self, proc: subprocess.Popen[bytes]) -> str:
         """Close the worker's stdin (it exits), wait for it (killing one that will not) and return the
@@ -353,8 +354,6 @@ class NftChildProcess:
         if not self._parse_in_child:
             objs = self.list_sets(family, name) if kind == "sets" else self.list_table(family, name)
             return None if objs is None else readback.parse_table(objs, ip_version)
-        import sys
-
         argv = [sys.executable, "-m", "felixpy.drivers.nftables.snapshotworker", kind, family, name, str(ip_version),
                 self._nft]
         res = self._runner.run(argv, None)
@@ -377,11 +376,11 @@ class NftChildProcess:
         if not commands:
             return
         text = json.dumps({"nftables": list(commands)}, separators=(",", ":"))
-        if not self._in_worker(b"J", text):
+        if not self._in_worker(JSON, text):
             self._call(["-j", "-f", "-"], text, text[:2000])
 
     def run_script(self, script: str) -> None:
-        if not self._in_worker(b"S", script):
+        if not self._in_worker(SCRIPT, script):
             self._call(["-f", "-"], script, script[:2000])
 
     def _in_worker(self, kind: bytes, text: str) -> bool:
