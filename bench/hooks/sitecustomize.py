@@ -8,6 +8,10 @@
 * ``FELIXPY_BENCH_PYSPY=PATH`` — py-spy (next to the interpreter: ``.venv/bin/pip install py-spy``) samples
   this process from its start until it exits (100 Hz, all threads, non-blocking), raw collapsed stacks to
   PATH: a profile of a daemon a benchmark starts itself.
+* ``FELIXPY_BENCH_STEPTIMES=PATH`` — every apply appends one JSON line to PATH: its wall time and, for each
+  step (``InternalDataplane._step``, and each background future the apply collects), when it started after
+  the apply began and how long it ran, in milliseconds: where an apply's time goes, without a sampler;
+  and the cyclic collector's passes during the apply (count and milliseconds, per generation).
 """
 
 from __future__ import annotations
@@ -48,3 +52,85 @@ if _TM:
                     f.write(f"{stat.size / 2**20:8.2f} MiB {stat.count:9d} blocks  {stat.traceback[0]}\n")
 
     signal.signal(signal.SIGUSR2, _dump)
+
+_STEPS = os.environ.get("FELIXPY_BENCH_STEPTIMES")
+if _STEPS:
+    import json
+    import time
+    from concurrent.futures import Future, ThreadPoolExecutor
+    from typing import Any, Callable
+
+    from felixpy.dataplane import core as _core
+
+    import gc
+
+    _cur: list[Any] = []  # [t0, steps] of the apply in progress
+    _gc: dict[str, Any] = {"t": 0.0, "passes": [0, 0, 0], "ms": [0.0, 0.0, 0.0]}
+
+    def _on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            _gc["t"] = time.perf_counter()
+        elif _cur:
+            g = info["generation"]
+            _gc["passes"][g] += 1
+            _gc["ms"][g] += (time.perf_counter() - _gc["t"]) * 1000
+
+    gc.callbacks.append(_on_gc)
+
+    _submit = ThreadPoolExecutor.submit
+
+    def _timed_submit(self: ThreadPoolExecutor, fn: Callable[..., Any], /, *a: Any, **k: Any) -> Future[Any]:
+        box: dict[str, float] = {}
+
+        def run(*a2: Any, **k2: Any) -> Any:
+            box["s"] = time.perf_counter()
+            try:
+                return fn(*a2, **k2)
+            finally:
+                box["e"] = time.perf_counter()
+
+        fut = _submit(self, run, *a, **k)
+        fut._fp_box = box  # type: ignore[attr-defined]
+        return fut
+
+    ThreadPoolExecutor.submit = _timed_submit  # type: ignore[method-assign]
+
+    def _ms(x: float) -> float:
+        return round(x * 1000, 2)
+
+    _apply, _step, _collect = _core.InternalDataplane.apply, _core.InternalDataplane._step, \
+        _core.InternalDataplane._collect
+
+    def _timed_apply(self: Any) -> Any:
+        t0 = time.perf_counter()
+        _cur[:] = [t0, []]
+        _gc["passes"], _gc["ms"] = [0, 0, 0], [0.0, 0.0, 0.0]
+        try:
+            return _apply(self)
+        finally:
+            line = {"at": time.time(), "ms": _ms(time.perf_counter() - t0), "steps": _cur[1],
+                    "gc_passes": _gc["passes"], "gc_ms": [round(x, 1) for x in _gc["ms"]]}
+            _cur.clear()
+            with open(_STEPS, "a") as f:
+                f.write(json.dumps(line) + "\n")
+
+    def _timed_step(self: Any, report: Any, name: str, fn: Any) -> Any:
+        s = time.perf_counter()
+        try:
+            return _step(self, report, name, fn)
+        finally:
+            if _cur:
+                _cur[1].append([name, _ms(s - _cur[0]), _ms(time.perf_counter() - s)])
+
+    def _timed_collect(self: Any, report: Any, futs: Any) -> Any:
+        try:
+            return _collect(self, report, futs)
+        finally:
+            for name, fut in futs:
+                box = getattr(fut, "_fp_box", {})
+                if _cur and "s" in box and "e" in box:
+                    _cur[1].append([name, _ms(box["s"] - _cur[0]), _ms(box["e"] - box["s"])])
+
+    _core.InternalDataplane.apply = _timed_apply  # type: ignore[method-assign]
+    _core.InternalDataplane._step = _timed_step  # type: ignore[method-assign]
+    _core.InternalDataplane._collect = _timed_collect  # type: ignore[method-assign]
