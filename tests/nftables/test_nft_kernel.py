@@ -308,6 +308,40 @@ def test_script_and_json_paths_program_the_same_table(kernel_nft: NftShim, make:
     assert listings[0] == listings[1]
 
 
+@V46
+@pytest.mark.parametrize("drift", [None, "flushed chain", "foreign rule in base chain"])
+def test_table_block_and_add_lines_program_the_same_table(kernel_nft: NftShim, make: Callable[..., Harness],
+                                                          v: int, drift: str | None,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long run of additions goes as one ``table`` block (script.BLOCK_MIN_COMMANDS): the kernel ends up
+    holding what the ``add`` lines give — for a cold start, and for a repair whose rules follow a flush
+    of an existing base chain (a block chain without its hook spec) — and the table then reads back in
+    sync (its hashes match: a second apply writes nothing)."""
+    from felixpy.drivers.nftables import script
+    listings = []
+    for block_min in (1, 10**9):
+        monkeypatch.setattr(script, "BLOCK_MIN_COMMANDS", block_min)
+        shim = ScriptCountingShim(kernel_nft)
+        h = make(shim, v, text_threshold=0)
+        program_typical(h)
+        _with_output_hook(h)
+        h.root.apply()
+        if drift is not None:
+            _kernel_drift(v)[drift]()
+            h.root.queue_resync()
+            h.root.apply()
+        blocks = sum(f"\ntable {hp.family(v)} calico {{\n" in f"\n{t}" for t in shim.texts)
+        assert (blocks == (1 if drift is None else 2)) if block_min == 1 else blocks == 0
+        sent = shim.runs + shim.scripts
+        h.root.queue_resync()
+        h.root.apply()
+        assert shim.runs + shim.scripts == sent, "the read-back found something to fix"
+        assert h.sleeps == []
+        listings.append(_strip_handles(hp.listing(kernel_nft, v)))
+        nft_text("delete", "table", hp.family(v), "calico")
+    assert listings[0] == listings[1]
+
+
 def test_refused_script_falls_back_to_json(kernel_nft: NftShim, make: Callable[..., Harness]) -> None:
     from felixpy.drivers.generictables.model import Log
     h = make(kernel_nft, 4, text_threshold=0)
@@ -324,9 +358,11 @@ class ScriptCountingShim(CountingShim):
     def __init__(self, inner: NftShim) -> None:
         super().__init__(inner)
         self.scripts = 0
+        self.texts: list[str] = []
 
     def run_script(self, script: str) -> None:
         self.scripts += 1
+        self.texts.append(script)
         self.inner.run_script(script)  # type: ignore[attr-defined]
 
 

@@ -129,3 +129,57 @@ def test_script_lines() -> None:
     rule = m.Rule(M().protocol("tcp"), m.Accept(), ("hi there",))
     assert to_script([RuleCmd("ip", "calico", "c", rule, "HASH")], 4, True) == \
         'add rule ip calico c meta l4proto tcp counter accept comment "cali:HASH; hi there"\n'
+
+
+def test_a_long_run_of_additions_is_one_table_block_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Additions to one table in a row become one ``table`` block (sets and maps with their elements, chains
+    with their rules, in the order the run named them); anything else keeps its place between runs, and
+    elements of a set the run did not declare follow the block."""
+    from felixpy.drivers.nftables import script
+    from felixpy.drivers.nftables.script import RuleCmd, to_script
+    t = {"family": "ip", "table": "calico"}
+    rule = m.Rule(M().protocol("tcp"), m.Accept())
+    cmds: list[script.Command] = [
+        {"flush": {"chain": {**t, "name": "old"}}},
+        {"add": {"table": {"family": "ip", "name": "calico"}}},
+        {"add": {"chain": {**t, "name": "filter-INPUT", "type": "filter", "hook": "input", "prio": 0,
+                           "policy": "accept"}}},
+        {"add": {"set": {**t, "name": "s", "type": "ipv4_addr", "flags": ["interval"]}}},
+        {"add": {"element": {**t, "name": "s", "elem": ["10.0.0.1"]}}},
+        {"add": {"map": {**t, "name": "m", "type": "ifname", "map": "verdict"}}},
+        {"add": {"element": {**t, "name": "elsewhere", "elem": ["10.0.0.9"]}}},
+        {"add": {"chain": {**t, "name": "c"}}},
+        RuleCmd("ip", "calico", "filter-INPUT", rule, "H1"),
+        RuleCmd("ip", "calico", "c", rule, "H2"),
+        RuleCmd("ip", "calico", "filter-INPUT", rule, "H3"),
+        {"add": {"element": {**t, "name": "m", "elem": [["cali1", {"goto": {"target": "c"}}]]}}},
+        {"add": {"element": {**t, "name": "s", "elem": [{"prefix": {"addr": "10.1.0.0", "len": 16}}]}}},
+        {"delete": {"chain": {**t, "name": "old"}}},
+    ]
+    monkeypatch.setattr(script, "BLOCK_MIN_COMMANDS", 3)
+    assert to_script(cmds, 4, False).splitlines() == [
+        "flush chain ip calico old",
+        "table ip calico {",
+        "set s { type ipv4_addr; flags interval; elements = { 10.0.0.1, 10.1.0.0/16 }; }",
+        'map m { type ifname : verdict; elements = { "cali1" : goto c }; }',
+        "chain filter-INPUT {",
+        "type filter hook input priority 0; policy accept;",
+        'meta l4proto tcp counter accept comment "cali:H1;"',
+        'meta l4proto tcp counter accept comment "cali:H3;"',
+        "}",
+        "chain c {",
+        'meta l4proto tcp counter accept comment "cali:H2;"',
+        "}",
+        "}",
+        "add element ip calico elsewhere { 10.0.0.9 }",
+        "delete chain ip calico old",
+    ]
+    # A run shorter than the bound stays one line per command, in order.
+    monkeypatch.setattr(script, "BLOCK_MIN_COMMANDS", 100)
+    lines = to_script(cmds, 4, False).splitlines()
+    assert len(lines) == len(cmds) and lines[1] == "add table ip calico" and lines[-1] == "delete chain ip calico old"
+    # Another table's additions end the run.
+    other = {"add": {"chain": {"family": "ip6", "table": "calico", "name": "c6"}}}
+    monkeypatch.setattr(script, "BLOCK_MIN_COMMANDS", 2)
+    assert to_script([cmds[7], other, cmds[7]], 4, False).splitlines() == [
+        "add chain ip calico c", "add chain ip6 calico c6", "add chain ip calico c"]
