@@ -406,9 +406,9 @@ class Daemon:
     def _on_first_sync(self, s: Session, seconds: float) -> None:
         self.metrics.initial_resync_time.set(seconds)
         log.info("Dataplane in sync", seconds=round(seconds, 3))
+        s.send(pb.DataplaneInSync())  # the kernel is programmed: the housekeeping below need not delay it
         freeze_heap()  # before the trim, so the collection's freed pages go back too
         self._heap.trim()  # the start of day is the biggest apply there will be
-        s.send(pb.DataplaneInSync())
 
     def _send_messages(self, s: Session, messages: list[Any]) -> None:
         """Other dataplane reports for the calc graph (e.g. ``WireguardStatusUpdate``)."""

@@ -460,3 +460,67 @@ def test_a_device_syncers_refresh_is_applied_without_waiting_for_another_update(
     assert dev.resynced_applies == 1
     clock.advance(1)
     assert dp.maybe_apply() is None        # and then rests
+
+
+class CollectorWatcher(FakeManager):
+    """Records whether the cyclic collector was enabled while the apply ran it (and on another thread)."""
+
+    def __init__(self, tl: Timeline) -> None:
+        super().__init__(tl, "watcher")
+        self.enabled: list[bool] = []
+
+    def complete_deferred_work(self) -> None:
+        import gc
+        self.enabled.append(gc.isenabled())
+
+
+def test_an_apply_runs_with_the_cyclic_collector_paused_and_leaves_it_as_it_found_it() -> None:
+    import gc
+    dp, clock, tl = make()
+    watcher = CollectorWatcher(tl)
+    dp.register_manager(watcher)
+    dp.set_iface_in_sync()
+    dp.on_datastore_message(InSync())
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        dp.apply()
+        assert watcher.enabled == [False] and gc.isenabled()
+        gc.disable()    # someone else paused it: an apply must not switch it back on
+        dp.apply()
+        assert watcher.enabled == [False, False] and not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+def test_collector_pauses_nest_and_overlap_across_threads() -> None:
+    """The collector comes back on when the last pause ends, whichever thread started first."""
+    import gc
+    import threading
+
+    from felixpy import gcpause
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        inner_started, outer_done = threading.Event(), threading.Event()
+        seen: list[bool] = []
+
+        def other() -> None:
+            with gcpause.paused():
+                inner_started.set()
+                outer_done.wait(5)
+                seen.append(gc.isenabled())     # the first pause ended; this one still holds it off
+            seen.append(gc.isenabled())
+
+        with gcpause.paused():
+            t = threading.Thread(target=other)
+            t.start()
+            inner_started.wait(5)
+            with gcpause.paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()
+        outer_done.set()
+        t.join(5)
+        assert seen == [False, True]
+    finally:
+        (gc.enable if was else gc.disable)()
