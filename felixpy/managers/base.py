@@ -118,6 +118,15 @@ class HasDeadline(Protocol):
 
 
 @runtime_checkable
+class PrefetchesReadBack(Protocol):
+    """A driver whose next apply must first read the kernel back (start of day, after a failure) and
+    can start that read now, off the apply thread, so that it overlaps the managers' work.  Reads only;
+    a driver with nothing to read does nothing."""
+
+    def prefetch(self) -> None: ...
+
+
+@runtime_checkable
 class WatchesIfaces(Protocol):
     def on_iface_state(self, name: str, state: IfaceState, index: int) -> None: ...
 

@@ -247,3 +247,88 @@ def test_kernel_refresh_off_the_apply_path_repairs_drift(in_netns: str, make: Ca
         time.sleep(0.05)
     h.root.apply()
     assert {n: [c for _, c, _ in x["rules"]] for n, x in hp.chains(shim, 4).items()} == good
+
+
+# ------------------------------------------------------------------------- the start-of-day prefetch
+def test_a_prefetched_start_of_day_listing_is_what_the_first_apply_uses(make: Callable[..., Harness],
+                                                                        fake: FakeNft) -> None:
+    """prefetch() starts the start-of-day read-back on the lister; the apply that follows waits for it and
+    lists nothing itself, and programs exactly what a listing on the apply path would have led to: here a
+    restart over a kernel that already holds everything, with one foreign rule to remove."""
+    first = make(fake)
+    program_typical(first)
+    first.root.apply()
+    want = {name: [comment for _, comment, _ in c["rules"]] for name, c in hp.chains(fake, 4).items()}
+    fake.run([{"add": {"rule": {**T, "chain": "filter-cali-INPUT", "expr": [{"accept": None}]}}}])
+    lister = LaggingLister(fake)
+    jobs: list[Callable[[], None]] = []
+    h = make(fake, lister=lister, start_background=jobs.append)
+    program_typical(h)
+    h.root.prefetch()
+    h.root.prefetch()                 # one at a time
+    assert len(jobs) == 1
+    lister.read()
+    jobs.pop()()
+    lists, runs = fake.list_calls, fake.run_calls
+    h.root.apply()
+    assert fake.list_calls == lists and lister.calls == 1       # the apply listed nothing of its own
+    assert fake.run_calls == runs + 1
+    assert {name: [comment for _, comment, _ in c["rules"]] for name, c in hp.chains(fake, 4).items()} == want
+    h.root.prefetch()                 # in sync now: nothing to prefetch
+    assert jobs == []
+
+
+def test_a_failed_prefetch_is_not_used_and_a_later_one_after_a_failure_is(make: Callable[..., Harness],
+                                                                          fake: FakeNft) -> None:
+    lister = LaggingLister(fake)
+    jobs: list[Callable[[], None]] = []
+    h = make(fake, lister=lister, start_background=jobs.append)
+    program_typical(h)
+    lister.fail = True
+    h.root.prefetch()
+    jobs.pop()()
+    h.root.apply()                                     # lists on the apply path instead
+    assert fake.list_calls == 1 and "filter-cali-INPUT" in hp.chains(fake, 4)
+    # A failure empties the view: the next apply's read-back may be prefetched again.
+    lister.fail = False
+    h.root.invalidate_dataplane_cache("test")
+    h.root.prefetch()
+    lister.read()
+    jobs.pop()()
+    h.filter.update_chain(Chain("cali-INPUT", (Rule(Match(), Drop()),)))
+    lists = fake.list_calls
+    h.root.apply()
+    assert fake.list_calls == lists and lister.calls == 2     # the prefetched listing, nothing more
+    assert len(hp.chains(fake, 4)["filter-cali-INPUT"]["rules"]) == 1
+
+
+def test_the_loop_starts_prefetches_before_the_managers_render() -> None:
+    from felixpy.config import Config
+    from felixpy.dataplane.core import InternalDataplane
+    from felixpy.proto import felixbackend_pb2 as pb
+    from felixpy.testing.clock import FakeClock
+
+    order: list[str] = []
+
+    class Table:
+        name, ip_version = "t", 4
+
+        def prefetch(self) -> None:
+            order.append("prefetch")
+
+        def apply(self) -> None:
+            order.append("table")
+
+    class Manager:
+        def on_update(self, msg: object) -> None: ...
+
+        def complete_deferred_work(self) -> None:
+            order.append("render")
+
+    dp = InternalDataplane(Config(), FakeClock())
+    dp.register_manager(Manager())
+    dp.register_table(Table())  # type: ignore[arg-type]
+    dp.set_iface_in_sync()
+    dp.on_datastore_message(pb.InSync())
+    dp.apply()
+    assert order == ["prefetch", "render", "table"]

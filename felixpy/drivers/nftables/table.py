@@ -143,6 +143,7 @@ class NftablesTable:
         self._lister = lister
         self._start_background = start_background
         self._listing: Listing | None = None
+        self._prefetched: Listing | None = None   # prefetch(): the start-of-day read-back, started early
         self._generation = 0        # bumped by every synchronous full listing
         self._refresh_interval = refresh_interval
         self._fully_random = fully_random
@@ -394,6 +395,38 @@ class NftablesTable:
         return delay
 
     # ------------------------------------------------------------------ background listings
+    def prefetch(self) -> None:
+        """Start the full read-back the next apply needs (start of day, or after a failure emptied the
+        view) on a background worker now, so that it runs while the managers render; that apply then
+        waits for it instead of listing.  Only with a lister (a child per listing); reads only.
+
+        The listing is taken only by the next full load of the same generation, and no transaction of
+        ours can run between the two (a transaction needs the view that load makes), so it is never
+        older than our own last write: as fresh as a listing on the apply path, bar the ~seconds others
+        had to change the table meanwhile, which the refresh catches as it would anyway."""
+        if self._in_sync or self._lister is None or self._prefetched is not None:
+            return
+        job = Listing("table", self._generation)
+        lister, family, v = self._lister, self._family, self.ip_version
+        try:
+            self._start_background(lambda: job.run(lister, family, v))
+        except Exception as e:  # e.g. no thread to be had: the apply lists for itself, as without prefetch
+            self._log.warning("Could not start the prefetch listing", error=str(e))
+            return
+        self._prefetched = job
+
+    def _take_prefetched(self) -> tuple[bool, TableSnapshot | None]:
+        """(True, the listing) if a prefetched read-back of this generation is there to use (waiting for it
+        to finish); (False, None) if the apply must list for itself."""
+        job, self._prefetched = self._prefetched, None
+        if job is None or job.generation != self._generation:
+            return False, None
+        job.done.wait()
+        if job.error is not None:
+            self._log.warning("Prefetched listing failed; listing on the apply path", error=str(job.error))
+            return False, None
+        return True, job.snap
+
     def _start_listing(self, kind: str) -> bool:
         """Start a background listing of *kind*; False when this table lists on the apply path only.
 
@@ -563,8 +596,10 @@ class NftablesTable:
         self._log.debug("Re-read nftables sets", sets=len(self._dp_sets), dirty=len(self.sets.dirty))
 
     def _load_dataplane_state(self) -> None:
+        taken, listed = self._take_prefetched()
         self._generation += 1       # a background listing started before this one is older
-        listed = self._list("table")
+        if not taken:
+            listed = self._list("table")
         self._sets_resync = False
         self._last_read = self._now()
         snap = listed if listed is not None else TableSnapshot()
