@@ -139,6 +139,7 @@ def _block(family: str, table: str, run: list[Command], ip_version: int, fully_r
     # Objects in the order the run first names them, so the kernel creates them in the same order
     # as the line form would (listings stay in the same order).
     sets: dict[str, str] = {}                       # set or map name -> declaration head
+    maps: set[str] = set()
     elems: dict[str, list[str]] = {}
     chains: dict[str, list[str]] = {}               # chain name -> its lines (spec first, if any)
     after: list[str] = []
@@ -156,9 +157,13 @@ def _block(family: str, table: str, run: list[Command], ip_version: int, fully_r
             sets[b["name"]] = f"set {b['name']} {{ {_set_spec(b)}"
         elif kind == "map":
             sets[b["name"]] = f"map {b['name']} {{ type {b['type']} : {b['map']};"
+            maps.add(b["name"])
         elif kind == "element":
             if b["name"] in sets:
-                elems.setdefault(b["name"], []).extend(_elem_text(e) for e in b["elem"])
+                # A set member string is always an address (only a map key, an interface name, needs quotes;
+                # map elements are [key, verdict] pairs): no inet_pton per member of 200,000.
+                elems.setdefault(b["name"], []).extend(e if type(e) is str and b["name"] not in maps else _elem_text(e)
+                                                       for e in b["elem"])
             else:
                 after.append(command_text(c))
         # kind == "table": the block adds the table itself.
