@@ -580,32 +580,3 @@ def _quiet_logs() -> Iterator[None]:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     yield
     structlog.reset_defaults()
-
-
-# ----------------------------------------------------------------------------- start-of-day prefetch
-def test_a_prefetched_save_is_the_full_resync_s_and_it_finds_the_same(env: Env) -> None:
-    """prefetch() runs the start-of-day ``ipset save`` ahead of apply_updates (on a thread); the resync then
-    takes its output instead of saving again, and reaches the same kernel state a resync of its own would."""
-    old = env.driver()
-    old.add_or_replace_ip_set(meta("s:a"), ["10.0.0.1", "10.0.0.2"])
-    old.add_or_replace_ip_set(meta("s:stale"), ["10.0.0.9"])
-    apply_all(old)
-    d = env.driver()                                 # a restart
-    d.add_or_replace_ip_set(meta("s:a"), ["10.0.0.1", "10.0.0.3"])
-    saves = len(env.fake.commands("save"))
-    d.prefetch()
-    d.prefetch()                                     # one at a time
-    apply_all(d)
-    assert len(env.fake.commands("save")) == saves + 1     # the prefetch's, and no other
-    assert ours(env.fake) == {"cali40s:a": {"10.0.0.1", "10.0.0.3"}}
-    d.prefetch()                                     # in sync: nothing to read ahead
-    assert len(env.fake.commands("save")) == saves + 1
-
-
-def test_a_failed_prefetched_save_is_run_again_by_the_resync(env: Env) -> None:
-    env.fake.inject("save", times=1)
-    d = env.driver()
-    d.add_or_replace_ip_set(meta("s:a"), ["10.0.0.1"])
-    d.prefetch()
-    apply_all(d)
-    assert len(env.fake.commands("save")) == 2 and ours(env.fake) == {"cali40s:a": {"10.0.0.1"}}

@@ -597,29 +597,3 @@ def test_restore_input_is_not_kept_after_a_successful_write(make_table: Callable
     t.apply()
     assert fake.restore_count() >= 1 and t.last_restore_input == ""
     assert_converged(fake, foreign_in_forward=0)
-
-
-def test_a_prefetched_save_is_the_start_of_day_read(make_table: Callable[..., IptablesTable],
-                                                    fake: FakeIptables) -> None:
-    """prefetch() runs the start-of-day ``*-save`` ahead of apply() (on a thread); the load takes it and saves
-    nothing more, and a restart over a right kernel still writes nothing; a failed prefetched save is run
-    again; once in sync there is nothing to read ahead."""
-    t1 = make_table()
-    program(t1)
-    t1.apply()
-    saves, restores = len([c for c, _ in fake.calls if "save" in c[0]]), fake.restore_count()
-    t2 = make_table()
-    program(t2)
-    t2.prefetch()
-    t2.prefetch()
-    t2.apply()
-    assert len([c for c, _ in fake.calls if "save" in c[0]]) == saves + 1 and fake.restore_count() == restores
-    t2.prefetch()
-    assert len([c for c, _ in fake.calls if "save" in c[0]]) == saves + 1
-    fake.fail_next_saves = 1
-    t3 = make_table()
-    program(t3)
-    t3.prefetch()
-    t3.apply()
-    assert len([c for c, _ in fake.calls if "save" in c[0]]) == saves + 3 and fake.restore_count() == restores
-    assert_converged(fake)

@@ -319,18 +319,6 @@ def test_the_loop_starts_prefetches_before_the_managers_render() -> None:
         def apply(self) -> None:
             order.append("table")
 
-    class IPSets:
-        ip_version = 4
-
-        def prefetch(self) -> None:
-            order.append("prefetch-sets")
-
-        def apply_updates(self) -> None:
-            order.append("sets")
-
-        def apply_deletions(self) -> bool:
-            return False
-
     class Manager:
         def on_update(self, msg: object) -> None: ...
 
@@ -340,8 +328,7 @@ def test_the_loop_starts_prefetches_before_the_managers_render() -> None:
     dp = InternalDataplane(Config(), FakeClock())
     dp.register_manager(Manager())
     dp.register_table(Table())  # type: ignore[arg-type]
-    dp.register_ipsets(IPSets())  # type: ignore[arg-type]
     dp.set_iface_in_sync()
     dp.on_datastore_message(pb.InSync())
     dp.apply()
-    assert order == ["prefetch-sets", "prefetch", "render", "sets", "table"]
+    assert order == ["prefetch", "render", "table"]

@@ -43,8 +43,7 @@ Deletions
 
 Resync
     Start of day and persistent failures force a *full* resync, drained before
-    any write (its ``ipset save`` may have been started at the beginning of
-    the apply, :meth:`IPSets.prefetch`, to run while the managers render).  :meth:`IPSets.queue_resync` (the periodic refresh) is
+    any write.  :meth:`IPSets.queue_resync` (the periodic refresh) is
     incremental: one cheap ``ipset list -name``; sets that vanished are recreated
     and unexpected ones are marked for deletion in the same apply; the surviving
     sets' contents are re-read from a two-tier queue (:mod:`.resync_queue`) within
@@ -81,7 +80,6 @@ from felixpy.drivers.ipsets.naming import IPVersionConfig
 from felixpy.drivers.ipsets.parse import (ListedSet, is_not_found, parse_list, parse_list_names,
                                           parse_save, restore_error_line)
 from felixpy.drivers.drift import DriftTally
-from felixpy.drivers.prefetch import EarlyRead
 from felixpy.drivers.ipsets.resync_queue import ResyncPriority, ResyncQueue
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 from felixpy.errors import CommandError, DataplaneError, FatalDataplaneError
@@ -164,7 +162,6 @@ class IPSets:
 
         self._queue = ResyncQueue()
         self._full_resync_required = True
-        self._early_save: EarlyRead[CommandResult] | None = None   # prefetch(): the full resync's save
         # Drift (felixpy.drivers.drift): only reads queued by a background resync compare the kernel with
         # our belief; a read after a failed write (which ipset restore may have half-applied) does not.
         self._drift = DriftTally(self._log)
@@ -342,25 +339,6 @@ class IPSets:
             self._dirty[name] = None
 
     # ------------------------------------------------------------------ resync
-    def prefetch(self) -> None:
-        """Start the full resync's ``ipset save`` now, on a thread, when the next apply will need one (start
-        of day, after persistent failures): it runs while the managers render.  Only the command runs
-        early; its output is parsed by the resync, against the desired state of that moment.  Between
-        the two nothing of ours writes a set (writes follow the resync in the same ``apply_updates``)."""
-        if self._full_resync_required and self._full_resync_via_save and self._early_save is None:
-            self._early_save = EarlyRead(lambda: self._run(["ipset", "save"]))
-
-    def _save(self) -> CommandResult:
-        early, self._early_save = self._early_save, None
-        if early is not None:
-            try:
-                result = early.result()
-                if result.ok:
-                    return result
-            except Exception as e:  # read it again below, as without a prefetch
-                self._log.warning("Prefetched 'ipset save' failed; running it again", error=str(e))
-        return self._run(["ipset", "save"])
-
     def _try_resync(self, budget: list[float]) -> None:
         if self._full_resync_required:
             self._begin_full_resync()
@@ -374,7 +352,7 @@ class IPSets:
         self._drift_watch.clear()
         self._pending_renames.clear()
         if self._full_resync_via_save:
-            result = self._save()
+            result = self._run(["ipset", "save"])
             if result.ok:
                 self._load_full_dump(parse_save(result.stdout, self._wants_members))
                 self._bg_resync_requested = False

@@ -51,14 +51,13 @@ from typing import NoReturn, Protocol
 import structlog
 
 from felixpy.config import Config
-from felixpy.drivers.cmdshim import BinaryLocator, CommandResult, CommandRunner
+from felixpy.drivers.cmdshim import BinaryLocator, CommandRunner
 from felixpy.drivers.drift import DriftTally, misplaced, rule_drift
 from felixpy.drivers.generictables.model import Chain, Goto, Jump, Rule
 from felixpy.drivers.iptables import render
 from felixpy.drivers.iptables.detect import Features, FeatureDetector, detect_backend, find_best_binary
 from felixpy.drivers.iptables.metrics import IptablesMetrics, get_metrics
 from felixpy.drivers.iptables.restore_buffer import RestoreBuffer
-from felixpy.drivers.prefetch import EarlyRead
 from felixpy.drivers.iptables.savefile import (
     DEFAULT_OWNED_PREFIXES, FOREIGN_PLACEHOLDER, HISTORIC_INSERTED_NAT_RULE_REGEX, SaveParseError, SaveState,
     hash_comment_regex, old_insert_regex, owned_chain_regex, parse_save,
@@ -168,7 +167,6 @@ class IptablesTable:
         self._dirty_chains: set[str] = set()
         # What we believe the dataplane holds.
         self._in_sync = False
-        self._early_save: EarlyRead[CommandResult] | None = None   # prefetch(): the next load's *-save
         self._dp_hashes: dict[str, list[str]] = {}
         self._dp_full_rules: dict[str, list[str]] = {}
         self._hash_cache: dict[str, list[str]] = {}
@@ -499,42 +497,15 @@ class IptablesTable:
                 self._sleep(delay)
                 delay *= 2
 
-    def prefetch(self) -> None:
-        """Start the next load's ``*-save`` now, on a thread, when this apply will load (start of day, after
-        a failed write): it runs while the managers render.  Only the command runs early; the output is
-        parsed and compared by the load, and nothing of ours writes this table between the two (a write
-        follows the load in the same apply).  A refresh or post-write re-read decided inside ``apply()``
-        reads synchronously, as before."""
-        if not self._in_sync and self._early_save is None:
-            argv = [self.save_cmd, "-t", self.name]
-            self._early_save = EarlyRead(lambda: self._runner.run(argv))
-
-    def _prefetched_save(self) -> CommandResult | None:
-        early, self._early_save = self._early_save, None
-        if early is None:
-            return None
-        try:
-            res = early.result()
-        except Exception as e:
-            self._log.warning("Prefetched save failed; saving again", cmd=self.save_cmd, error=str(e))
-            return None
-        self._peak_save = max(self._peak_save * 0.99, early.seconds)
-        return res if res.ok else None
-
     def _attempt_read(self, features: Features | None = None) -> SaveState:
+        start = self._clock()
         self._metrics.save_calls.inc()
         hook = None if features is None else (lambda: self._prehash_dirty_chains(features))
-        res = self._prefetched_save()
-        if res is not None:
-            if hook is not None:
-                hook()  # the save already ran: the chains are hashed now instead of while it runs
-        else:
-            start = self._clock()
-            try:
-                res = self._runner.run([self.save_cmd, "-t", self.name], while_running=hook).check()
-            finally:
-                dur = self._clock() - start
-                self._peak_save = max(self._peak_save * 0.99, dur)
+        try:
+            res = self._runner.run([self.save_cmd, "-t", self.name], while_running=hook).check()
+        finally:
+            dur = self._clock() - start
+            self._peak_save = max(self._peak_save * 0.99, dur)
         return parse_save(res.stdout, hash_re=self._hash_re, owned_re=self._owned_re,
                           old_insert_re=self._old_insert_re)
 
