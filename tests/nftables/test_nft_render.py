@@ -183,3 +183,14 @@ def test_a_long_run_of_additions_is_one_table_block_in_order(monkeypatch: pytest
     monkeypatch.setattr(script, "BLOCK_MIN_COMMANDS", 2)
     assert to_script([cmds[7], other, cmds[7]], 4, False).splitlines() == [
         "add chain ip calico c", "add chain ip6 calico c6", "add chain ip calico c"]
+
+
+def test_table_blocks_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table asks for blocks in big transactions only; a small one stays add lines however long its runs."""
+    from felixpy.drivers.nftables import script
+    from felixpy.drivers.nftables.script import RuleCmd, to_script
+    monkeypatch.setattr(script, "BLOCK_MIN_COMMANDS", 2)
+    cmds: list[script.Command] = [RuleCmd("ip", "calico", "c", m.Rule(M().protocol("tcp"), m.Accept()), f"H{i}")
+                                  for i in range(3)]
+    assert to_script(cmds, 4, False).startswith("table ip calico {\n")
+    assert to_script(cmds, 4, False, blocks=False).splitlines()[0].startswith("add rule ip calico c ")

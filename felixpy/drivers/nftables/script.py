@@ -19,8 +19,8 @@ object: nft takes the block form of the large-node cold start (20,000 rules,
 200,000 set members) in ~2.3 s and ~250 MB against ~3.2 s and ~400 MB as
 ``add`` lines (docs/benchmarks.md).  One block per run, never one per chain:
 every table block costs nft a pass proportional to the table (1,800 small
-blocks took 6.5 s and 1.3 GB).  Short runs (every steady-state transaction)
-stay ``add`` lines.
+blocks took 6.5 s and 1.3 GB), and only in big transactions: short runs
+and every steady-state transaction stay ``add`` lines.
 """
 
 from __future__ import annotations
@@ -180,7 +180,10 @@ def _block(family: str, table: str, run: list[Command], ip_version: int, fully_r
     return out
 
 
-def to_script(commands: list[Command], ip_version: int, fully_random: bool) -> str:
+def to_script(commands: list[Command], ip_version: int, fully_random: bool, *, blocks: bool = True) -> str:
+    """*commands* as an nft script; with *blocks*, long runs of additions as table blocks (the table asks
+    for them in big transactions only: a block costs nft a pass over the table, which a small
+    transaction into a big table would pay for nothing)."""
     lines: list[str] = []
     i, n = 0, len(commands)
     while i < n:
@@ -189,7 +192,7 @@ def to_script(commands: list[Command], ip_version: int, fully_random: bool) -> s
         if where is not None:
             while j < n and _addition_of(commands[j]) == where:
                 j += 1
-        if where is not None and j - i >= BLOCK_MIN_COMMANDS:
+        if blocks and where is not None and j - i >= BLOCK_MIN_COMMANDS:
             lines.extend(_block(where[0], where[1], commands[i:j], ip_version, fully_random))
         else:
             lines.extend(c.to_text(ip_version, fully_random) if isinstance(c, RuleCmd) else command_text(c)

@@ -539,7 +539,7 @@ class NftablesTable:
         try:
             if as_text:
                 assert isinstance(self._shim, NftScriptShim)
-                script = to_script(plan.commands, v, fr)
+                script = to_script(plan.commands, v, fr, blocks=big)
                 with _BIG_TRANSACTION if big else contextlib.nullcontext():
                     self._shim.run_script(script)
             else:
