@@ -395,3 +395,24 @@ def test_other_routes_are_not_held_up_by_conntrack(fake: FakeNetlink) -> None:
     rt.apply()
     assert "10.0.0.2/32" in observed[0] and "10.0.0.1/32" not in observed[0]
     assert fake.routes_in()["10.0.0.1/32"].oif == fake._by_name("cali2").index
+
+
+def test_a_route_the_policy_would_not_call_ours_is_programmed_and_named_once(fake: FakeNetlink) -> None:
+    """The main table programs what it is given, but a route its ownership policy does not claim (here via a
+    non-workload device with the shared boot protocol, and a blackhole without Calico's protocol) cannot be
+    recognised after a restart: that is logged as an error, once per interface and protocol; routes it does
+    claim (a workload route, a blackhole with protocol 80) are not."""
+    from structlog.testing import capture_logs
+    clock = FakeClock()
+    rt = main_table(fake, clock)
+    with capture_logs() as logs:
+        rt.set_routes(LW, "cali1", [Target("10.0.0.1/32")])
+        rt.set_routes(LW, "eth0", [Target("10.9.0.0/16", gw="192.168.0.1")])
+        rt.route_update(LW, "eth0", Target("10.9.1.0/24", gw="192.168.0.1"))
+        rt.set_routes(RouteClass.BLACKHOLE_NO_ENCAP, None, [Target("10.2.0.0/26", TargetType.BLACKHOLE, protocol=80),
+                                                            Target("10.3.0.0/26", TargetType.BLACKHOLE)])
+    unclaimed = [(e["iface"], e["protocol"]) for e in logs if e["log_level"] == "error"]
+    assert unclaimed == [("eth0", 3), (None, 3)]
+    clock.advance(11)
+    rt.apply()
+    assert {"10.0.0.1/32", "10.9.0.0/16", "10.9.1.0/24", "10.3.0.0/26", "10.2.0.0/26"} <= dsts(fake)

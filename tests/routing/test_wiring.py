@@ -212,3 +212,30 @@ def test_all_vxlan_net_exists_even_when_the_device_sync_breaks(monkeypatch: pyte
     table = nft.table("ip")
     assert table is not None and any(name.endswith("all-vxlan-net") for name in table.sets)
     assert "4789" in str(nft.list_table("ip", "calico"))  # the static chains went in
+
+
+@pytest.mark.parametrize("protocol", [3, 42])
+def test_every_route_the_managers_program_is_one_the_table_recognises_as_its_own(protocol: int) -> None:
+    """Workload, VXLAN (same-subnet and tunnelled) and blackhole routes, with DeviceRouteProtocol boot and
+    otherwise: the route table logs none as unrecognisable after a restart (the check exists for callers'
+    bugs, not for these)."""
+    from structlog.testing import capture_logs
+    fake = underlay_fake()
+    dp, _ = build(Config(VXLANEnabled=True, FelixHostname="node1", Ipv6Support=True, DeviceRouteProtocol=protocol),
+                  fake)
+    same_subnet = pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN, dst="10.65.3.0/26",
+                                 dst_node_name="node3", dst_node_ip="198.18.0.3", same_subnet=True)
+    ep = pb.WorkloadEndpointUpdate(
+        id=pb.WorkloadEndpointID(orchestrator_id="k8s", workload_id="default/wl-a", endpoint_id="eth0"),
+        endpoint=pb.WorkloadEndpoint(state="active", name="cali-wl-a", ipv4_nets=["10.65.1.2/32"],
+                                     ipv6_nets=["fd00:65:1::2/128"], profile_ids=["allow"]))
+    profile = pb.ActiveProfileUpdate(id=pb.ProfileID(name="allow"),
+                                     profile=pb.Profile(inbound_rules=[pb.Rule(action="allow")]))
+    wl = fake.add_link("cali-wl-a")
+    dp.on_iface_update(IfaceStateUpdate("cali-wl-a", IfaceState.UP, wl.index))
+    with capture_logs() as logs:
+        report = feed_and_apply(dp, [VTEP1, VTEP2, *ROUTES, same_subnet, profile, ep])
+    assert report.ok, report
+    assert [e for e in logs if "will not recognise" in e["event"]] == []
+    v4 = fake.routes_in(254, AF_INET)
+    assert {"10.65.1.2/32", "10.65.2.0/26", "10.65.3.0/26", "10.65.1.0/26"} <= set(v4)   # all four kinds

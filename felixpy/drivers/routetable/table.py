@@ -124,6 +124,7 @@ class RouteTable:
         self._resynced_before = False  # a full resync with a belief to compare: drift is countable
         self._drift = DriftTally(self.log)
         self._ifaces_to_rescan: set[str] = set()
+        self._claim_checked: set[tuple[str | None, int]] = set()   # (iface, protocol) seen by _check_claimed
         # Inputs: class -> iface -> cidr -> target, and the reverse index.
         self._iface_to_routes: dict[RouteClass, dict[str | None, dict[str, Target]]] = defaultdict(dict)
         self._cidr_to_ifaces: dict[RouteClass, dict[str, set[str | None]]] = defaultdict(dict)
@@ -225,6 +226,26 @@ class RouteTable:
             raise ValueError(f"{t.type.name} route {t.cidr} must have no interface")
         if (6 if ":" in t.cidr else 4) != self.ip_version:
             raise ValueError(f"IPv{self.ip_version} table given {t.cidr}")
+        self._check_claimed(iface, t)
+
+    def _check_claimed(self, iface: str | None, t: Target) -> None:
+        """Log, once per (interface, protocol), a route the ownership policy would not call ours.
+
+        The route is still programmed (refusing it would drop what a caller asked for), but a fresh
+        process cannot recognise it from the kernel alone, so a restart would neither fix nor sweep it:
+        a caller's bug (a route via an unclaimed device, or a no-interface route in the main table
+        without Calico's exclusive protocol), made visible here.  The policy decides by interface and
+        protocol only, hence the cache."""
+        protocol = t.protocol or self.default_protocol
+        key = (iface, protocol)
+        if key in self._claim_checked:
+            return
+        probe = Route(self.family, t.cidr, table=self.table_index, protocol=protocol)
+        self._claim_checked.add(key)
+        if not self.ownership.route_is_ours(iface, probe):
+            self.log.error("Programming a route this table will not recognise as its own after a restart "
+                           "(it would be neither repaired nor removed then)", cidr=t.cidr, iface=iface,
+                           protocol=protocol)
 
     def _update_pending_arp(self, iface: str | None, cidr: str, mac: str | None) -> None:
         if not self.static_arp or iface is None or not self.ownership.iface_should_have_arp(iface):
