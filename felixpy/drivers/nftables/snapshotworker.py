@@ -35,7 +35,9 @@ def main(argv: list[str]) -> int:
         json.dump({"returncode": e.returncode, "stderr": e.stderr}, sys.stderr)
         return EXIT_NFT_FAILED
     out = {"missing": True} if objs is None else snapshot_to_wire(parse_table(objs, v))
-    json.dump(out, sys.stdout, separators=(",", ":"))
+    # One dumps(), not dump(): json.dump encodes chunk by chunk in pure Python, ~10x slower than the C
+    # encoder dumps() uses (at large node ~0.5 s of the worker's ~3 s, on a restart's critical path).
+    sys.stdout.write(json.dumps(out, separators=(",", ":")))
     return 0
 
 
