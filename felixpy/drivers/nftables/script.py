@@ -84,6 +84,17 @@ def _is_address(text: str) -> bool:
     return False
 
 
+def _set_spec(b: dict[str, Any]) -> str:
+    """A set's declaration body, as both the ``add set`` line and a table block write it."""
+    typ = b["type"] if isinstance(b["type"], str) else " . ".join(b["type"])
+    flags = f" flags {', '.join(b['flags'])};" if b.get("flags") else ""
+    return f"type {typ};{flags}"
+
+
+def _map_spec(b: dict[str, Any]) -> str:
+    return f"type {b['type']} : {b['map']};"
+
+
 def command_text(cmd: dict[str, Any]) -> str:
     """One JSON command (of the kinds the table emits) as an nft script line."""
     (verb, obj), = cmd.items()
@@ -97,11 +108,9 @@ def command_text(cmd: dict[str, Any]) -> str:
                     f"policy {b['policy']}; }}")
         return f"{verb} chain {where}"
     if kind == "set" and verb == "add":
-        typ = b["type"] if isinstance(b["type"], str) else " . ".join(b["type"])
-        flags = f" flags {', '.join(b['flags'])};" if b.get("flags") else ""
-        return f"add set {where} {{ type {typ};{flags} }}"
+        return f"add set {where} {{ {_set_spec(b)} }}"
     if kind == "map" and verb == "add":
-        return f"add map {where} {{ type {b['type']} : {b['map']}; }}"
+        return f"add map {where} {{ {_map_spec(b)} }}"
     if kind == "element":
         return f"{verb} element {where} {{ {', '.join(_elem_text(e) for e in b['elem'])} }}"
     return f"{verb} {kind} {where}"
@@ -126,10 +135,6 @@ def _addition_of(cmd: Command) -> tuple[str, str] | None:
     return (b["family"], b["name"]) if kind == "table" else (b["family"], b["table"])
 
 
-def _set_spec(b: dict[str, Any]) -> str:
-    typ = b["type"] if isinstance(b["type"], str) else " . ".join(b["type"])
-    flags = f" flags {', '.join(b['flags'])};" if b.get("flags") else ""
-    return f"type {typ};{flags}"
 
 
 def _block(family: str, table: str, run: list[Command], ip_version: int, fully_random: bool) -> list[str]:
@@ -156,7 +161,7 @@ def _block(family: str, table: str, run: list[Command], ip_version: int, fully_r
         elif kind == "set":
             sets[b["name"]] = f"set {b['name']} {{ {_set_spec(b)}"
         elif kind == "map":
-            sets[b["name"]] = f"map {b['name']} {{ type {b['type']} : {b['map']};"
+            sets[b["name"]] = f"map {b['name']} {{ {_map_spec(b)}"
             maps.add(b["name"])
         elif kind == "element":
             if b["name"] in sets:
