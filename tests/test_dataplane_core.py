@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,7 @@ class FakeIPSets:
 
     def queue_resync(self) -> None:
         self.resyncs += 1
+        self.tl.append(f"ipsets-resync:v{self.ip_version}")
 
     def apply_updates(self) -> None:
         self.tl.append(f"ipsets-update:v{self.ip_version}")
@@ -195,10 +197,63 @@ def test_apply_runs_steps_in_felix_order() -> None:
     report = dp.maybe_apply()
     assert report is not None and report.ok
     order = [e for e in tl if e != "route-table"]  # routes run in parallel with the tables
+    assert order.count("ipsets-update:v4") == 2
+    order.remove("ipsets-update:v4")  # the first write runs beside the renders (next test)
     assert order == ["resolve:resolver", "complete:resolver", "complete:routes", "ipsets-update:v4",
                      "fdb", "table:filter", "ipsets-delete:v4"]
     assert "route-table" in tl
     assert tl.index("route-table") > tl.index("fdb")  # FDB before routes
+
+
+class SetWriter(FakeManager):
+    writes_ip_sets = True
+
+
+class Renderer(FakeManager):
+    def __init__(self, tl: Timeline, name: str, rendered: threading.Event) -> None:
+        super().__init__(tl, name)
+        self.rendered = rendered
+
+    def complete_deferred_work(self) -> None:
+        super().complete_deferred_work()
+        self.rendered.set()
+
+
+class GatedIPSets(FakeIPSets):
+    """Its first write waits (bounded) for the renderer: it only finishes if it ran beside it."""
+
+    def __init__(self, tl: Timeline, v: int, rendered: threading.Event) -> None:
+        super().__init__(tl, v)
+        self.rendered = rendered
+        self.overlapped: bool | None = None
+
+    def apply_updates(self) -> None:
+        if self.overlapped is None:
+            self.overlapped = self.rendered.wait(timeout=10)
+        super().apply_updates()
+
+
+def test_ip_set_writers_program_first_and_the_set_write_overlaps_the_other_managers() -> None:
+    """The managers declaring ``writes_ip_sets`` run first, whatever their registration order; the
+    IP-set write then runs while the rest render, and is joined before the devices step."""
+    dp, clock, tl = make()
+    rendered = threading.Event()
+    dp.register_manager(Renderer(tl, "render", rendered))
+    dp.register_manager(SetWriter(tl, "writer"))
+    ips = [GatedIPSets(tl, 4, rendered), GatedIPSets(tl, 6, rendered)]
+    for d in ips:
+        dp.register_ipsets(d)
+    dp.register_device_syncer(FakeSyncer(tl, "devices"))
+    dp.register_table(FakeTable(tl, "filter"))
+    ready(dp)
+    report = dp.maybe_apply()
+    assert report is not None and report.ok
+    assert all(d.overlapped for d in ips)
+    assert tl.index("complete:writer") < tl.index("complete:render")
+    for v in (4, 6):
+        first = tl.index(f"ipsets-update:v{v}")
+        assert tl.index("complete:writer") < first < tl.index("devices")
+        assert tl.index(f"ipsets-update:v{v}", first + 1) < tl.index("table:filter")
 
 
 def test_optional_hooks_are_found_per_class_for_every_instance() -> None:
@@ -252,6 +307,7 @@ def test_failed_ipset_updates_hold_back_tables_and_deletions() -> None:
     assert report is not None
     assert report.held_back == ["tables", "ipsets-delete"] and table.applies == 0
     assert "ipsets-delete:v4" not in tl
+    assert tl.count("ipsets-update:v4") == 1  # not retried within the apply: the next one does
     clock.advance(0.2)
     report = dp.maybe_apply()
     assert report is not None and report.ok and table.applies == 1
@@ -315,8 +371,10 @@ def test_refresh_timers_only_queue_resyncs_and_trigger_an_apply() -> None:
     assert dp.maybe_apply() is not None
     assert routes.resyncs == 1 and fdb.resyncs == 1 and ips.resyncs == 0
     clock.advance(2.2)
+    tl.clear()
     dp.maybe_apply()
     assert ips.resyncs == 1
+    assert tl.index("ipsets-resync:v4") < tl.index("ipsets-update:v4")  # queued before the first write
 
 
 def test_driver_reschedule_and_ipset_deletion_pacing() -> None:

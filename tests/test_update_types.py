@@ -1,4 +1,5 @@
-"""Managers' ``update_types`` (managers/base.py): the loop hands a manager only the types it declares.
+"""Managers' declarations, checked against their source: ``update_types`` (the loop hands a manager
+only the types it declares) and ``writes_ip_sets`` (it programs before the IP-set write starts).
 
 A declaration that left out a type its ``on_update`` acts on would silently drop those messages, so each
 one is checked against the source: the message types named in ``isinstance`` checks in ``on_update`` and
@@ -117,3 +118,53 @@ def test_the_loop_routes_by_declared_type_in_manager_order() -> None:
     assert ipsets_only.got == ["IPSetUpdate", "IPSetRemove"]
     assert nothing.got == []
     assert late.got == ["IPSetRemove", "IfaceStateUpdate"]
+
+
+# --------------------------------------------------------------------- writes_ip_sets
+IPSET_RECORDERS = {"add_or_replace_ip_set", "add_members", "remove_members", "remove_ip_set"}
+
+
+def manager_classes() -> list[type]:
+    out = []
+    for info in pkgutil.iter_modules(felixpy.managers.__path__):
+        mod = importlib.import_module(f"felixpy.managers.{info.name}")
+        for _, cls in inspect.getmembers(mod, inspect.isclass):
+            if cls.__module__ == mod.__name__ and "complete_deferred_work" in vars(cls):
+                out.append(cls)
+    return out
+
+
+def records_ip_sets_when_programming(cls: type) -> bool:
+    """Whether ``complete_deferred_work`` (or a method of the class it calls, transitively) calls an
+    IP-set dataplane's recording methods."""
+    seen: set[str] = set()
+    todo = ["complete_deferred_work"]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in vars(cls):
+            continue
+        seen.add(name)
+        fn = ast.parse(textwrap.dedent(inspect.getsource(vars(cls)[name])))
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
+                    todo.append(node.func.attr)
+                elif node.func.attr in IPSET_RECORDERS:
+                    return True
+    return False
+
+
+MANAGERS = manager_classes()
+
+
+def test_the_ip_set_writers_are_found() -> None:
+    writers = {c.__name__ for c in MANAGERS if records_ip_sets_when_programming(c)}
+    assert {"IPSetsManager", "HostIPManager", "MasqManager", "DSCPManager", "VXLANManager"} <= writers
+
+
+@pytest.mark.parametrize("cls", MANAGERS, ids=lambda c: c.__name__)
+def test_writes_ip_sets_is_declared_exactly_by_the_managers_that_do(cls: type) -> None:
+    """The loop starts the IP-set write once the declaring managers have programmed and renders the rest
+    beside it (felixpy/dataplane/core.py): an undeclared writer would race the write, a needless
+    declaration only delays it."""
+    assert bool(getattr(cls, "writes_ip_sets", False)) == records_ip_sets_when_programming(cls), cls.__name__

@@ -12,11 +12,14 @@ this object comes from the runner's one thread.
 
  1. clear "needs sync" (any failure below sets it again);
  2. resolution pass: ``resolve_update_batch()`` on every resolver manager;
- 3. programming pass: ``complete_deferred_work()`` on every manager;
+ 3. programming pass: ``complete_deferred_work()`` on every manager — first those that write IP
+    sets (``writes_ip_sets``, managers/base.py); then the IP-set creates/updates start on a worker
+    (families in parallel; popped IP-set refresh timers queue their resync first) while the other
+    managers render, and are joined before step 4;
  4. devices: tunnel devices and interface sysctls, then ``on_devices_applied()``
     on the managers that build on them (MTU, ifindex, keys, status);
- 5. popped refresh timers queue resyncs (devices/routes/rules/FDB; IP sets);
- 6. IP-set creates/updates (families in parallel);
+ 5. popped refresh timers queue resyncs (devices/routes/rules/FDB);
+ 6. IP-set creates/updates again, for anything recorded since step 3 (normally nothing to write);
  7. VXLAN FDB, before the routes that use it;
  8. routes and rules start in the background;
  9. *tables (in parallel) — held back if step 6 failed, because a rule must
@@ -318,10 +321,10 @@ class InternalDataplane:
         self.needs_sync = False                                   # 1
         self._prefetch()                                          # (reads only: overlaps 2-8)
         self._resolve(report)                                     # 2
-        self._program(report)                                     # 3
+        early_ok = self._program(report)                          # 3 (with the IP-set write)
         self._apply_devices(report)                               # 4
         self._queue_refreshes()                                   # 5
-        ipsets_ok = self._apply_ipset_updates(report)             # 6
+        ipsets_ok = self._apply_ipset_updates(report, early_ok)   # 6
         self._apply_fdbs(report)                                  # 7
         background = self._start_routes()                         # 8
         try:
@@ -347,9 +350,29 @@ class InternalDataplane:
             if _conforms(mgr, UpdateBatchResolver):
                 self._step(report, f"resolve:{type(mgr).__name__}", mgr.resolve_update_batch)
 
-    def _program(self, report: ApplyReport) -> None:
-        for mgr in self.managers:
+    def _program(self, report: ApplyReport) -> bool:
+        """The programming pass, with the IP-set write overlapping it; True if that write succeeded.
+
+        The managers that write IP sets go first (in their registration order), so every set this
+        apply wants is recorded when the write starts; the rest (policy, endpoints: the long renders at
+        start of day) run while ``ipset restore`` or the maps take the members.  Only the order among
+        managers changes, never what any of them programs: no manager reads another's
+        ``complete_deferred_work()`` results."""
+        writers = [m for m in self.managers if getattr(m, "writes_ip_sets", False)]
+        for mgr in writers:
             self._step(report, f"complete:{type(mgr).__name__}", mgr.complete_deferred_work)
+        if self._force_ipsets_refresh:
+            for d in self.ipsets:
+                d.queue_resync()
+            self._force_ipsets_refresh = False
+        early = [(f"ipsets-update{_family(d)}", self._executor.submit(d.apply_updates)) for d in self.ipsets]
+        try:
+            for mgr in self.managers:
+                if not getattr(mgr, "writes_ip_sets", False):
+                    self._step(report, f"complete:{type(mgr).__name__}", mgr.complete_deferred_work)
+        finally:
+            ok, _ = self._collect(report, early)
+        return ok
 
     def _apply_devices(self, report: ApplyReport) -> None:
         for syncer in self.devices:
@@ -369,12 +392,13 @@ class InternalDataplane:
                 # asked for now rather than left to the next update or timer (BPF mode's programs and
                 # maps are device syncers; a detached program would stay detached a whole interval).
                 self.needs_sync = True
-        if self._force_ipsets_refresh:
-            for d in self.ipsets:
-                d.queue_resync()
-            self._force_ipsets_refresh = False
 
-    def _apply_ipset_updates(self, report: ApplyReport) -> bool:
+    def _apply_ipset_updates(self, report: ApplyReport, early_ok: bool) -> bool:
+        """Sets recorded after the write of step 3 (by ``on_devices_applied()``), written before the
+        tables.  Not retried here when that write failed: the failure keeps its work, the tables are
+        held back and the next apply tries again."""
+        if not early_ok:
+            return False
         futs = [(f"ipsets-update{_family(d)}", self._executor.submit(d.apply_updates)) for d in self.ipsets]
         ok, _ = self._collect(report, futs)
         return ok

@@ -17,6 +17,15 @@ message was a sixth of the runner thread).  Without it a manager gets every mess
 ``tests/test_update_types.py`` checks each declaration against the ``isinstance`` checks of the
 manager's ``on_update`` and the methods it calls.
 
+A manager whose ``complete_deferred_work()`` hands desired sets to an IP-set dataplane
+declares it with the class attribute ``writes_ip_sets = True``.  The loop runs those managers
+first, starts the IP-set write on a worker, and renders every other manager's rules while the set
+write runs (the sets still reach the kernel before the tables that use them).  So a manager
+*without* the declaration must not touch an IP-set dataplane in ``complete_deferred_work()``:
+IP-set dataplanes are single-threaded by contract (the write is joined before the devices step, so
+``on_devices_applied()`` may; what it records is written at the IP-set step).
+``tests/test_update_types.py`` checks every manager's source against its declaration.
+
 Optional extras are discovered structurally (``isinstance`` on the runtime
 checkable protocols below):
 

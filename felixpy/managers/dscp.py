@@ -34,6 +34,7 @@ class DSCPManager:
         self._dirty = True
 
     update_types: tuple[type, ...] = (pb.WorkloadEndpointUpdate, pb.WorkloadEndpointRemove)  # what on_update acts on (managers/base.py)
+    writes_ip_sets = True  # complete_deferred_work() feeds an IP-set dataplane: run before the write starts (managers/base.py)
 
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.WorkloadEndpointUpdate):

@@ -29,6 +29,7 @@ class HostIPManager:
         self._dirty = True
 
     update_types: tuple[type, ...] = (IfaceAddrsUpdate,)  # what on_update acts on (managers/base.py)
+    writes_ip_sets = True  # complete_deferred_work() feeds an IP-set dataplane: run before the write starts (managers/base.py)
 
     def on_update(self, msg: Any) -> None:
         if not isinstance(msg, IfaceAddrsUpdate) or msg.name.startswith(self._prefixes):

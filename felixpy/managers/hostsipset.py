@@ -43,6 +43,7 @@ class HostsIPSetManager:
         return str(net) if net.version == self.ip_version else None
 
     update_types: tuple[type, ...] = (pb.HostMetadataUpdate, pb.HostMetadataRemove)  # what on_update acts on (managers/base.py)
+    writes_ip_sets = True  # complete_deferred_work() feeds an IP-set dataplane: run before the write starts (managers/base.py)
 
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.HostMetadataUpdate):

@@ -61,6 +61,8 @@ class IPIPManager:
             class_blackhole=RouteClass.BLACKHOLE_IPIP, protocol=route_protocol(cfg), tunnel_device=IPIP_DEVICE,
             tunnel_route=self._tunnel_route)
 
+    writes_ip_sets = True  # complete_deferred_work() feeds an IP-set dataplane: run before the write starts (managers/base.py)
+
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.HostMetadataUpdate):
             if msg.hostname == self.hostname:

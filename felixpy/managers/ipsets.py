@@ -96,6 +96,7 @@ class IPSetsManager:
 
     # -- Manager protocol -----------------------------------------------------------
     update_types: tuple[type, ...] = (pb.IPSetUpdate, pb.IPSetDeltaUpdate, pb.IPSetRemove)  # what on_update acts on (managers/base.py)
+    writes_ip_sets = True  # complete_deferred_work() feeds an IP-set dataplane: run before the write starts (managers/base.py)
 
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.IPSetDeltaUpdate):

@@ -82,6 +82,8 @@ class VXLANManager:
     def _mac(self, vtep: Any) -> str:
         return str(vtep.mac if self.ip_version == 4 else vtep.mac_v6)
 
+    writes_ip_sets = True  # complete_deferred_work() feeds an IP-set dataplane: run before the write starts (managers/base.py)
+
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.VXLANTunnelEndpointUpdate):
             if not self._addr(msg):
