@@ -198,9 +198,9 @@ def test_apply_runs_steps_in_felix_order() -> None:
     assert report is not None and report.ok
     order = [e for e in tl if e != "route-table"]  # routes run in parallel with the tables
     assert order.count("ipsets-update:v4") == 2
-    order.remove("ipsets-update:v4")  # the first write runs beside the renders (next test)
-    assert order == ["resolve:resolver", "complete:resolver", "complete:routes", "ipsets-update:v4",
-                     "fdb", "table:filter", "ipsets-delete:v4"]
+    order.remove("ipsets-update:v4")  # the write runs beside the renders, FDB and routes (next test)
+    assert order == ["resolve:resolver", "complete:resolver", "complete:routes", "fdb", "ipsets-update:v4",
+                     "table:filter", "ipsets-delete:v4"]
     assert "route-table" in tl
     assert tl.index("route-table") > tl.index("fdb")  # FDB before routes
 
@@ -219,31 +219,44 @@ class Renderer(FakeManager):
         self.rendered.set()
 
 
-class GatedIPSets(FakeIPSets):
-    """Its first write waits (bounded) for the renderer: it only finishes if it ran beside it."""
+class SignallingSyncer(FakeSyncer):
+    def __init__(self, tl: Timeline, name: str, applied: threading.Event) -> None:
+        super().__init__(tl, name)
+        self.applied = applied
 
-    def __init__(self, tl: Timeline, v: int, rendered: threading.Event) -> None:
+    def apply(self) -> None:
+        super().apply()
+        self.applied.set()
+
+
+class GatedIPSets(FakeIPSets):
+    """Its first write waits (bounded) for *events*: it only finishes in time if it ran beside them."""
+
+    def __init__(self, tl: Timeline, v: int, *events: threading.Event) -> None:
         super().__init__(tl, v)
-        self.rendered = rendered
+        self.events = events
         self.overlapped: bool | None = None
 
     def apply_updates(self) -> None:
         if self.overlapped is None:
-            self.overlapped = self.rendered.wait(timeout=10)
+            self.overlapped = all(e.wait(timeout=10) for e in self.events)
         super().apply_updates()
 
 
-def test_ip_set_writers_program_first_and_the_set_write_overlaps_the_other_managers() -> None:
+def test_ip_set_writers_program_first_and_the_set_write_overlaps_the_rest_up_to_the_tables() -> None:
     """The managers declaring ``writes_ip_sets`` run first, whatever their registration order; the
-    IP-set write then runs while the rest render, and is joined before the devices step."""
+    IP-set write then runs while the rest render and the devices, FDB and routes go, and is joined
+    before the tables."""
     dp, clock, tl = make()
-    rendered = threading.Event()
+    rendered, routed = threading.Event(), threading.Event()
     dp.register_manager(Renderer(tl, "render", rendered))
     dp.register_manager(SetWriter(tl, "writer"))
-    ips = [GatedIPSets(tl, 4, rendered), GatedIPSets(tl, 6, rendered)]
+    dp.register_manager(RouteMgr(tl, SignallingSyncer(tl, "route-table", routed)))
+    ips = [GatedIPSets(tl, 4, rendered, routed), GatedIPSets(tl, 6, rendered, routed)]
     for d in ips:
         dp.register_ipsets(d)
     dp.register_device_syncer(FakeSyncer(tl, "devices"))
+    dp.register_fdb(FakeSyncer(tl, "fdb"))
     dp.register_table(FakeTable(tl, "filter"))
     ready(dp)
     report = dp.maybe_apply()
@@ -252,8 +265,48 @@ def test_ip_set_writers_program_first_and_the_set_write_overlaps_the_other_manag
     assert tl.index("complete:writer") < tl.index("complete:render")
     for v in (4, 6):
         first = tl.index(f"ipsets-update:v{v}")
-        assert tl.index("complete:writer") < first < tl.index("devices")
+        assert tl.index("complete:writer") < first
         assert tl.index(f"ipsets-update:v{v}", first + 1) < tl.index("table:filter")
+
+
+class DeviceIPSets(FakeIPSets):
+    """BPF mode's LPM maps: an IP-set dataplane that is also a device syncer."""
+
+    def apply(self) -> None:
+        self.tl.append(f"ipsets-as-device:v{self.ip_version}")
+
+
+def test_an_ip_set_dataplane_that_is_also_a_device_syncer_is_joined_before_the_devices_step() -> None:
+    dp, clock, tl = make()
+    dp.register_manager(SetWriter(tl, "writer"))
+    dp.register_manager(FakeManager(tl, "render"))
+    maps = DeviceIPSets(tl, 4)
+    dp.register_device_syncer(maps)
+    dp.register_ipsets(maps)
+    ready(dp)
+    report = dp.maybe_apply()
+    assert report is not None and report.ok
+    assert tl.index("complete:render") < tl.index("ipsets-as-device:v4")
+    assert tl.index("ipsets-update:v4") < tl.index("ipsets-as-device:v4")
+
+
+def test_a_fatal_step_during_the_set_write_still_waits_for_it() -> None:
+    dp, clock, tl = make()
+    release = threading.Event()
+    ips = GatedIPSets(tl, 4, release)
+    dp.register_ipsets(ips)
+    dp.register_manager(SetWriter(tl, "writer"))
+
+    class Fatal(FakeManager):
+        def complete_deferred_work(self) -> None:
+            threading.Timer(0.05, release.set).start()
+            raise FatalDataplaneError("retries exhausted")
+
+    dp.register_manager(Fatal(tl, "fatal"))
+    ready(dp)
+    with pytest.raises(FatalDataplaneError):
+        dp.maybe_apply()
+    assert ips.overlapped and "ipsets-update:v4" in tl  # finished before the apply gave up
 
 
 def test_optional_hooks_are_found_per_class_for_every_instance() -> None:

@@ -134,11 +134,11 @@ def manager_classes() -> list[type]:
     return out
 
 
-def records_ip_sets_when_programming(cls: type) -> bool:
-    """Whether ``complete_deferred_work`` (or a method of the class it calls, transitively) calls an
-    IP-set dataplane's recording methods."""
+def records_ip_sets_when_programming(cls: type, entry: str = "complete_deferred_work") -> bool:
+    """Whether *entry* (or a method of the class it calls, transitively) calls an IP-set dataplane's
+    recording methods."""
     seen: set[str] = set()
-    todo = ["complete_deferred_work"]
+    todo = [entry]
     while todo:
         name = todo.pop()
         if name in seen or name not in vars(cls):
@@ -168,3 +168,10 @@ def test_writes_ip_sets_is_declared_exactly_by_the_managers_that_do(cls: type) -
     beside it (felixpy/dataplane/core.py): an undeclared writer would race the write, a needless
     declaration only delays it."""
     assert bool(getattr(cls, "writes_ip_sets", False)) == records_ip_sets_when_programming(cls), cls.__name__
+
+
+@pytest.mark.parametrize("cls", MANAGERS, ids=lambda c: c.__name__)
+def test_no_manager_records_ip_sets_after_the_devices(cls: type) -> None:
+    """The IP-set write is joined only after the devices, FDB and routes steps: ``on_devices_applied``
+    recording a set would race it."""
+    assert not records_ip_sets_when_programming(cls, "on_devices_applied"), cls.__name__

@@ -14,15 +14,16 @@ this object comes from the runner's one thread.
  2. resolution pass: ``resolve_update_batch()`` on every resolver manager;
  3. programming pass: ``complete_deferred_work()`` on every manager — first those that write IP
     sets (``writes_ip_sets``, managers/base.py); then the IP-set creates/updates start on a worker
-    (families in parallel; popped IP-set refresh timers queue their resync first) while the other
-    managers render, and are joined before step 4;
+    (families in parallel; popped IP-set refresh timers queue their resync first) and run beside
+    the other managers' renders and steps 4-7 (joined before step 4 when an IP-set dataplane is
+    also a device syncer: BPF mode's maps);
  4. devices: tunnel devices and interface sysctls, then ``on_devices_applied()``
     on the managers that build on them (MTU, ifindex, keys, status);
  5. popped refresh timers queue resyncs (devices/routes/rules/FDB);
- 6. IP-set creates/updates again, for anything recorded since step 3 (normally nothing to write);
- 7. VXLAN FDB, before the routes that use it;
- 8. routes and rules start in the background;
- 9. *tables (in parallel) — held back if step 6 failed, because a rule must
+ 6. VXLAN FDB, before the routes that use it;
+ 7. routes and rules start in the background (they never depend on IP sets);
+ 8. the IP-set write joined, and anything recorded since it started written (normally nothing);
+ 9. *tables (in parallel) — held back if step 8 failed, because a rule must
     never reference a set that is not there; then, only if every table was
     written, the cleanup-only drivers of the backends not in use (the other
     iptables backend, the nftables ``calico`` table, stale ipsets), so the
@@ -119,6 +120,14 @@ class ApplyReport:
     @property
     def ok(self) -> bool:
         return not self.failed_steps and not self.held_back
+
+
+@dataclass
+class _SetWrite:
+    """The IP-set write of one apply, started in its programming pass."""
+
+    futs: list[tuple[str, Future[None]]]
+    ok: bool | None = None  # None until joined
 
 
 def _unique(items: Iterable[Syncer]) -> list[Syncer]:
@@ -321,17 +330,21 @@ class InternalDataplane:
         self.needs_sync = False                                   # 1
         self._prefetch()                                          # (reads only: overlaps 2-8)
         self._resolve(report)                                     # 2
-        early_ok = self._program(report)                          # 3 (with the IP-set write)
-        self._apply_devices(report)                               # 4
-        self._queue_refreshes()                                   # 5
-        ipsets_ok = self._apply_ipset_updates(report, early_ok)   # 6
-        self._apply_fdbs(report)                                  # 7
-        background = self._start_routes()                         # 8
+        write = self._program(report)                             # 3 (starts the IP-set write)
+        background: list[tuple[str, Future[None]]] = []
         try:
+            if {id(d) for d in self.ipsets} & {id(s) for s in self.devices}:
+                self._join(report, write)                         # (BPF mode: before its maps' apply)
+            self._apply_devices(report)                           # 4
+            self._queue_refreshes()                               # 5
+            self._apply_fdbs(report)                              # 6
+            background = self._start_routes()                     # 7
+            ipsets_ok = self._apply_ipset_updates(report, write)  # 8
             tables_ok = self._apply_tables(report, ipsets_ok)     # 9
             self._apply_cleanups(report, tables_ok)               # 9 (after the tables)
             self._apply_ipset_deletions(report, tables_ok)        # 10
         finally:
+            self._join(report, write)
             self._collect(report, background)                     # 11
         self._publish(report)                                     # 12
         self._finish(report, wall_start)
@@ -350,8 +363,8 @@ class InternalDataplane:
             if _conforms(mgr, UpdateBatchResolver):
                 self._step(report, f"resolve:{type(mgr).__name__}", mgr.resolve_update_batch)
 
-    def _program(self, report: ApplyReport) -> bool:
-        """The programming pass, with the IP-set write overlapping it; True if that write succeeded.
+    def _program(self, report: ApplyReport) -> _SetWrite:
+        """The programming pass, with the IP-set write started within it (and still running).
 
         The managers that write IP sets go first (in their registration order), so every set this
         apply wants is recorded when the write starts; the rest (policy, endpoints: the long renders at
@@ -365,14 +378,23 @@ class InternalDataplane:
             for d in self.ipsets:
                 d.queue_resync()
             self._force_ipsets_refresh = False
-        early = [(f"ipsets-update{_family(d)}", self._executor.submit(d.apply_updates)) for d in self.ipsets]
+        write = _SetWrite([(f"ipsets-update{_family(d)}", self._executor.submit(d.apply_updates))
+                           for d in self.ipsets])
         try:
             for mgr in self.managers:
                 if not getattr(mgr, "writes_ip_sets", False):
                     self._step(report, f"complete:{type(mgr).__name__}", mgr.complete_deferred_work)
-        finally:
-            ok, _ = self._collect(report, early)
-        return ok
+        except BaseException:
+            self._join(report, write)  # a fatal step: nothing is left running
+            raise
+        return write
+
+    def _join(self, report: ApplyReport, write: _SetWrite) -> bool:
+        """Wait for the IP-set write (once; its outcome is judged once); True if it succeeded."""
+        if write.ok is None:
+            write.ok = False  # a fatal outcome raises out of _collect: judged, and not waited for again
+            write.ok, _ = self._collect(report, write.futs)
+        return write.ok
 
     def _apply_devices(self, report: ApplyReport) -> None:
         for syncer in self.devices:
@@ -393,11 +415,12 @@ class InternalDataplane:
                 # maps are device syncers; a detached program would stay detached a whole interval).
                 self.needs_sync = True
 
-    def _apply_ipset_updates(self, report: ApplyReport, early_ok: bool) -> bool:
-        """Sets recorded after the write of step 3 (by ``on_devices_applied()``), written before the
-        tables.  Not retried here when that write failed: the failure keeps its work, the tables are
-        held back and the next apply tries again."""
-        if not early_ok:
+    def _apply_ipset_updates(self, report: ApplyReport, write: _SetWrite) -> bool:
+        """The write started in step 3, joined; then anything recorded since it started (no manager's
+        ``on_devices_applied()`` records sets: normally nothing), before the tables.  Not retried here
+        when the write failed: the failure keeps its work, the tables are held back and the next apply
+        tries again."""
+        if not self._join(report, write):
             return False
         futs = [(f"ipsets-update{_family(d)}", self._executor.submit(d.apply_updates)) for d in self.ipsets]
         ok, _ = self._collect(report, futs)

@@ -21,9 +21,9 @@ A manager whose ``complete_deferred_work()`` hands desired sets to an IP-set dat
 declares it with the class attribute ``writes_ip_sets = True``.  The loop runs those managers
 first, starts the IP-set write on a worker, and renders every other manager's rules while the set
 write runs (the sets still reach the kernel before the tables that use them).  So a manager
-*without* the declaration must not touch an IP-set dataplane in ``complete_deferred_work()``:
-IP-set dataplanes are single-threaded by contract (the write is joined before the devices step, so
-``on_devices_applied()`` may; what it records is written at the IP-set step).
+*without* the declaration must not touch an IP-set dataplane in ``complete_deferred_work()``, and
+no manager may in ``on_devices_applied()`` (the write is joined only before the tables): IP-set
+dataplanes are single-threaded by contract.
 ``tests/test_update_types.py`` checks every manager's source against its declaration.
 
 Optional extras are discovered structurally (``isinstance`` on the runtime
