@@ -342,6 +342,34 @@ def test_table_block_and_add_lines_program_the_same_table(kernel_nft: NftShim, m
     assert listings[0] == listings[1]
 
 
+@V46
+def test_sets_written_ahead_program_the_same_table(kernel_nft: NftShim, make: Callable[..., Harness], v: int) -> None:
+    """Sets that go ahead of the rules in a transaction of their own (``apply_updates`` at start of day, over
+    the prefetched listing) leave the kernel as the one transaction does, and read back in sync."""
+    listings = []
+    for ahead in (1, 10**9):
+        shim = ScriptCountingShim(kernel_nft)
+        h = make(shim, v, text_threshold=0, sets_ahead_min=ahead, lister=kernel_nft,
+                 start_background=lambda job: job())
+        program_typical(h)
+        _with_output_hook(h)
+        h.root.prefetch()
+        h.root.apply_updates()
+        assert shim.scripts == (1 if ahead == 1 else 0)
+        h.root.apply()
+        sent = shim.runs + shim.scripts
+        restarted = make(shim, v, text_threshold=0, sets_ahead_min=1)
+        program_typical(restarted)
+        _with_output_hook(restarted)
+        restarted.root.apply_updates()
+        restarted.root.apply()
+        assert shim.runs + shim.scripts == sent, "the read-back found something to fix"
+        assert h.sleeps == []
+        listings.append(_strip_handles(hp.listing(kernel_nft, v)))
+        nft_text("delete", "table", hp.family(v), "calico")
+    assert listings[0] == listings[1]
+
+
 def test_refused_script_falls_back_to_json(kernel_nft: NftShim, make: Callable[..., Harness]) -> None:
     from felixpy.drivers.generictables.model import Log
     h = make(kernel_nft, 4, text_threshold=0)

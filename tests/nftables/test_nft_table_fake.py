@@ -114,8 +114,9 @@ def test_changed_rule_rewrites_only_its_chain(make: Callable[..., Harness], fake
 
 
 def test_the_transaction_with_the_sets_runs_at_the_tables_step(make: Callable[..., Harness], fake: FakeNft) -> None:
-    """The loop's IP-set step writes nothing (the sets go in the table's transaction, which its tables step
-    runs, overlapping the route tables); one transaction then holds sets and rules, sets first."""
+    """For a small set write the loop's IP-set step writes nothing (the sets go in the table's transaction,
+    which its tables step runs, overlapping the route tables; big ones go ahead: test_nft_sets_ahead.py);
+    one transaction then holds sets and rules, sets first."""
     h = make(fake)
     program_typical(h)
     h.root.apply_updates()

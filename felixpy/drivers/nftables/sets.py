@@ -205,13 +205,35 @@ class NftSets:
             cmds.append({"add": {"element": {**tbl, "name": name, "elem": [element_json(m) for m in eff]}}})
         return cmds
 
+    def plan_ahead(self, dp: dict[str, SetSnapshot], min_elements: int) -> SetPlan | None:
+        """Creates and member changes of the dirty sets, for a transaction of their own ahead of the
+        table's (``NftablesTable.apply_updates``); None when they come to fewer than *min_elements*
+        elements (a small change stays in the table's one transaction).  Never a deletion or a type
+        change: both need the rules that use the set flushed in the same transaction."""
+        recreate = set(self.needs_recreate(dp, False))
+        v = self.ip_version
+        names: list[str] = []
+        elements = 0
+        for name in sorted(self.dirty):
+            st = self._sets.get(name)
+            if st is None or name in recreate:
+                continue
+            names.append(name)
+            snap = dp.get(name)
+            eff = st.effective(v)
+            elements += len(eff) if snap is None else len(eff ^ snap.members)
+        if elements < min_elements:
+            return None
+        return self.plan(dp, False, lambda _name: True, only=names)
+
     def plan(self, dp: dict[str, SetSnapshot], full: bool,
-             still_referenced: Callable[[str], bool]) -> SetPlan:
-        """Fragments for the dirty sets (all desired sets if *full*: the table is being recreated)."""
+             still_referenced: Callable[[str], bool], *, only: list[str] | None = None) -> SetPlan:
+        """Fragments for the dirty sets (all desired sets if *full*: the table is being recreated; just
+        *only*, and no deletions, if given)."""
         plan = SetPlan()
         tbl = {"family": self._family, "table": TABLE_NAME}
         v = self.ip_version
-        names = list(self._sets) if full else list(self.dirty)
+        names = only if only is not None else list(self._sets) if full else list(self.dirty)
         recreate = set(self.needs_recreate(dp, full))
         for name in names:
             st = self._sets.get(name)
@@ -234,7 +256,7 @@ class NftSets:
                     plan.create.append({"add": {"element": {**tbl, "name": name,
                                                             "elem": [element_json(m) for m in adds]}}})
             plan.written[name] = SetSnapshot(st.kind, eff)   # shared with the desired state (immutable)
-        if not full:
+        if not full and only is None:
             for name in sorted(n for n in self.dirty if n not in self._sets and n in dp):
                 if still_referenced(name):
                     self._log.warning("IP set still referenced by a rule; deferring its deletion", set=name)
@@ -245,6 +267,10 @@ class NftSets:
                     plan.delete.append({"delete": {"set": {**tbl, "name": name}}})
                     plan.deleted.append(name)
         return plan
+
+    def commit_ahead(self, plan: SetPlan) -> None:
+        """A transaction carrying a :meth:`plan_ahead` succeeded: those sets are written."""
+        self.dirty.difference_update(plan.written)
 
     def commit(self, plan: SetPlan, full: bool) -> None:
         """The transaction carrying *plan* succeeded: only deferred deletions stay dirty."""

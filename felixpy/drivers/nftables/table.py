@@ -19,8 +19,10 @@ How it recognises its own state after a restart
     differ.  Sets and maps are compared member by member.
 
 Apply contract
-    Update methods only record.  :meth:`NftablesTable.apply` builds one JSON
-    transaction, in this order: table; base chains; new sets and set member
+    Update methods only record.  A big set write may go first, in a transaction
+    of its own at the loop's IP-set step (:meth:`NftablesTable.apply_updates`:
+    creates and member changes only).  :meth:`NftablesTable.apply` builds one
+    transaction for everything else, in this order: table; base chains; new sets and set member
     changes; new maps; new chains created and dirty chains flushed; sets/maps
     whose type changed recreated (their referencing chains were flushed just
     before); rules; map elements; unwanted maps, chains, sets deleted.  Because
@@ -47,8 +49,10 @@ Apply contract
     after logging what was tried and the table as listed.
 
 Thread safety
-    None: call from one thread (the dataplane loop), and only one instance per
-    family.  libnftables acts on the calling thread's network namespace.
+    Call from one thread (the dataplane loop), and only one instance per family,
+    with one exception: :meth:`NftablesTable.apply_updates` may run on a worker
+    while that thread records chains (it touches the set half only; see there).
+    libnftables acts on the calling thread's network namespace.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ LIST_ATTEMPTS = 4           # 1 try + 3 retries, 100 ms doubling (Felix panics a
 LISTING_POLL = 0.25         # apply again this soon while a background listing runs, to merge it
 SET_DELETION_RESCHEDULE = 0.1
 TEXT_THRESHOLD = 2000       # rules in one transaction from which it is "big" (an nft script, one big one at a time)
+SETS_AHEAD_MIN = 1000       # set elements to write from which the sets go ahead of the rules (apply_updates)
 # libnftables holds ~3.8 KB of C heap per rule until a transaction ends (≈ 100 MiB for a 27k-rule
 # start of day); the IPv4 and IPv6 tables apply on parallel threads, so big transactions take
 # turns rather than adding their peaks up.  Small ones (the steady state) still overlap.
@@ -131,6 +136,7 @@ class NftablesTable:
         refresh_interval: float = 180.0,
         fully_random: bool = True,
         text_threshold: int = TEXT_THRESHOLD,
+        sets_ahead_min: int = SETS_AHEAD_MIN,
         sleep: Callable[[float], None] = time.sleep,
         now: Callable[[], float] = time.monotonic,
         lister: NftShim | None = None,
@@ -148,6 +154,7 @@ class NftablesTable:
         self._refresh_interval = refresh_interval
         self._fully_random = fully_random
         self._text_threshold = text_threshold
+        self._sets_ahead_min = sets_ahead_min
         # Small transactions go as an nft script too (the text parser is cheaper than JSON's, and no
         # JSON is encoded here: the steady state's applies ~20 % shorter in the large-node churn) until
         # one is refused and its JSON retry goes through; from then on, JSON (a log prefix with a quote).
@@ -350,15 +357,62 @@ class NftablesTable:
             self.invalidate_dataplane_cache("IP set resync")
 
     def apply_updates(self) -> None:
-        """Nothing: the sets go in the table's one transaction, which the loop runs at its tables step.
+        """A big set write (≥ *sets_ahead_min* elements: start of day, a big selector change) goes now, in a
+        transaction of its own; everything else goes in the table's one transaction at the tables step.
 
-        Inside that transaction sets are created and filled before the rules that use them and deleted
-        after, so the loop's "IP sets before the tables" order holds within it.  Running it at the tables
-        step rather than here lets the route tables (started just before the tables step, as Felix does)
-        overlap the whole transaction: at start of day that is the biggest write of all (the large-node
-        cold start: ~0.7 s of routes no longer waiting behind a ~2.5 s transaction).  Felix runs a separate
-        set transaction at this step; one atomic transaction never shows a rule without its set either.
+        The loop runs this on a worker while the other managers render their chains into this table
+        (``dataplane/core.py``), so it touches only the set half: the desired sets (the managers that
+        write them have run), the dataplane view of the sets and the prefetched start-of-day listing,
+        which the chain half reads only in :meth:`apply`.  At the large-node cold start nft spends ~2 s
+        of its ~3 s on the 200,000 members; here that overlaps the policy render.  Only creates and
+        member changes go ahead: deletions and type changes need the rules that use the set rewritten
+        in the same transaction.  A failure here changes nothing (nft's transactions are atomic): it is
+        logged and the sets go in the table's transaction, with its retries.
         """
+        if not self.sets.dirty:
+            return
+        view = self._sets_view_ahead()
+        if view is None:
+            return
+        dp_sets, listing = view
+        set_plan = self.sets.plan_ahead(dp_sets, self._sets_ahead_min)
+        if set_plan is None:
+            return
+        plan = _Plan(set_plan=set_plan)
+        present = self._table_present if listing is None else listing.snap is not None
+        if not present:
+            plan.commands.append({"add": {"table": {"family": self._family, "name": TABLE_NAME}}})
+        plan.commands.extend(set_plan.create)
+        try:
+            self._run(plan, isinstance(self._shim, NftScriptShim), big=True)
+        except DataplaneError as e:
+            self._log.warning("Writing IP sets ahead of the rules failed; they go in the table's transaction",
+                              error=str(e), commands=plan.summary())
+            return
+        if listing is None:
+            self._note_written(plan)
+            self._table_present = True
+            self._dp_sets.update(set_plan.written)
+        else:  # start of day: the load in apply() takes this listing, now with what was written since
+            if listing.snap is None:
+                listing.snap, listing.missing = TableSnapshot(), False
+            listing.snap.sets.update(set_plan.written)
+        self.sets.commit_ahead(set_plan)
+        self._log.debug("Wrote IP sets ahead of the rules", sets=len(set_plan.written))
+
+    def _sets_view_ahead(self) -> tuple[dict[str, SetSnapshot], Listing | None] | None:
+        """What the kernel holds of the sets, for :meth:`apply_updates`: our view when in sync (None while
+        a set re-read is pending), else the prefetched start-of-day listing (waited for; None without one
+        or if it failed: the table's apply lists for itself and writes everything)."""
+        if self._in_sync:
+            return None if self._sets_resync else (self._dp_sets, None)
+        job = self._prefetched
+        if job is None or job.generation != self._generation:
+            return None
+        job.done.wait()
+        if job.error is not None:
+            return None
+        return (job.snap.sets if job.snap is not None else {}), job
 
     def apply_deletions(self) -> bool:
         """Set deletions already ran, last in the transaction; True while some were deferred."""
@@ -527,7 +581,7 @@ class NftablesTable:
         """Whether *plan* goes as an nft script: a big one always, a small one until nft refused one."""
         return (plan.num_rules >= self._text_threshold or self._small_text) and isinstance(self._shim, NftScriptShim)
 
-    def _run(self, plan: _Plan, as_text: bool) -> None:
+    def _run(self, plan: _Plan, as_text: bool, *, big: bool | None = None) -> None:
         if not plan.commands:
             return
         metrics.NFT_CALLS.inc()
@@ -535,7 +589,8 @@ class NftablesTable:
             metrics.NFT_SET_CALLS.inc()
         self._c_lines.inc(len(plan.commands))
         v, fr = self.ip_version, self._fully_random
-        big = plan.num_rules >= self._text_threshold
+        if big is None:
+            big = plan.num_rules >= self._text_threshold
         try:
             if as_text:
                 assert isinstance(self._shim, NftScriptShim)
