@@ -14,6 +14,7 @@ import importlib
 import inspect
 import pkgutil
 import textwrap
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,14 +28,33 @@ from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.testing.clock import FakeClock
 
 
-def declaring_classes() -> list[type]:
+def classes_defining(attr: str) -> list[type]:
+    """The classes of ``felixpy.managers`` that define *attr* themselves."""
     out = []
     for info in pkgutil.iter_modules(felixpy.managers.__path__):
         mod = importlib.import_module(f"felixpy.managers.{info.name}")
         for _, cls in inspect.getmembers(mod, inspect.isclass):
-            if cls.__module__ == mod.__name__ and "update_types" in vars(cls):
+            if cls.__module__ == mod.__name__ and attr in vars(cls):
                 out.append(cls)
     return out
+
+
+def reachable_calls(cls: type, entry: str) -> Iterator[ast.Call]:
+    """Every call in *entry* and in the methods of *cls* it calls on ``self``, transitively."""
+    seen: set[str] = set()
+    todo = [entry]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in vars(cls):
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(vars(cls)[name])))):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+                todo.append(func.attr)
+            yield node
 
 
 def _is_message_type(obj: object) -> bool:
@@ -44,35 +64,23 @@ def _is_message_type(obj: object) -> bool:
 def checked_types(cls: type) -> tuple[set[type], list[str]]:
     """(message types named in isinstance checks reachable from on_update, delegations found)."""
     module = importlib.import_module(cls.__module__)
-    seen: set[str] = set()
     found: set[type] = set()
     delegations: list[str] = []
-    todo = ["on_update"]
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in vars(cls):
-            continue
-        seen.add(name)
-        fn = ast.parse(textwrap.dedent(inspect.getsource(vars(cls)[name])))
-        for node in ast.walk(fn):
-            if not isinstance(node, ast.Call):
-                continue
-            func = node.func
-            if isinstance(func, ast.Name) and func.id == "isinstance":
-                arg = node.args[1]
-                for e in (arg.elts if isinstance(arg, ast.Tuple) else [arg]):
-                    obj = eval(ast.unparse(e), vars(module))  # noqa: S307 - our own source
-                    if _is_message_type(obj):
-                        found.add(obj)
-            elif isinstance(func, ast.Attribute):
-                if isinstance(func.value, ast.Name) and func.value.id == "self":
-                    todo.append(func.attr)
-                elif func.attr == "on_update":
-                    delegations.append(ast.unparse(node))
+    for node in reachable_calls(cls, "on_update"):
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "isinstance":
+            arg = node.args[1]
+            for e in (arg.elts if isinstance(arg, ast.Tuple) else [arg]):
+                obj = eval(ast.unparse(e), vars(module))  # noqa: S307 - our own source
+                if _is_message_type(obj):
+                    found.add(obj)
+        elif isinstance(func, ast.Attribute) and func.attr == "on_update" and \
+                not (isinstance(func.value, ast.Name) and func.value.id == "self"):
+            delegations.append(ast.unparse(node))
     return found, delegations
 
 
-CLASSES = declaring_classes()
+CLASSES = classes_defining("update_types")
 
 
 def test_the_flood_path_managers_declare() -> None:
@@ -124,37 +132,14 @@ def test_the_loop_routes_by_declared_type_in_manager_order() -> None:
 IPSET_RECORDERS = {"add_or_replace_ip_set", "add_members", "remove_members", "remove_ip_set"}
 
 
-def manager_classes() -> list[type]:
-    out = []
-    for info in pkgutil.iter_modules(felixpy.managers.__path__):
-        mod = importlib.import_module(f"felixpy.managers.{info.name}")
-        for _, cls in inspect.getmembers(mod, inspect.isclass):
-            if cls.__module__ == mod.__name__ and "complete_deferred_work" in vars(cls):
-                out.append(cls)
-    return out
-
-
 def records_ip_sets_when_programming(cls: type, entry: str = "complete_deferred_work") -> bool:
     """Whether *entry* (or a method of the class it calls, transitively) calls an IP-set dataplane's
     recording methods."""
-    seen: set[str] = set()
-    todo = [entry]
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in vars(cls):
-            continue
-        seen.add(name)
-        fn = ast.parse(textwrap.dedent(inspect.getsource(vars(cls)[name])))
-        for node in ast.walk(fn):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                if isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
-                    todo.append(node.func.attr)
-                elif node.func.attr in IPSET_RECORDERS:
-                    return True
-    return False
+    return any(isinstance(node.func, ast.Attribute) and node.func.attr in IPSET_RECORDERS
+               for node in reachable_calls(cls, entry))
 
 
-MANAGERS = manager_classes()
+MANAGERS = classes_defining("complete_deferred_work")
 
 
 def test_the_ip_set_writers_are_found() -> None:

@@ -293,6 +293,13 @@ def _strip_handles(objs: list[dict[str, Any]]) -> list[Any]:
     return sorted(out)
 
 
+def _take_table(shim: NftShim, v: int) -> list[Any]:
+    """The table as listed (handles left out), then deleted for the next round."""
+    listed = _strip_handles(hp.listing(shim, v))
+    nft_text("delete", "table", hp.family(v), "calico")
+    return listed
+
+
 @V46
 def test_script_and_json_paths_program_the_same_table(kernel_nft: NftShim, make: Callable[..., Harness],
                                                       v: int) -> None:
@@ -303,8 +310,7 @@ def test_script_and_json_paths_program_the_same_table(kernel_nft: NftShim, make:
         _with_output_hook(h)
         h.root.apply()
         assert h.sleeps == []
-        listings.append(_strip_handles(hp.listing(kernel_nft, v)))
-        nft_text("delete", "table", hp.family(v), "calico")
+        listings.append(_take_table(kernel_nft, v))
     assert listings[0] == listings[1]
 
 
@@ -337,8 +343,7 @@ def test_table_block_and_add_lines_program_the_same_table(kernel_nft: NftShim, m
         h.root.apply()
         assert shim.runs + shim.scripts == sent, "the read-back found something to fix"
         assert h.sleeps == []
-        listings.append(_strip_handles(hp.listing(kernel_nft, v)))
-        nft_text("delete", "table", hp.family(v), "calico")
+        listings.append(_take_table(kernel_nft, v))
     assert listings[0] == listings[1]
 
 
@@ -365,8 +370,7 @@ def test_sets_written_ahead_program_the_same_table(kernel_nft: NftShim, make: Ca
         restarted.root.apply()
         assert shim.runs + shim.scripts == sent, "the read-back found something to fix"
         assert h.sleeps == []
-        listings.append(_strip_handles(hp.listing(kernel_nft, v)))
-        nft_text("delete", "table", hp.family(v), "calico")
+        listings.append(_take_table(kernel_nft, v))
     assert listings[0] == listings[1]
 
 
