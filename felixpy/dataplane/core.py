@@ -372,22 +372,26 @@ class InternalDataplane:
         managers changes, never what any of them programs: no manager reads another's
         ``complete_deferred_work()`` results."""
         writers = [m for m in self.managers if getattr(m, "writes_ip_sets", False)]
+        others = [m for m in self.managers if not getattr(m, "writes_ip_sets", False)]
         for mgr in writers:
             self._step(report, f"complete:{type(mgr).__name__}", mgr.complete_deferred_work)
-        if self._force_ipsets_refresh:
-            for d in self.ipsets:
-                d.queue_resync()
-            self._force_ipsets_refresh = False
+        self._queue_ipset_refresh()
         write = _SetWrite([(f"ipsets-update{_family(d)}", self._executor.submit(d.apply_updates))
                            for d in self.ipsets])
         try:
-            for mgr in self.managers:
-                if not getattr(mgr, "writes_ip_sets", False):
-                    self._step(report, f"complete:{type(mgr).__name__}", mgr.complete_deferred_work)
+            for mgr in others:
+                self._step(report, f"complete:{type(mgr).__name__}", mgr.complete_deferred_work)
         except BaseException:
             self._join(report, write)  # a fatal step: nothing is left running
             raise
         return write
+
+    def _queue_ipset_refresh(self) -> None:
+        """A popped IP-set refresh timer queues the resync, which the write started next does."""
+        if self._force_ipsets_refresh:
+            for d in self.ipsets:
+                d.queue_resync()
+            self._force_ipsets_refresh = False
 
     def _join(self, report: ApplyReport, write: _SetWrite) -> bool:
         """Wait for the IP-set write (once; its outcome is judged once); True if it succeeded."""

@@ -135,8 +135,6 @@ def _addition_of(cmd: Command) -> tuple[str, str] | None:
     return (b["family"], b["name"]) if kind == "table" else (b["family"], b["table"])
 
 
-
-
 def _block(family: str, table: str, run: list[Command], ip_version: int, fully_random: bool) -> list[str]:
     """A run of additions to one table as one ``table`` block, plus the element additions to sets or
     maps the run did not declare (after the block: an element may name a chain the block adds, and no

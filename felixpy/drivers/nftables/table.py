@@ -19,34 +19,15 @@ How it recognises its own state after a restart
     differ.  Sets and maps are compared member by member.
 
 Apply contract
-    Update methods only record.  A big set write may go first, in a transaction
-    of its own at the loop's IP-set step (:meth:`NftablesTable.apply_updates`:
-    creates and member changes only).  :meth:`NftablesTable.apply` builds one
-    transaction for everything else, in this order: table; base chains; new sets and set member
-    changes; new maps; new chains created and dirty chains flushed; sets/maps
-    whose type changed recreated (their referencing chains were flushed just
-    before); rules; map elements; unwanted maps, chains, sets deleted.  Because
-    libnftables applies a transaction atomically, a set is never missing or
-    empty while a rule uses it, and a failed attempt changes nothing.
-
-    State committed by a successful transaction is kept in memory; the kernel
-    is listed only at start, every ``NftablesRefreshInterval`` and after a
-    failure.  With a *lister* (a second shim, :class:`~.shim.NftListerFactory`)
-    the refresh and the IP-set resync list the kernel on a background thread
-    instead of on the apply path (a listing takes seconds at 20k rules and
-    200k set members, a minute at 300k rules): applies go on meanwhile, and the
-    first apply after the listing ends merges it — every chain, set and map no
-    transaction wrote while it ran is taken from the listing (drift found there
-    is repaired in that apply); those written meanwhile keep what the
-    transaction left, which is newer than anything the listing can have seen.
-
-    A transaction is retried up to 11 times with 1 ms doubling backoff,
-    re-listing before each retry; from the 6th consecutive failure the
-    transaction starts ``add table; delete table; add table`` followed by a full
-    rewrite of everything, so an incompatible table is rebuilt in one atomic
-    step (a failure of that still leaves the old table and its base chains in
-    place).  The 11th failure raises :class:`~felixpy.errors.FatalDataplaneError`
-    after logging what was tried and the table as listed.
+    Update methods only record.  :meth:`NftablesTable.apply` writes one atomic
+    transaction (sets created and filled before the rules that use them, and
+    deleted after), so a set is never missing or empty while a rule uses it and
+    a failed attempt changes nothing; a big set write may go ahead of it at the
+    loop's IP-set step (:meth:`NftablesTable.apply_updates`).  Committed state
+    is kept in memory; the kernel is listed at start, on the refresh timer and
+    after a failure, off the apply path where a lister allows (:mod:`.listing`).
+    Retries, the table rebuild and the fatal failure after 11 attempts: see
+    docs/nftables.md ("Apply: one transaction", "State and read-back", "Retries").
 
 Thread safety
     Call from one thread (the dataplane loop), and only one instance per family,
@@ -72,7 +53,7 @@ from felixpy.drivers.generictables import model as m
 from felixpy.drivers.generictables.table import MapMetadata
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 from felixpy.drivers.nftables import metrics
-from felixpy.drivers.nftables.listing import Listing, start_thread
+from felixpy.drivers.nftables.listing import Listing, Listings, start_thread
 from felixpy.drivers.nftables.maps import MapPlan, NftMaps
 from felixpy.drivers.nftables.names import BASE_CHAINS, LAYERS, TABLE_NAME, family_for
 from felixpy.drivers.nftables.readback import ChainSnapshot, MapSnapshot, SetSnapshot, TableSnapshot
@@ -147,10 +128,8 @@ class NftablesTable:
         self._shim = shim
         # Background listings (refresh, IP-set resync): a shim of their own, used only by the worker.
         self._lister = lister
-        self._start_background = start_background
-        self._listing: Listing | None = None
-        self._prefetched: Listing | None = None   # prefetch(): the start-of-day read-back, started early
-        self._generation = 0        # bumped by every synchronous full listing
+        self._log = log.bind(table=TABLE_NAME, ip_version=ip_version)
+        self._listings = Listings(lister, self._family, ip_version, start_background, self._log)
         self._refresh_interval = refresh_interval
         self._fully_random = fully_random
         self._text_threshold = text_threshold
@@ -160,7 +139,6 @@ class NftablesTable:
         # one is refused and its JSON retry goes through; from then on, JSON (a log prefix with a quote).
         self._small_text = True
         self._sleep, self._now = sleep, now
-        self._log = log.bind(table=TABLE_NAME, ip_version=ip_version)
         self._tbl = {"family": self._family, "table": TABLE_NAME}
 
         # Desired state.
@@ -358,17 +336,11 @@ class NftablesTable:
 
     def apply_updates(self) -> None:
         """A big set write (≥ *sets_ahead_min* elements: start of day, a big selector change) goes now, in a
-        transaction of its own; everything else goes in the table's one transaction at the tables step.
-
-        The loop runs this on a worker while the other managers render their chains into this table
-        (``dataplane/core.py``), so it touches only the set half: the desired sets (the managers that
-        write them have run), the dataplane view of the sets and the prefetched start-of-day listing,
-        which the chain half reads only in :meth:`apply`.  At the large-node cold start nft spends ~2 s
-        of its ~3 s on the 200,000 members; here that overlaps the policy render.  Only creates and
-        member changes go ahead: deletions and type changes need the rules that use the set rewritten
-        in the same transaction.  A failure here changes nothing (nft's transactions are atomic): it is
-        logged and the sets go in the table's transaction, with its retries.
-        """
+        transaction of its own: creates and member changes only (deletions and type changes need the rules
+        that use the set rewritten with them); everything else waits for the table's transaction.  The loop
+        runs this on a worker while the other managers render into this table, so it touches only the set
+        half: desired sets, the sets' dataplane view, the prefetched listing.  A failure changes nothing
+        (nft is atomic) and is left to the table's transaction.  docs/nftables.md has the why."""
         if not self.sets.dirty:
             return
         view = self._sets_view_ahead()
@@ -406,11 +378,8 @@ class NftablesTable:
         or if it failed: the table's apply lists for itself and writes everything)."""
         if self._in_sync:
             return None if self._sets_resync else (self._dp_sets, None)
-        job = self._prefetched
-        if job is None or job.generation != self._generation:
-            return None
-        job.done.wait()
-        if job.error is not None:
+        job = self._listings.wait_prefetched()
+        if job is None:
             return None
         return (job.snap.sets if job.snap is not None else {}), job
 
@@ -430,9 +399,12 @@ class NftablesTable:
         start = self._now()
         self._take_listing()
         if self._in_sync and self._refresh_interval > 0 and start - self._last_read > self._refresh_interval:
-            if not self._start_listing("table"):
+            started = self._listings.start("table")
+            if started is None:
                 self.invalidate_dataplane_cache("refresh timer")
-        if self._in_sync and self._sets_resync and self._start_listing("sets"):
+            elif started:
+                self._last_read = start  # only when a table listing starts (one already running may be of the sets)
+        if self._in_sync and self._sets_resync and self._listings.start("sets") is not None:
             self._sets_resync = False
         with gcpause.paused():
             self._apply_with_retries()
@@ -444,7 +416,7 @@ class NftablesTable:
             delay = max(0.0, self._refresh_interval - (self._now() - self._last_read))
         if self.sets.dirty:
             delay = SET_DELETION_RESCHEDULE if delay is None else min(delay, SET_DELETION_RESCHEDULE)
-        if self._listing is not None:
+        if self._listings.running is not None:
             delay = LISTING_POLL if delay is None else min(delay, LISTING_POLL)
         return delay
 
@@ -458,61 +430,21 @@ class NftablesTable:
         ours can run between the two (a transaction needs the view that load makes), so it is never
         older than our own last write: as fresh as a listing on the apply path, bar the ~seconds others
         had to change the table meanwhile, which the refresh catches as it would anyway."""
-        if self._in_sync or self._lister is None or self._prefetched is not None:
-            return
-        job = Listing("table", self._generation)
-        lister, family, v = self._lister, self._family, self.ip_version
-        try:
-            self._start_background(lambda: job.run(lister, family, v))
-        except Exception as e:  # e.g. no thread to be had: the apply lists for itself, as without prefetch
-            self._log.warning("Could not start the prefetch listing", error=str(e))
-            return
-        self._prefetched = job
-
-    def _take_prefetched(self) -> tuple[bool, TableSnapshot | None]:
-        """(True, the listing) if a prefetched read-back of this generation is there to use (waiting for it
-        to finish); (False, None) if the apply must list for itself."""
-        job, self._prefetched = self._prefetched, None
-        if job is None or job.generation != self._generation:
-            return False, None
-        job.done.wait()
-        if job.error is not None:
-            self._log.warning("Prefetched listing failed; listing on the apply path", error=str(job.error))
-            return False, None
-        return True, job.snap
-
-    def _start_listing(self, kind: str) -> bool:
-        """Start a background listing of *kind*; False when this table lists on the apply path only.
-
-        One at a time: while one runs, a request is taken as handled (a table listing covers the sets;
-        a table refresh that falls due during a sets listing starts once that one has been merged,
-        because ``_last_read`` only moves when a table listing starts)."""
-        if self._lister is None or (kind == "sets" and not isinstance(self._lister, NftSetsShim)):
-            return False
-        if self._listing is not None:
-            return True
-        job = Listing(kind, self._generation)
-        if kind == "table":
-            self._last_read = self._now()
-        self._listing = job
-        lister, family, v = self._lister, self._family, self.ip_version
-        self._start_background(lambda: job.run(lister, family, v))
-        return True
+        if not self._in_sync:
+            self._listings.prefetch()
 
     def _note_written(self, plan: _Plan) -> None:
-        if self._listing is None or not plan.commands:
-            return
-        self._listing.note_written(plan.full, chain=[*plan.chains_written, *plan.chains_deleted],
-                                   set=[*plan.set_plan.written, *plan.set_plan.deleted],
-                                   map=[*plan.map_plan.written, *plan.map_plan.deleted])
+        if plan.commands:
+            self._listings.note_written(plan.full, chain=[*plan.chains_written, *plan.chains_deleted],
+                                        set=[*plan.set_plan.written, *plan.set_plan.deleted],
+                                        map=[*plan.map_plan.written, *plan.map_plan.deleted])
 
     def _take_listing(self) -> None:
         """Merge a finished background listing into the dataplane view (see the module docstring)."""
-        job = self._listing
-        if job is None or not job.done.is_set():
+        job = self._listings.take_finished()
+        if job is None:
             return
-        self._listing = None
-        if job.generation != self._generation or job.discard or not self._in_sync:
+        if job.generation != self._listings.generation or job.discard or not self._in_sync:
             return  # a listing of our own (or a rebuild) since: newer than this one
         if job.error is not None:
             self._log.warning("Background listing failed; listing again on the apply path", error=str(job.error))
@@ -651,8 +583,8 @@ class NftablesTable:
         self._log.debug("Re-read nftables sets", sets=len(self._dp_sets), dirty=len(self.sets.dirty))
 
     def _load_dataplane_state(self) -> None:
-        taken, listed = self._take_prefetched()
-        self._generation += 1       # a background listing started before this one is older
+        taken, listed = self._listings.take_prefetched()
+        self._listings.generation += 1   # a background listing started before this one is older
         if not taken:
             listed = self._list("table")
         self._sets_resync = False
