@@ -108,6 +108,43 @@ def test_without_stdin_the_child_reads_dev_null() -> None:
     assert SubprocessRunner().run(["cat"], "").stdout == ""
 
 
+# ------------------------------------------------------------------------------ outputs
+def test_the_child_never_waits_for_us_to_read_its_output(tmp_path: Path) -> None:
+    """Outputs go to files, not pipes: a child writing far more than a pipe holds (64 KiB) finishes
+    while the caller is still busy in ``while_running`` and has read nothing.  With a pipe the child
+    would block on its first full buffer and the hook below would wait for it in vain."""
+    done = tmp_path / "done"
+    script = 'yes 0123456789abcdef | head -c 4000000; echo tail; echo err >&2; touch "$1"'
+    seen: list[bool] = []
+
+    def hook() -> None:
+        deadline = time.monotonic() + 30
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append(done.exists())
+
+    res = SubprocessRunner(timeout=60).run(["sh", "-c", script, "sh", str(done)], while_running=hook)
+    assert seen == [True]
+    assert res.ok and len(res.stdout) == 4_000_005 and res.stdout.endswith("tail\n") and res.stderr == "err\n"
+
+
+def test_a_background_grandchild_holding_the_output_does_not_hold_the_result() -> None:
+    """The result is the command's once it exited; with pipes the caller waited for every holder of the
+    write end (here a ``sleep`` left behind) and timed out."""
+    res = SubprocessRunner(timeout=5).run(["sh", "-c", "sleep 30 & echo $!; echo done"])
+    pid = int(res.stdout.split()[0])
+    try:
+        assert res.ok and res.stdout.endswith("done\n")
+    finally:
+        os.kill(pid, 15)
+
+
+def test_outputs_decode_as_text_mode_did() -> None:
+    """UTF-8, universal newlines; an undecodable byte is replaced, never an exception."""
+    res = SubprocessRunner().run(["printf", "a\\r\\nb\\rc\\n\\303\\274 \\377\\n"])
+    assert res.ok and res.stdout == "a\nb\nc\n\u00fc \ufffd\n"
+
+
 # ------------------------------------------------------------------------------ while_running
 def test_while_running_overlaps_the_command(tmp_path: Path) -> None:
     """The child waits for a file only the hook creates: it can only finish if the hook runs meanwhile."""

@@ -41,10 +41,19 @@ English messages ("does not exist", "Another app is currently holding the
 xtables lock").  :meth:`SubprocessRunner.which` looks binaries up on the
 ``PATH`` the children will see.
 
-Stdin is handed to the child as an in-memory file (``memfd``), never a pipe:
-megabytes of ``ipset restore`` / ``iptables-restore`` input cost one copy,
-not a select/write round per 4 KiB competing for the GIL.  Without stdin the
-child reads ``/dev/null`` (never our own stdin).
+Stdin, stdout and stderr are in-memory files (``memfd``), never pipes.  Stdin:
+megabytes of ``ipset restore`` / ``iptables-restore`` input cost one copy, not a
+select/write round per 4 KiB competing for the GIL.  Without stdin the child reads
+``/dev/null`` (never our own stdin).  Outputs: with a pipe the child can only run
+as fast as the daemon empties it, and the thread reading it needs the GIL for
+every 32 KiB; while another thread renders (the loop runs the IP-set write beside
+the policy renders), that thread gets the GIL back once per switch interval
+(5 ms), so ``ipset save`` of 200,000 members — 6.5 MB — took 0.94 s instead of
+0.2 s (issue #17, docs/benchmarks.md, tenth pass).  Written into a file, the
+child runs at its own speed and the output is read in one go once it exited.
+Outputs are decoded as UTF-8 (an undecodable byte becomes U+FFFD rather than an
+exception: a foreign rule's comment must not fail an apply) with universal
+newlines, as ``text=True`` did.
 """
 
 from __future__ import annotations
@@ -140,44 +149,72 @@ class SubprocessRunner:
         if not args:
             raise ValueError("empty argv")
         env = self._child_env()
-        stdin_fd = _stdin_file(stdin) if stdin is not None else None
 
-        def spawn() -> subprocess.Popen[str] | CommandResult:
+        def spawn() -> subprocess.Popen[bytes] | CommandResult:
             try:
                 return subprocess.Popen(args, stdin=stdin_fd if stdin_fd is not None else subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                                        stdout=out_fd, stderr=err_fd, env=env)
             except FileNotFoundError as exc:
                 return CommandResult(EXIT_NOT_FOUND, "", f"{args[0]}: {exc.strerror}", args)
             except PermissionError as exc:
                 return CommandResult(EXIT_NOT_EXECUTABLE, "", f"{args[0]}: {exc.strerror}", args)
 
+        out_fd = os.memfd_create("felixpy-cmd-stdout", os.MFD_CLOEXEC)
         try:
-            # Only the fork happens inside the namespace; the thread is back home before we wait.
-            started = call_in_netns(self.netns, spawn)
-        except FileNotFoundError:  # /run/netns/<name>: spawn() catches its own
-            return CommandResult(EXIT_NOT_FOUND, "", f"{args[0]}: no such network namespace {self.netns!r}", args)
-        finally:
-            if stdin_fd is not None:
-                os.close(stdin_fd)  # the child has its own copy
-        if isinstance(started, CommandResult):
-            return started
-        proc = started
-        try:
-            if while_running is not None:
-                # The child reads its input straight from the file while we work.
-                # Our pipes only carry its (small) outputs, read just below; a
-                # child that filled one would merely wait for us.
-                while_running()
-            out, err = proc.communicate(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            return CommandResult(EXIT_TIMED_OUT, "", f"{args[0]}: timed out after {self.timeout}s", args)
+            err_fd = os.memfd_create("felixpy-cmd-stderr", os.MFD_CLOEXEC)
         except BaseException:
-            proc.kill()
-            proc.wait()
+            os.close(out_fd)
             raise
-        return CommandResult(proc.returncode, out, err, args)
+        try:
+            stdin_fd = _stdin_file(stdin) if stdin is not None else None
+            try:
+                # Only the fork happens inside the namespace; the thread is back home before we wait.
+                started = call_in_netns(self.netns, spawn)
+            except FileNotFoundError:  # /run/netns/<name>: spawn() catches its own
+                return CommandResult(EXIT_NOT_FOUND, "", f"{args[0]}: no such network namespace {self.netns!r}",
+                                     args)
+            finally:
+                if stdin_fd is not None:
+                    os.close(stdin_fd)  # the child has its own copy
+            if isinstance(started, CommandResult):
+                return started
+            proc = started
+            try:
+                if while_running is not None:
+                    # The child reads its input and writes its outputs in files while we work.
+                    while_running()
+                proc.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                return CommandResult(EXIT_TIMED_OUT, "", f"{args[0]}: timed out after {self.timeout}s", args)
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+            return CommandResult(proc.returncode, _read_text(out_fd), _read_text(err_fd), args)
+        finally:
+            os.close(out_fd)
+            os.close(err_fd)
+
+
+def _read_text(fd: int) -> str:
+    """All a child wrote to the file *fd*, as ``text=True`` would have decoded it from a pipe."""
+    size = os.fstat(fd).st_size
+    if not size:
+        return ""
+    chunks: list[bytes] = []
+    offset = 0
+    while offset < size:
+        chunk = os.pread(fd, size - offset, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    text = (chunks[0] if len(chunks) == 1 else b"".join(chunks)).decode("utf-8", "replace")
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
 
 
 def _stdin_file(text: str) -> int:
