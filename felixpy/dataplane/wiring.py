@@ -327,14 +327,17 @@ def _detect_backend(config: Config, deps: KernelDeps) -> str:
 def _iptables_tables(config: Config, v: int, backend: str, deps: KernelDeps) -> FamilyTables:
     from felixpy.drivers.ipsets.driver import IPSets
     from felixpy.drivers.iptables.detect import FeatureDetector
+    from felixpy.drivers.iptables.sharedsave import SharedSave
     from felixpy.drivers.iptables.table import IptablesTable
 
     features = FeatureDetector(deps.iptables_runner, overrides=config.FeatureDetectOverride)
+    shared = SharedSave(deps.iptables_runner) if backend == "nft" else None
     tables: dict[str, Table] = {
         name: IptablesTable(name, v, runner=deps.iptables_runner, backend=backend, features=features,
                             insert_mode=config.ChainInsertMode, refresh_interval=config.IptablesRefreshInterval,
                             post_write_interval=config.IptablesPostWriteCheckIntervalSecs,
-                            lock_probe_interval=config.IptablesLockProbeIntervalMillis / 1000.0)
+                            lock_probe_interval=config.IptablesLockProbeIntervalMillis / 1000.0,
+                            shared_save=shared)
         for name in TABLE_NAMES}
     return FamilyTables(tables, IPSets(v, deps.ipset_runner), None, list(tables.values()), backend)
 

@@ -58,6 +58,7 @@ from felixpy.drivers.iptables import render
 from felixpy.drivers.iptables.detect import Features, FeatureDetector, detect_backend, find_best_binary
 from felixpy.drivers.iptables.metrics import IptablesMetrics, get_metrics
 from felixpy.drivers.iptables.restore_buffer import RestoreBuffer
+from felixpy.drivers.iptables.sharedsave import SharedSave
 from felixpy.drivers.iptables.savefile import (
     DEFAULT_OWNED_PREFIXES, FOREIGN_PLACEHOLDER, HISTORIC_INSERTED_NAT_RULE_REGEX, SaveParseError, SaveState,
     hash_comment_regex, old_insert_regex, owned_chain_regex, parse_save,
@@ -131,6 +132,7 @@ class IptablesTable:
         metrics: IptablesMetrics | None = None,
         reread_before_write: bool = False,
         on_still_alive: Callable[[], None] | None = None,
+        shared_save: SharedSave | None = None,
     ) -> None:
         if backend not in ("legacy", "nft"):
             raise ValueError(f"unknown iptables backend {backend!r}")
@@ -141,6 +143,9 @@ class IptablesTable:
         self.backend = backend
         self._nft = backend == "nft"
         self._runner = runner
+        # iptables-nft: the family's tables share one full save when they read together (sharedsave.py).
+        self._shared_save = shared_save if backend == "nft" else None
+        self._write_stamp = 0
         self._features: FeatureSource = features or FeatureDetector(runner)
         self._insert_mode = insert_mode
         self._render = render.IptablesRenderer(hash_prefix)
@@ -499,15 +504,21 @@ class IptablesTable:
 
     def _attempt_read(self, features: Features | None = None) -> SaveState:
         start = self._clock()
-        self._metrics.save_calls.inc()
         hook = None if features is None else (lambda: self._prehash_dirty_chains(features))
         try:
-            res = self._runner.run([self.save_cmd, "-t", self.name], while_running=hook).check()
+            text = None
+            if self._shared_save is not None:
+                text, ran = self._shared_save.read(self.save_cmd, self.name, self._write_stamp, hook)
+                hook = None  # ran during the shared dump, whatever its outcome
+                if ran:
+                    self._metrics.save_calls.inc()
+            if text is None:
+                self._metrics.save_calls.inc()
+                text = self._runner.run([self.save_cmd, "-t", self.name], while_running=hook).check().stdout
         finally:
             dur = self._clock() - start
             self._peak_save = max(self._peak_save * 0.99, dur)
-        return parse_save(res.stdout, hash_re=self._hash_re, owned_re=self._owned_re,
-                          old_insert_re=self._old_insert_re)
+        return parse_save(text, hash_re=self._hash_re, owned_re=self._owned_re, old_insert_re=self._old_insert_re)
 
     # ------------------------------------------------------------------ apply
     def apply(self) -> float | None:
@@ -729,6 +740,8 @@ class IptablesTable:
         finally:
             dur = self._clock() - start
             self._peak_restore = max(self._peak_restore * 0.99, dur)
+            if self._shared_save is not None:
+                self._write_stamp = self._shared_save.stamp()  # later reads must start after this write
         if res.returncode != 0:
             self._metrics.restore_errors.inc()
             self._in_sync = False
