@@ -85,6 +85,7 @@ log = structlog.get_logger(__name__)
 
 IPSET_DELETION_RESCHEDULE = 0.1
 MIN_RESCHEDULE = 0.05
+APPLY_WORKERS = 16
 T = TypeVar("T")
 
 
@@ -180,7 +181,10 @@ class InternalDataplane:
         self._feed_sink = feed_sink
         self._on_first_sync = on_first_sync
         self._metrics = metrics
-        self._executor = executor or ThreadPoolExecutor(max_workers=4, thread_name_prefix="apply")
+        # A thread per background step of an apply: dual stack in iptables mode is 2 IP-set writes, 2 route
+        # tables and 8 tables, nearly all waiting on a child process.  With fewer, tables queued behind the
+        # routes, and a table that starts late cannot join its siblings' shared iptables-nft-save.
+        self._executor = executor or ThreadPoolExecutor(max_workers=APPLY_WORKERS, thread_name_prefix="apply")
         self.managers: list[Manager] = []
         self._routes: dict[type, list[Manager]] = {}  # message type → the managers it goes to (_takes)
         self.ipsets: list[IPSetsDataplane] = []
