@@ -94,6 +94,17 @@ def test_timeout_kills_the_command_and_has_its_own_code() -> None:
     assert "timed out after 0.2s" in res.stderr
 
 
+def test_without_pidfds_the_wait_still_reaps_and_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels before 5.3 have no pidfd: the runner falls back to Popen's own (polling) wait."""
+    def no_pidfd(_pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    res = SubprocessRunner().run(["sh", "-c", "echo out; exit 4"])
+    assert (res.returncode, res.stdout) == (4, "out\n")
+    assert SubprocessRunner(timeout=0.2).run(["sleep", "30"]).returncode == EXIT_TIMED_OUT
+
+
 # ------------------------------------------------------------------------------ stdin
 def test_stdin_is_fed_whole() -> None:
     text = "".join(f"add cali40s:x 10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255} # ü\n" for i in range(200_000))

@@ -59,6 +59,7 @@ newlines, as ``text=True`` did.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -183,7 +184,7 @@ class SubprocessRunner:
                 if while_running is not None:
                     # The child reads its input and writes its outputs in files while we work.
                     while_running()
-                proc.wait(timeout=self.timeout)
+                _wait(proc, self.timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
@@ -196,6 +197,25 @@ class SubprocessRunner:
         finally:
             os.close(out_fd)
             os.close(err_fd)
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Reap *proc* once it exits; TimeoutExpired after *timeout* s.  ``Popen.wait(timeout)`` polls with
+    sleeps growing to 50 ms, which added a mean ~25 ms to every command (a legacy one-chain restore,
+    110 ms, took 170); a pidfd wakes us the moment the child exits."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfds (kernel < 5.3): the polling wait
+        proc.wait(timeout=timeout)
+        return
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        if not poller.poll(max(0, int(timeout * 1000))):
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+    finally:
+        os.close(pidfd)
+    proc.wait()
 
 
 def _read_text(fd: int) -> str:
