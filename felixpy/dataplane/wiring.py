@@ -337,7 +337,7 @@ def _iptables_tables(config: Config, v: int, backend: str, deps: KernelDeps) -> 
                             insert_mode=config.ChainInsertMode, refresh_interval=config.IptablesRefreshInterval,
                             post_write_interval=config.IptablesPostWriteCheckIntervalSecs,
                             lock_probe_interval=config.IptablesLockProbeIntervalMillis / 1000.0,
-                            shared_save=shared)
+                            shared_save=shared, background_rechecks=True)
         for name in TABLE_NAMES}
     return FamilyTables(tables, IPSets(v, deps.ipset_runner), None, list(tables.values()), backend)
 

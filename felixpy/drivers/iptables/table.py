@@ -36,16 +36,31 @@ Apply contract
     every attempt and a save dump and raises :class:`FatalDataplaneError`.
     ``apply()`` returns the delay (s) after which it wants to be called again.
 
-Thread safety: none; call from one thread.  One instance per table per family.
+Rechecks off the apply path (``background_rechecks``, on in the daemon)
+    A refresh or post-write check of a table that is in sync does not read on
+    the apply path: the save runs on a background thread while applies go on
+    (at stress an ``iptables-nft-save`` takes ~3 s, which every apply waiting
+    for it would add to the churn's latency).  A later apply merges it: chains
+    a restore wrote while it ran keep what the restore left (newer than the
+    read), every other chain is compared with what we believe as a blocking
+    read would be, and drift is repaired in that apply.  A failed background
+    read makes the next apply read on the apply path, with its retries.  The
+    start of day and a table out of sync (a failed write) still read first.
+    Felix reads on the apply path; nftables mode does the same off it
+    (docs/architecture.md, deliberate differences).
+
+Thread safety: none; call from one thread (a background recheck touches only
+its own job and the shared save).  One instance per table per family.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
 import structlog
@@ -107,6 +122,25 @@ class _DeleteRenderError(DataplaneError):
     """Our view of a foreign chain no longer matches (a rule to delete by value is unknown)."""
 
 
+RECHECK_POLL = 0.1  # s: how soon an apply comes back for a background read's result
+
+
+@dataclass(slots=True, eq=False)
+class _Recheck:
+    """A refresh or post-write read running off the apply path.  The worker fills ``state``/``error`` and
+    sets ``done``; the apply thread records in ``written`` every chain a restore wrote meanwhile."""
+
+    reason: str
+    done: threading.Event = field(default_factory=threading.Event)
+    state: SaveState | None = None
+    error: Exception | None = None
+    written: set[str] = field(default_factory=set)
+
+
+def _start_thread(fn: Callable[[], None]) -> None:
+    threading.Thread(target=fn, name="iptables-recheck", daemon=True).start()
+
+
 class IptablesTable:
     def __init__(
         self,
@@ -133,6 +167,8 @@ class IptablesTable:
         reread_before_write: bool = False,
         on_still_alive: Callable[[], None] | None = None,
         shared_save: SharedSave | None = None,
+        background_rechecks: bool = False,
+        start_background: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         if backend not in ("legacy", "nft"):
             raise ValueError(f"unknown iptables backend {backend!r}")
@@ -146,6 +182,9 @@ class IptablesTable:
         # iptables-nft: the family's tables share one full save when they read together (sharedsave.py).
         self._shared_save = shared_save if backend == "nft" else None
         self._write_stamp = 0
+        self._background_rechecks = background_rechecks
+        self._start_background = start_background or _start_thread
+        self._recheck: _Recheck | None = None  # the background read in progress or finished, not yet merged
         self._features: FeatureSource = features or FeatureDetector(runner)
         self._insert_mode = insert_mode
         self._render = render.IptablesRenderer(hash_prefix)
@@ -426,11 +465,25 @@ class IptablesTable:
 
     # ------------------------------------------------------------------ reading
     def _load_dataplane_state(self) -> None:
+        self._recheck = None  # a background read started before this one would be older: never merged
         self._features.refresh_features()
         features = self._check_features()
         self._last_read = self._clock()
-        state = self._read_with_retries(features)
+        self._reconcile(self._read_with_retries(features), features)
+
+    def _reconcile(self, state: SaveState, features: Features, written: set[str] | None = None) -> None:
+        """Take a read-back as the dataplane view, marking what differs from our belief dirty.  *written*:
+        chains a restore wrote after the read started, which keep what we believe (newer than the read)."""
         new = state.hashes
+        full_rules = state.full_rules
+        if written:
+            new = {c: h for c, h in new.items() if c not in written}
+            full_rules = {c: r for c, r in full_rules.items() if c not in written}
+            for c in written:
+                if c in self._dp_hashes:
+                    new[c] = self._dp_hashes[c]
+                if c in self._dp_full_rules:
+                    full_rules[c] = self._dp_full_rules[c]
         dirty_c, dirty_ia = self._dirty_chains, self._dirty_insert_append
         # Chains we believe we programmed: still as we left them?  (What differs from that belief and
         # is about to be rewritten is drift, see felixpy.drivers.drift.)
@@ -481,7 +534,7 @@ class IptablesTable:
                 drift.found("chain")
         self._read_before = True
         self._dp_hashes = new
-        self._dp_full_rules = state.full_rules
+        self._dp_full_rules = full_rules
         self._in_sync = True
 
     def _read_with_retries(self, features: Features | None = None) -> SaveState:
@@ -523,16 +576,17 @@ class IptablesTable:
     # ------------------------------------------------------------------ apply
     def apply(self) -> float | None:
         now = self._clock()
+        self._take_recheck()
         invalidated = False
         if self._refresh_interval > 0 and now - self._last_read > self._refresh_interval:
-            self.invalidate_dataplane_cache("refresh timer")
+            self._recheck_now("refresh timer")
             invalidated = True
         # Re-check after a write at exponentially increasing intervals: other writers may clobber us.
         while (self._post_write != 0 and self._post_write < MAX_POST_WRITE_INTERVAL
                and now >= self._last_write + self._post_write):
             self._post_write *= 2
             if not invalidated:
-                self.invalidate_dataplane_cache("post update")
+                self._recheck_now("post update")
                 invalidated = True
 
         attempts: list[WriteAttempt] = []
@@ -569,7 +623,54 @@ class IptablesTable:
                 resched = 0.001
             elif resched is None or until < resched:
                 resched = until
+        if self._recheck is not None:
+            resched = RECHECK_POLL if resched is None else min(resched, RECHECK_POLL)
         return resched
+
+    # ------------------------------------------------------------------ rechecks off the apply path
+    def _recheck_now(self, reason: str) -> None:
+        """A refresh or post-write check is due: in the background if the table is in sync and may, else
+        on this apply's path (as Felix)."""
+        if not (self._background_rechecks and self._in_sync):
+            self.invalidate_dataplane_cache(reason)
+            return
+        if self._recheck is not None:
+            return  # one is running (or finished and not merged yet): it serves this check too
+        job = _Recheck(reason)
+        self._recheck = job
+        self._last_read = self._clock()
+
+        def run() -> None:
+            try:
+                job.state = self._attempt_read()  # no prehash hook: that one is the apply thread's
+            except Exception as e:  # handed to the apply thread, which reads on its own path instead
+                job.error = e
+            finally:
+                job.done.set()
+
+        try:
+            self._start_background(run)
+        except Exception as e:  # e.g. no thread to be had: read on the apply path, as without rechecks
+            self._recheck = None
+            self._log.warning("Could not start a background read; reading on the apply path", error=str(e))
+            self.invalidate_dataplane_cache(reason)
+
+    def _take_recheck(self) -> None:
+        """Merge a finished background read into the dataplane view (see the module docstring)."""
+        job = self._recheck
+        if job is None or not job.done.is_set():
+            return
+        self._recheck = None
+        if not self._in_sync:
+            return  # a write failed meanwhile: this apply reads on its own path anyway
+        if job.error is not None or job.state is None:
+            self._metrics.save_errors.inc()
+            self._log.warning("Background iptables-save failed; reading on the apply path", cmd=self.save_cmd,
+                              error=str(job.error))
+            self.invalidate_dataplane_cache(f"{job.reason} (background read failed)")
+            return
+        self._features.refresh_features()
+        self._reconcile(job.state, self._check_features(), job.written)
 
     def _describe_failure(self, n: int, e: Exception) -> WriteAttempt:
         failed = ""
@@ -710,6 +811,8 @@ class IptablesTable:
 
         if not buf.empty():
             self._exec_restore(buf)
+            if self._recheck is not None:
+                self._recheck.written.update(new_hashes)  # newer than anything that read can have seen
             self._last_write = self._clock()
             self._post_write = self._initial_post_write
         if self._post_write != 0:
