@@ -58,6 +58,24 @@ def programmed_fake() -> FakeIptables:
     return fake
 
 
+def apply_together(tables: Sequence[IptablesTable], timeout: float = 60) -> None:
+    """Every table's apply() on a thread of its own at once, as the loop's tables step runs them."""
+    errors: list[BaseException] = []
+
+    def apply(t: IptablesTable) -> None:
+        try:
+            t.apply()
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=apply, args=(t,)) for t in tables]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout)
+    assert errors == []
+
+
 class GatedRunner:
     """The fake, but a full save only returns once *expected* readers have asked for their table."""
 
@@ -119,20 +137,7 @@ def test_four_tables_reading_together_run_one_save_and_each_reads_its_own_table(
     tables = [make(gate, name, shared, clock) for name in TABLES]
     for t in tables:
         program(t)  # a restart: the same desired state, nothing to write
-    errors: list[BaseException] = []
-
-    def apply(t: IptablesTable) -> None:
-        try:
-            t.apply()
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=apply, args=(t,)) for t in tables]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(30)
-    assert errors == []
+    apply_together(tables)
     assert saves(fake) == [("iptables-nft-save",)] and shared.dumps == 1
     assert fake.restore_count() == 0  # every table found itself in sync from its section
     for t in tables:
@@ -216,11 +221,7 @@ def test_save_calls_count_processes_not_tables() -> None:
     tables = [make(gate, name, shared, clock, registry=registry) for name in ("raw", "nat")]
     for t in tables:
         program(t)
-    threads = [threading.Thread(target=t.apply) for t in tables]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(30)
+    apply_together(tables)
     assert registry.get_sample_value("felix_iptables_save_calls_total") == 1
 
 
@@ -294,11 +295,7 @@ def test_kernel_restart_of_four_nft_tables_reads_them_with_one_save(netns: str, 
                             sleep=clock.sleep, shared_save=shared) for n in TABLES]
     for t in second:
         program(t)
-    threads = [threading.Thread(target=t.apply) for t in second]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(60)
+    apply_together(second)
     six = "6" if ip_version == 6 else ""
     assert [argv for argv, _ in recording.calls] == [(first[0].save_cmd,)]
     assert first[0].save_cmd.endswith(f"ip{six}tables-nft-save")
