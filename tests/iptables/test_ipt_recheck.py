@@ -17,7 +17,8 @@ from felixpy.drivers.generictables.model import Accept, Chain, Jump, Match, Rule
 from felixpy.drivers.iptables.detect import Features, StaticFeatures
 from felixpy.drivers.iptables.fake import FakeIptables
 from felixpy.drivers.iptables.metrics import get_metrics
-from felixpy.drivers.iptables.table import RECHECK_POLL, IptablesTable
+from felixpy.drivers.iptables.recheck import RECHECK_POLL
+from felixpy.drivers.iptables.table import IptablesTable
 from felixpy.testing.clock import FakeClock
 
 FEATURES = Features(SNATFullyRandom=True, MASQFullyRandom=True, RestoreSupportsLock=True, NFLogSize=True)
@@ -171,7 +172,7 @@ def test_the_daemons_tables_recheck_in_the_background() -> None:
     ft = _default_tables(deps)(Config(), 4)
     for t in ft.to_apply:
         assert isinstance(t, IptablesTable)
-        t._start_background = lambda fn, name=t.name: started.append(name)  # type: ignore[misc]
+        t._rechecks.start_background = lambda fn, name=t.name: started.append(name)  # type: ignore[misc]
         t.apply()
         t._last_read -= 10_000  # the refresh timer is due
         t.apply()

@@ -15,7 +15,8 @@ How a fresh process recognises its rules
     Every rule we write carries ``-m comment --comment "cali:<hash>"`` as its
     first comment, where the hash chains SHA-224 over the chain name and the
     rule's rendering (:mod:`.render`).  A restarted table reads the table back
-    with ``ip[6]tables-save -t <table>`` (:mod:`.savefile`), so it needs no
+    with ``ip[6]tables-save -t <table>`` (iptables-nft: its section of one save
+    of every table) and parses it (:mod:`.savefile`), so it needs no
     memory of the previous run: owned chains are compared hash-for-hash with the
     desired ones; in foreign chains a rule with our hash comment (or one written
     by a pre-hash Felix, matched by the historic regex) is ours and is deleted
@@ -36,18 +37,12 @@ Apply contract
     every attempt and a save dump and raises :class:`FatalDataplaneError`.
     ``apply()`` returns the delay (s) after which it wants to be called again.
 
-Rechecks off the apply path (``background_rechecks``, on in the daemon)
-    A refresh or post-write check of a table that is in sync does not read on
-    the apply path: the save runs on a background thread while applies go on
-    (at stress an ``iptables-nft-save`` takes ~3 s, which every apply waiting
-    for it would add to the churn's latency).  A later apply merges it: chains
-    a restore wrote while it ran keep what the restore left (newer than the
-    read), every other chain is compared with what we believe as a blocking
-    read would be, and drift is repaired in that apply.  A failed background
-    read makes the next apply read on the apply path, with its retries.  The
-    start of day and a table out of sync (a failed write) still read first.
-    Felix reads on the apply path; nftables mode does the same off it
-    (docs/architecture.md, deliberate differences).
+Read-backs
+    iptables-nft: a family's tables share one save when they read together
+    (:mod:`.sharedsave`).  With ``background_rechecks`` (on in the daemon) the
+    refresh and post-write checks of an in-sync table read off the apply path
+    (:mod:`.recheck`) and a later apply merges them; docs/iptables.md has the
+    rules and the why.
 
 Thread safety: none; call from one thread (a background recheck touches only
 its own job and the shared save).  One instance per table per family.
@@ -57,10 +52,9 @@ from __future__ import annotations
 
 import re
 import shutil
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NoReturn, Protocol
 
 import structlog
@@ -71,7 +65,9 @@ from felixpy.drivers.drift import DriftTally, misplaced, rule_drift
 from felixpy.drivers.generictables.model import Chain, Goto, Jump, Rule
 from felixpy.drivers.iptables import render
 from felixpy.drivers.iptables.detect import Features, FeatureDetector, detect_backend, find_best_binary
+from felixpy.drivers.generictables.readmerge import merge_written
 from felixpy.drivers.iptables.metrics import IptablesMetrics, get_metrics
+from felixpy.drivers.iptables.recheck import RECHECK_POLL, Rechecks
 from felixpy.drivers.iptables.restore_buffer import RestoreBuffer
 from felixpy.drivers.iptables.sharedsave import SharedSave
 from felixpy.drivers.iptables.savefile import (
@@ -122,25 +118,6 @@ class _DeleteRenderError(DataplaneError):
     """Our view of a foreign chain no longer matches (a rule to delete by value is unknown)."""
 
 
-RECHECK_POLL = 0.1  # s: how soon an apply comes back for a background read's result
-
-
-@dataclass(slots=True, eq=False)
-class _Recheck:
-    """A refresh or post-write read running off the apply path.  The worker fills ``state``/``error`` and
-    sets ``done``; the apply thread records in ``written`` every chain a restore wrote meanwhile."""
-
-    reason: str
-    done: threading.Event = field(default_factory=threading.Event)
-    state: SaveState | None = None
-    error: Exception | None = None
-    written: set[str] = field(default_factory=set)
-
-
-def _start_thread(fn: Callable[[], None]) -> None:
-    threading.Thread(target=fn, name="iptables-recheck", daemon=True).start()
-
-
 class IptablesTable:
     def __init__(
         self,
@@ -183,8 +160,7 @@ class IptablesTable:
         self._shared_save = shared_save if backend == "nft" else None
         self._write_stamp = 0
         self._background_rechecks = background_rechecks
-        self._start_background = start_background or _start_thread
-        self._recheck: _Recheck | None = None  # the background read in progress or finished, not yet merged
+        self._rechecks = Rechecks(start_background)  # the background read in progress or finished, not merged
         self._features: FeatureSource = features or FeatureDetector(runner)
         self._insert_mode = insert_mode
         self._render = render.IptablesRenderer(hash_prefix)
@@ -465,7 +441,7 @@ class IptablesTable:
 
     # ------------------------------------------------------------------ reading
     def _load_dataplane_state(self) -> None:
-        self._recheck = None  # a background read started before this one would be older: never merged
+        self._rechecks.drop()  # a background read started before this one would be older: never merged
         self._features.refresh_features()
         features = self._check_features()
         self._last_read = self._clock()
@@ -477,13 +453,8 @@ class IptablesTable:
         new = state.hashes
         full_rules = state.full_rules
         if written:
-            new = {c: h for c, h in new.items() if c not in written}
-            full_rules = {c: r for c, r in full_rules.items() if c not in written}
-            for c in written:
-                if c in self._dp_hashes:
-                    new[c] = self._dp_hashes[c]
-                if c in self._dp_full_rules:
-                    full_rules[c] = self._dp_full_rules[c]
+            new = merge_written(new, self._dp_hashes, written)
+            full_rules = merge_written(full_rules, self._dp_full_rules, written)
         dirty_c, dirty_ia = self._dirty_chains, self._dirty_insert_append
         # Chains we believe we programmed: still as we left them?  (What differs from that belief and
         # is about to be rewritten is drift, see felixpy.drivers.drift.)
@@ -623,7 +594,7 @@ class IptablesTable:
                 resched = 0.001
             elif resched is None or until < resched:
                 resched = until
-        if self._recheck is not None:
+        if self._rechecks.job is not None:
             resched = RECHECK_POLL if resched is None else min(resched, RECHECK_POLL)
         return resched
 
@@ -634,35 +605,18 @@ class IptablesTable:
         if not (self._background_rechecks and self._in_sync):
             self.invalidate_dataplane_cache(reason)
             return
-        if self._recheck is not None:
-            return  # one is running (or finished and not merged yet): it serves this check too
-        job = _Recheck(reason)
-        self._recheck = job
-        self._last_read = self._clock()
-
-        def run() -> None:
-            try:
-                job.state = self._attempt_read()  # no prehash hook: that one is the apply thread's
-            except Exception as e:  # handed to the apply thread, which reads on its own path instead
-                job.error = e
-            finally:
-                job.done.set()
-
         try:
-            self._start_background(run)
+            if self._rechecks.start(reason, self._attempt_read):  # no prehash hook: that is the apply thread's
+                self._last_read = self._clock()
         except Exception as e:  # e.g. no thread to be had: read on the apply path, as without rechecks
-            self._recheck = None
             self._log.warning("Could not start a background read; reading on the apply path", error=str(e))
             self.invalidate_dataplane_cache(reason)
 
     def _take_recheck(self) -> None:
-        """Merge a finished background read into the dataplane view (see the module docstring)."""
-        job = self._recheck
-        if job is None or not job.done.is_set():
-            return
-        self._recheck = None
-        if not self._in_sync:
-            return  # a write failed meanwhile: this apply reads on its own path anyway
+        """Merge a finished background read into the dataplane view (docs/iptables.md)."""
+        job = self._rechecks.take_finished()
+        if job is None or not self._in_sync:
+            return  # none finished; or a write failed meanwhile, and this apply reads on its own path anyway
         if job.error is not None or job.state is None:
             self._metrics.save_errors.inc()
             self._log.warning("Background iptables-save failed; reading on the apply path", cmd=self.save_cmd,
@@ -811,8 +765,7 @@ class IptablesTable:
 
         if not buf.empty():
             self._exec_restore(buf)
-            if self._recheck is not None:
-                self._recheck.written.update(new_hashes)  # newer than anything that read can have seen
+            self._rechecks.note_written(new_hashes)  # newer than anything a running read can have seen
             self._last_write = self._clock()
             self._post_write = self._initial_post_write
         if self._post_write != 0:

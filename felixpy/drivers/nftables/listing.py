@@ -4,9 +4,10 @@
 ``NftablesRefreshInterval`` refresh, the IP-set resync, the start-of-day prefetch) and merges what a listing
 found; this module holds the jobs (:class:`Listings`, one per table: which are running and of which
 generation) and each job itself (:class:`Listing`): the worker that lists and parses, the record of
-what transactions wrote while it ran, and the merge rule — an object written meanwhile keeps what the
-transaction left (newer than anything the listing can have seen), every other object is taken from the
-listing, so drift found there is repaired by the next apply.
+what transactions wrote while it ran, and the merge rule (shared with iptables' background checks,
+:func:`~felixpy.drivers.generictables.readmerge.merge_written`) — an object written meanwhile keeps what
+the transaction left (newer than anything the listing can have seen), every other object is taken from
+the listing, so drift found there is repaired by the next apply.
 
 It owns no kernel objects and writes nothing: the worker only reads, through the lister shim.
 """
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from felixpy.drivers.generictables.readmerge import merge_written
 from felixpy.drivers.nftables import metrics
 from felixpy.drivers.nftables.names import TABLE_NAME
 from felixpy.drivers.nftables.readback import TableSnapshot
@@ -67,11 +69,7 @@ class Listing:
 
     def merged(self, listed: dict[str, Any], ours: dict[str, Any], kind: str) -> dict[str, Any]:
         """*kind*'s objects as listed, except those written meanwhile, which keep *ours*."""
-        out = {n: x for n, x in listed.items() if (kind, n) not in self.written}
-        for k, n in self.written:
-            if k == kind and n in ours:
-                out[n] = ours[n]
-        return out
+        return merge_written(listed, ours, {n for k, n in self.written if k == kind})
 
 
 class Listings:
