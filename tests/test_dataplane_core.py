@@ -196,61 +196,13 @@ def test_apply_runs_steps_in_felix_order() -> None:
     ready(dp)
     report = dp.maybe_apply()
     assert report is not None and report.ok
-    order = [e for e in tl if e not in ("route-table", "fdb")]  # FDB, then routes, beside the tables
+    order = [e for e in tl if e != "route-table"]  # routes run in parallel with the tables
     assert order.count("ipsets-update:v4") == 2
     order.remove("ipsets-update:v4")  # the write runs beside the renders, FDB and routes (next test)
-    assert order == ["resolve:resolver", "complete:resolver", "complete:routes", "ipsets-update:v4",
+    assert order == ["resolve:resolver", "complete:resolver", "complete:routes", "fdb", "ipsets-update:v4",
                      "table:filter", "ipsets-delete:v4"]
     assert "route-table" in tl
     assert tl.index("route-table") > tl.index("fdb")  # FDB before routes
-
-
-class GatedSyncer(FakeSyncer):
-    """Its apply waits (bounded) for *event*: it only finishes in time if something else ran meanwhile."""
-
-    def __init__(self, tl: Timeline, name: str, event: threading.Event, fail: bool = False) -> None:
-        super().__init__(tl, name, fail)
-        self.event = event
-        self.overlapped: bool | None = None
-
-    def apply(self) -> None:
-        self.overlapped = self.event.wait(timeout=10)
-        super().apply()
-
-
-class SignallingTable(FakeTable):
-    def __init__(self, tl: Timeline, name: str, applied: threading.Event) -> None:
-        super().__init__(tl, name)
-        self.applied = applied
-
-    def apply(self) -> float | None:
-        try:
-            return super().apply()
-        finally:
-            self.applied.set()
-
-
-@pytest.mark.parametrize("fdb_fails", [False, True])
-def test_the_fdb_runs_beside_the_tables_and_every_route_waits_for_every_fdb(fdb_fails: bool) -> None:
-    """The tables do not wait for the FDB (the FDB's apply here only finishes once a table was applied);
-    every route and rule syncer starts after both families' FDBs are done, also when one of them
-    failed (that failure is the FDB's own, retried; the routes still go)."""
-    dp, clock, tl = make()
-    tabled = threading.Event()
-    fdbs = [GatedSyncer(tl, "fdb4", tabled, fail=fdb_fails), FakeSyncer(tl, "fdb6")]
-    for f in fdbs:
-        dp.register_fdb(f)
-    dp.register_manager(RouteMgr(tl, FakeSyncer(tl, "route-table")))
-    dp.register_table(SignallingTable(tl, "filter", tabled))
-    ready(dp)
-    report = dp.maybe_apply()
-    assert report is not None
-    assert fdbs[0].overlapped is True
-    assert tl.index("table:filter") < tl.index("fdb4") < tl.index("route-table")
-    assert tl.index("fdb6") < tl.index("route-table")
-    assert report.ok is not fdb_fails
-    assert report.failed_steps == (["fdb:GatedSyncer"] if fdb_fails else [])
-    assert dp.needs_sync is fdb_fails
 
 
 class SetWriter(FakeManager):

@@ -20,10 +20,8 @@ this object comes from the runner's one thread.
  4. devices: tunnel devices and interface sysctls, then ``on_devices_applied()``
     on the managers that build on them (MTU, ifindex, keys, status);
  5. popped refresh timers queue resyncs (devices/routes/rules/FDB);
- 6. VXLAN FDB starts in the background (families in parallel; nothing but the routes depends on it);
- 7. routes and rules start in the background, each waiting for every FDB first (a route over the
-    VXLAN device must not be used before its peer's neighbour and FDB entries are there; they never
-    depend on IP sets);
+ 6. VXLAN FDB, before the routes that use it;
+ 7. routes and rules start in the background (they never depend on IP sets);
  8. the IP-set write joined, and anything recorded since it started written (normally nothing);
  9. *tables (in parallel) — held back if step 8 failed, because a rule must
     never reference a set that is not there; then, only if every table was
@@ -48,7 +46,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeGuard, TypeVar
@@ -344,7 +341,8 @@ class InternalDataplane:
                 self._join(report, write)                         # (BPF mode: before its maps' apply)
             self._apply_devices(report)                           # 4
             self._queue_refreshes()                               # 5
-            background = self._start_fdbs_and_routes()            # 6, 7
+            self._apply_fdbs(report)                              # 6
+            background = self._start_routes()                     # 7
             ipsets_ok = self._apply_ipset_updates(report, write)  # 8
             tables_ok = self._apply_tables(report, ipsets_ok)     # 9
             self._apply_cleanups(report, tables_ok)               # 9 (after the tables)
@@ -436,23 +434,13 @@ class InternalDataplane:
         ok, _ = self._collect(report, futs)
         return ok
 
-    def _start_fdbs_and_routes(self) -> list[tuple[str, Future[None]]]:
-        """The FDBs start now; each route or rule syncer starts with them and waits until every FDB has
-        finished (whatever its outcome: a failed FDB is judged by :meth:`_collect` like any step, and
-        the routes still go).  Nothing on the apply thread waits for either until step 11: at the
-        large-node cold start the FDB of 5,000 VTEPs had held the tables back ~0.17 s."""
-        fdbs = [(f"fdb:{type(f).__name__}{_family(f)}", self._executor.submit(f.apply)) for f in self.fdbs]
-        waits = [fut for _, fut in fdbs]
+    def _apply_fdbs(self, report: ApplyReport) -> None:
+        for fdb in self.fdbs:
+            self._step(report, f"fdb:{type(fdb).__name__}{_family(fdb)}", fdb.apply)
 
-        def after_fdbs(fn: Callable[[], None]) -> Callable[[], None]:
-            def run() -> None:
-                futures.wait(waits)
-                fn()
-            return run
-
-        routes = [(f"routes:{type(s).__name__}{_family(s)}", self._executor.submit(after_fdbs(s.apply)))
-                  for s in [*self.route_syncers(), *self.rule_syncers()]]
-        return fdbs + routes
+    def _start_routes(self) -> list[tuple[str, Future[None]]]:
+        return [(f"routes:{type(s).__name__}{_family(s)}", self._executor.submit(s.apply))
+                for s in [*self.route_syncers(), *self.rule_syncers()]]
 
     def _apply_tables(self, report: ApplyReport, ipsets_ok: bool) -> bool:
         if not self._prerequisite(report, ipsets_ok, "tables", self.tables):
