@@ -328,7 +328,7 @@ def _iptables_tables(config: Config, v: int, backend: str, deps: KernelDeps) -> 
     from felixpy.drivers.ipsets.driver import IPSets
     from felixpy.drivers.iptables.detect import FeatureDetector
     from felixpy.drivers.iptables.sharedsave import SharedSave
-    from felixpy.drivers.iptables.table import IptablesTable
+    from felixpy.drivers.iptables.table import SAVE_WORKER_MIN_RULES, IptablesTable
 
     features = FeatureDetector(deps.iptables_runner, overrides=config.FeatureDetectOverride)
     shared = SharedSave(deps.iptables_runner) if backend == "nft" else None
@@ -337,7 +337,8 @@ def _iptables_tables(config: Config, v: int, backend: str, deps: KernelDeps) -> 
                             insert_mode=config.ChainInsertMode, refresh_interval=config.IptablesRefreshInterval,
                             post_write_interval=config.IptablesPostWriteCheckIntervalSecs,
                             lock_probe_interval=config.IptablesLockProbeIntervalMillis / 1000.0,
-                            shared_save=shared, background_rechecks=True)
+                            shared_save=shared, background_rechecks=True,
+                            save_worker_min_rules=SAVE_WORKER_MIN_RULES)
         for name in TABLE_NAMES}
     return FamilyTables(tables, IPSets(v, deps.ipset_runner), None, list(tables.values()), backend)
 

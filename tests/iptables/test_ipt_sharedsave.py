@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -105,9 +106,10 @@ class ArrivalShared(SharedSave):
         self.gate = runner
 
     def read(self, save_cmd: str, table: str, not_before: int,
-             while_running: Callable[[], None] | None = None) -> tuple[str | None, bool]:
+             while_running: Callable[[], None] | None = None, *,
+             parse: Callable[[list[str]], list[str]] | None = None) -> tuple[Any, bool]:
         self.gate.arrive(table)
-        return super().read(save_cmd, table, not_before, while_running)
+        return super().read(save_cmd, table, not_before, while_running, parse=parse)
 
 
 # ------------------------------------------------------------------------------ splitting

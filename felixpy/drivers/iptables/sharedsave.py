@@ -30,6 +30,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from felixpy.drivers.cmdshim import CommandRunner
 
@@ -71,10 +72,11 @@ def _next_header(text: str, pos: int) -> int:
 
 @dataclass(slots=True)
 class _Dump:
-    argv: tuple[str, ...]
+    argv: tuple[str, ...]  # what ran: the save, or the save worker running it
     started: int  # SharedSave._stamp when it started
+    parsed: bool  # through the save worker: sections are its per-table report entries
     done: threading.Event = field(default_factory=threading.Event)
-    sections: dict[str, str] | None = None  # None: the dump failed
+    sections: dict[str, Any] | None = None  # None: the dump failed
 
 
 class SharedSave:
@@ -85,7 +87,19 @@ class SharedSave:
         self._lock = threading.Lock()
         self._stamp = 0
         self._running: _Dump | None = None
+        self._rules: dict[str, int] = {}  # per table, its size as it last told us (note_rules)
         self.dumps = 0  # saves actually run (tests, metrics)
+
+    def note_rules(self, table: str, rules: int) -> None:
+        """*table* holds (or is about to) about *rules* rules: what :meth:`total_rules` adds up."""
+        with self._lock:
+            self._rules[table] = rules
+
+    def total_rules(self) -> int:
+        """The family's size: every table's dump is read at once, so a table's choice of reader (in the
+        daemon, or the save worker for a big one) goes by the whole dump, not by its own section."""
+        with self._lock:
+            return sum(self._rules.values())
 
     def stamp(self) -> int:
         """Call after each write of a table: the token that table passes to :meth:`read` afterwards."""
@@ -94,16 +108,20 @@ class SharedSave:
             return self._stamp
 
     def read(self, save_cmd: str, table: str, not_before: int,
-             while_running: Callable[[], None] | None = None) -> tuple[str | None, bool]:
-        """(*table*'s section of a dump that started after stamp *not_before*, whether this call ran the
-        dump).  The section is None when the caller must read alone (the dump failed or lacks the
-        table).  *while_running* is called once while the dump runs, in this thread."""
-        argv = (save_cmd,)
+             while_running: Callable[[], None] | None = None, *,
+             parse: Callable[[list[str]], list[str]] | None = None) -> tuple[Any, bool]:
+        """(*table*'s part of a dump that started after stamp *not_before*, whether this call ran the
+        dump).  The part is the table's section (text), or with *parse* — the save worker's command line
+        for a save argv (:func:`~.saveworker.worker_argv`) — its report entry
+        (:func:`~.saveworker.state_from_wire` turns it into a state); None when the caller must read alone
+        (the dump failed or lacks the table).  A table joins only a dump of its own kind.  *while_running*
+        is called once while the dump runs, in this thread."""
+        argv = tuple(parse([save_cmd])) if parse is not None else (save_cmd,)
         with self._lock:
             dump = self._running
             lead = dump is None or dump.argv != argv or dump.started < not_before
             if lead:
-                dump = _Dump(argv, self._stamp)
+                dump = _Dump(argv, self._stamp, parse is not None)
                 self._running = dump
                 self.dumps += 1
         assert dump is not None
@@ -111,7 +129,7 @@ class SharedSave:
             try:
                 res = self._runner.run(list(argv), while_running=while_running)
                 if res.ok:
-                    dump.sections = split_tables(res.stdout)
+                    dump.sections = _report(res.stdout) if dump.parsed else split_tables(res.stdout)
             finally:
                 with self._lock:
                     if self._running is dump:
@@ -122,3 +140,14 @@ class SharedSave:
                 while_running()
             dump.done.wait()
         return (None if dump.sections is None else dump.sections.get(table)), lead
+
+
+def _report(stdout: str) -> dict[str, Any] | None:
+    """The save worker's report; None (the dump failed: each table reads alone) if it is torn."""
+    from felixpy.drivers.iptables.saveworker import parse_output
+    from felixpy.drivers.iptables.savefile import SaveParseError
+
+    try:
+        return parse_output(stdout)
+    except SaveParseError:
+        return None

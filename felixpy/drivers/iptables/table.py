@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ from felixpy.drivers.generictables.readmerge import merge_written
 from felixpy.drivers.iptables.metrics import IptablesMetrics, get_metrics
 from felixpy.drivers.iptables.recheck import RECHECK_POLL, Rechecks
 from felixpy.drivers.iptables.restore_buffer import RestoreBuffer
+from felixpy.drivers.iptables.saveworker import parse_output, state_from_wire, worker_argv
 from felixpy.drivers.iptables.sharedsave import SharedSave
 from felixpy.drivers.iptables.savefile import (
     DEFAULT_OWNED_PREFIXES, FOREIGN_PLACEHOLDER, HISTORIC_INSERTED_NAT_RULE_REGEX, SaveParseError, SaveState,
@@ -118,6 +120,13 @@ class _DeleteRenderError(DataplaneError):
     """Our view of a foreign chain no longer matches (a rule to delete by value is unknown)."""
 
 
+# The daemon's tables read through the save worker (saveworker.py) from this many rules in the table, or in
+# the family when its tables share saves (iptables-nft): at the stress profile's ~145,000 the worker keeps
+# ~55 MB of save text and parse out of the daemon; at the large node's ~21,000 its start (~60 ms on the
+# restart's critical path) would cost more than the in-process parse (~20 ms) saves.
+SAVE_WORKER_MIN_RULES = 50_000
+
+
 class IptablesTable:
     def __init__(
         self,
@@ -146,6 +155,8 @@ class IptablesTable:
         shared_save: SharedSave | None = None,
         background_rechecks: bool = False,
         start_background: Callable[[Callable[[], None]], None] | None = None,
+        save_worker_min_rules: int = 0,
+        save_worker_python: str | None = None,
     ) -> None:
         if backend not in ("legacy", "nft"):
             raise ValueError(f"unknown iptables backend {backend!r}")
@@ -164,6 +175,12 @@ class IptablesTable:
         self._features: FeatureSource = features or FeatureDetector(runner)
         self._insert_mode = insert_mode
         self._render = render.IptablesRenderer(hash_prefix)
+        # Reads of a table this big (or of a family this big, sharing saves) go through the save worker,
+        # a child that saves and parses (saveworker.py); 0: never.
+        self._save_worker_min_rules = save_worker_min_rules
+        self._worker_settings = (save_worker_python or sys.executable, hash_prefix, tuple(owned_prefixes),
+                                 extra_cleanup_regex)
+        self._last_read_rules = 0
         self._hash_re = hash_comment_regex(hash_prefix)
         self._owned_re = owned_chain_regex(owned_prefixes)
         self._old_insert_re = old_insert_regex(owned_prefixes, extra_cleanup_regex)
@@ -354,6 +371,24 @@ class IptablesTable:
         if delta:
             self._num_rules += delta
             self._gauge_rules.set(self._num_rules)
+            if self._shared_save is not None and self._save_worker_min_rules > 0:
+                self._shared_save.note_rules(self.name, max(self._num_rules, self._last_read_rules))
+
+    def _uses_save_worker(self) -> bool:
+        """Whether a read now goes through the save worker: the table (or, sharing saves, its family) is
+        at least ``save_worker_min_rules`` big, as desired or as last read."""
+        if self._save_worker_min_rules <= 0:
+            return False
+        size = max(self._num_rules, self._last_read_rules)
+        if self._shared_save is not None:
+            self._shared_save.note_rules(self.name, size)
+            size = self._shared_save.total_rules()
+        return size >= self._save_worker_min_rules
+
+    def _worker_argv(self, save_argv: list[str]) -> list[str]:
+        python, hash_prefix, owned, extra = self._worker_settings
+        return worker_argv(python, save_argv, hash_prefix=hash_prefix, owned_prefixes=owned,
+                           extra_cleanup_regex=extra)
 
     def _desired(self, name: str) -> Chain | None:
         """The chain as it should be programmed, or None if it should not exist."""
@@ -527,22 +562,39 @@ class IptablesTable:
                 delay *= 2
 
     def _attempt_read(self, features: Features | None = None) -> SaveState:
+        """One read: this table's part of a shared dump, else its own ``-t`` save; parsed here, or by the
+        save worker when the table is big (:meth:`_uses_save_worker`)."""
         start = self._clock()
         hook = None if features is None else (lambda: self._prehash_dirty_chains(features))
+        worker = self._uses_save_worker()
         try:
-            text = None
+            got = None
             if self._shared_save is not None:
-                text, ran = self._shared_save.read(self.save_cmd, self.name, self._write_stamp, hook)
+                got, ran = self._shared_save.read(self.save_cmd, self.name, self._write_stamp, hook,
+                                                  parse=self._worker_argv if worker else None)
                 hook = None  # ran during the shared dump, whatever its outcome
                 if ran:
                     self._metrics.save_calls.inc()
-            if text is None:
+            if got is None:
                 self._metrics.save_calls.inc()
-                text = self._runner.run([self.save_cmd, "-t", self.name], while_running=hook).check().stdout
+                argv = [self.save_cmd, "-t", self.name]
+                if worker:
+                    out = self._runner.run(self._worker_argv(argv), while_running=hook).check().stdout
+                    got = parse_output(out).get(self.name)
+                    if got is None:
+                        raise SaveParseError(f"save worker: no table {self.name} in the report")
+                else:
+                    got = self._runner.run(argv, while_running=hook).check().stdout
         finally:
             dur = self._clock() - start
             self._peak_save = max(self._peak_save * 0.99, dur)
-        return parse_save(text, hash_re=self._hash_re, owned_re=self._owned_re, old_insert_re=self._old_insert_re)
+        if worker and not isinstance(got, str):
+            state = state_from_wire(got)
+        else:
+            state = parse_save(got, hash_re=self._hash_re, owned_re=self._owned_re,
+                               old_insert_re=self._old_insert_re)
+        self._last_read_rules = sum(map(len, state.hashes.values()))
+        return state
 
     # ------------------------------------------------------------------ apply
     def apply(self) -> float | None:

@@ -1,0 +1,216 @@
+"""The save worker (felixpy/drivers/iptables/saveworker.py): a child that saves and parses a big table.
+
+On the fake, the worker's command line is answered in process by the worker's own report function over the
+fake's save, so these tests pin what the table sends and does with the answer; the module's ``main`` runs
+for real over a stand-in save command; and in a throwaway namespace the real child reads real iptables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from felixpy.drivers.cmdshim import CommandResult, SubprocessRunner
+from felixpy.drivers.iptables import saveworker
+from felixpy.drivers.iptables.detect import FeatureDetector, StaticFeatures
+from felixpy.drivers.iptables.fake import FakeIptables
+from felixpy.drivers.iptables.metrics import get_metrics
+from felixpy.drivers.iptables.savefile import (
+    SaveParseError,
+    hash_comment_regex,
+    old_insert_regex,
+    owned_chain_regex,
+    parse_save,
+)
+from felixpy.drivers.iptables.sharedsave import SharedSave, split_tables
+from felixpy.drivers.iptables.table import IptablesTable
+from felixpy.errors import FatalDataplaneError
+from felixpy.testing.clock import FakeClock
+from test_ipt_sharedsave import FEATURES, TABLES, program, programmed_fake
+
+SETTINGS = {"hash_prefix": "cali:", "owned_prefixes": ("cali-",), "extra_cleanup_regex": ""}
+
+
+def in_process(text: str) -> dict[str, object]:
+    st = parse_save(text, hash_re=hash_comment_regex("cali:"), owned_re=owned_chain_regex(("cali-",)),
+                    old_insert_re=old_insert_regex(("cali-",)))
+    return {"hashes": st.hashes, "full": st.full_rules}
+
+
+class WorkerOnFake:
+    """The fake tools, with the save worker's command line answered as the child would answer it."""
+
+    def __init__(self, fake: FakeIptables) -> None:
+        self.fake = fake
+        self.worker_runs: list[tuple[str, ...]] = []  # the save argv each worker run was given
+        self.fail_worker = False
+
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+            while_running: Callable[[], None] | None = None) -> CommandResult:
+        if list(argv[1:3]) == ["-m", saveworker.MODULE]:
+            save = tuple(argv[list(argv).index("--") + 1:])
+            self.worker_runs.append(save)
+            if while_running is not None:
+                while_running()
+            if self.fail_worker:
+                return CommandResult(saveworker.EXIT_SAVE_FAILED, "", '{"returncode": 4}', tuple(argv))
+            res = self.fake.run(save)
+            if not res.ok:
+                return CommandResult(saveworker.EXIT_SAVE_FAILED, "", res.stderr, tuple(argv))
+            table = save[save.index("-t") + 1] if "-t" in save else None
+            out = saveworker.report(res.stdout, table, **SETTINGS)  # type: ignore[arg-type]
+            return CommandResult(0, json.dumps(out), "", tuple(argv))
+        return self.fake.run(argv, stdin, while_running=while_running)
+
+
+def table(runner: object, name: str = "filter", *, min_rules: int = 1, backend: str = "legacy",
+          shared: SharedSave | None = None) -> IptablesTable:
+    clock = FakeClock()
+    return IptablesTable(name, 4, runner=runner, backend=backend, features=StaticFeatures(FEATURES),  # type: ignore[arg-type]
+                         clock=clock.monotonic, sleep=clock.sleep, metrics=get_metrics(CollectorRegistry()),
+                         owned_prefixes=("cali-",), shared_save=shared, save_worker_min_rules=min_rules)
+
+
+def restores(fake: FakeIptables) -> list[str]:
+    return [i or "" for argv, i in fake.calls if argv[0].endswith("-restore")]
+
+
+# ---------------------------------------------------------------------- the report
+def test_the_report_of_each_table_is_what_the_daemon_would_parse() -> None:
+    fake = programmed_fake()
+    full = fake.run(["iptables-nft-save"]).stdout
+    got = saveworker.report(full, None, **SETTINGS)  # type: ignore[arg-type]
+    assert set(got) == set(TABLES)
+    for name, section in split_tables(full).items():
+        assert got[name] == in_process(section)
+        assert saveworker.state_from_wire(json.loads(json.dumps(got[name]))).hashes == in_process(section)["hashes"]
+    own = fake.run(["iptables-nft-save", "-t", "filter"]).stdout
+    assert saveworker.report(own, "filter", **SETTINGS) == {"filter": in_process(own)}  # type: ignore[arg-type]
+
+
+def test_a_refused_table_and_a_torn_report_are_parse_errors() -> None:
+    text = "*raw\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n# Table `filter' is incompatible, use 'nft' tool.\n"
+    got = saveworker.report(text, None, **SETTINGS)  # type: ignore[arg-type]
+    assert "error" in got["filter"] and "hashes" in got["raw"]  # type: ignore[operator]
+    with pytest.raises(SaveParseError):
+        saveworker.state_from_wire(got["filter"])
+    with pytest.raises(SaveParseError):
+        saveworker.parse_output('{"filter": {"hashes"')
+    with pytest.raises(SaveParseError):
+        saveworker.state_from_wire({"hashes": {}})
+
+
+def test_main_runs_the_save_and_prints_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fake = programmed_fake()
+    own = fake.run(["iptables-nft-save", "-t", "filter"]).stdout
+    saved = tmp_path / "save.txt"
+    saved.write_text(own)
+    stand_in = tmp_path / "fake-save"
+    stand_in.write_text(f"#!/bin/sh\ncat {saved}\n")
+    stand_in.chmod(0o755)
+    assert saveworker.main(["--owned-prefix", "cali-", "--", str(stand_in), "-t", "filter"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"filter": in_process(own)}
+    assert saveworker.main(["--", "false"]) == saveworker.EXIT_SAVE_FAILED
+    assert json.loads(capsys.readouterr().err)["returncode"] == 1
+
+
+# ---------------------------------------------------------------------- the table
+def test_a_big_table_reads_through_the_worker_and_a_restart_rewrites_nothing() -> None:
+    fake = FakeIptables(default_backend="legacy")
+    runner = WorkerOnFake(fake)
+    first = table(runner)
+    program(first)
+    first.apply()
+    assert runner.worker_runs == [("iptables-legacy-save", "-t", "filter")]
+    assert first.in_sync and len(restores(fake)) == 1
+    second = table(runner)
+    program(second)
+    second.apply()
+    assert len(runner.worker_runs) == 2 and len(restores(fake)) == 1  # in sync from the worker's read
+    fake.external_restore("*filter\n-F cali-filter-x\nCOMMIT\n")  # drift: seen through the worker too
+    second.invalidate_dataplane_cache("test")
+    second.apply()
+    assert len(restores(fake)) == 2 and fake.chain_specs("filter", "cali-filter-x")
+
+
+def test_a_small_table_parses_in_process_and_a_failed_worker_is_retried() -> None:
+    fake = FakeIptables(default_backend="legacy")
+    runner = WorkerOnFake(fake)
+    small = table(runner, min_rules=1_000)
+    program(small)
+    small.apply()
+    assert runner.worker_runs == [] and small.in_sync
+    big = table(runner)
+    program(big)
+    runner.fail_worker = True
+    with pytest.raises(FatalDataplaneError):
+        big.apply()  # every retry failed: fatal, as a failing save is
+    runner.fail_worker = False
+    big.apply()
+    assert big.in_sync and len(runner.worker_runs) > 2
+
+
+def test_a_family_sharing_saves_goes_by_its_total_size() -> None:
+    """iptables-nft: the dump is every table's, so a small table's read goes through the worker when the
+    family is big, and each table takes its own part of the worker's report (a restart: nothing to write)."""
+    fake = programmed_fake()
+    runner = WorkerOnFake(fake)
+    shared = SharedSave(runner)  # type: ignore[arg-type]
+    tables = [table(runner, n, min_rules=6, backend="nft", shared=shared) for n in TABLES]
+    for t in tables:
+        program(t)  # three rules each: 12 in the family, 3 in any one table
+    tables[0].apply()
+    assert runner.worker_runs == [("iptables-nft-save",)]
+    for t in tables[1:]:
+        t.apply()
+    assert runner.worker_runs == [("iptables-nft-save",)] * len(TABLES)  # applied one by one: a dump each
+    assert restores(fake) == []
+    for t in tables:
+        assert t.in_sync
+        assert t.dataplane_hashes()[f"cali-{t.name}-x"] == t.expected_hashes(f"cali-{t.name}-x")
+    alone = table(runner, "filter", min_rules=100, backend="nft", shared=SharedSave(runner))  # type: ignore[arg-type]
+    program(alone)
+    alone.apply()
+    assert len(runner.worker_runs) == len(TABLES)  # a small family: parsed in the daemon
+
+
+# ---------------------------------------------------------------------- kernel
+@pytest.mark.kernel
+@pytest.mark.skipif(os.geteuid() != 0, reason="kernel tests need root")
+@pytest.mark.parametrize("backend", ["legacy", "nft"])
+@pytest.mark.parametrize("ip_version", [4, 6])
+def test_kernel_the_worker_reads_what_the_table_wrote(netns: str, backend: str, ip_version: int) -> None:
+    """The real child, in a throwaway namespace: a table restarted over what its predecessor wrote reads it
+    back through the worker and writes nothing."""
+    runner = SubprocessRunner(netns=netns)
+    clock = FakeClock()
+    features = StaticFeatures(FeatureDetector(runner).get_features())
+
+    def make(min_rules: int, r: object) -> IptablesTable:
+        return IptablesTable("filter", ip_version, runner=r, backend=backend, features=features,  # type: ignore[arg-type]
+                             clock=clock.monotonic, sleep=clock.sleep, save_worker_min_rules=min_rules,
+                             save_worker_python=sys.executable)
+
+    first = make(0, runner)
+    program(first)
+    first.apply()
+    calls: list[tuple[str, ...]] = []
+
+    class Recording(SubprocessRunner):
+        def run(self, argv: Sequence[str], stdin: str | None = None, *,
+                while_running: Callable[[], None] | None = None) -> CommandResult:
+            calls.append(tuple(argv))
+            return super().run(argv, stdin, while_running=while_running)
+
+    second = make(1, Recording(netns=netns))
+    program(second)
+    second.apply()
+    assert second.in_sync
+    assert [c[1:3] for c in calls] == [("-m", saveworker.MODULE)]  # one read, through the worker; no restore
+    assert second.dataplane_hashes()["cali-filter-x"] == second.expected_hashes("cali-filter-x")
