@@ -112,6 +112,17 @@ def test_stdin_is_fed_whole() -> None:
     assert res.ok and res.stdout == text  # several MiB, nothing lost or re-encoded
 
 
+def test_a_stdin_of_many_pieces_arrives_whole_and_in_order() -> None:
+    """The input is encoded a piece (2**20 characters) at a time; characters of two and four bytes
+    straddle the pieces' boundaries (a piece boundary counts characters, never bytes)."""
+    from felixpy.drivers import cmdshim
+
+    unit = "ab\u00e9\U0001f600\n"  # 1 + 1 + 2 + 4 + 1 bytes
+    text = unit * (2 * cmdshim._STDIN_PIECE // len(unit) + 7)
+    res = SubprocessRunner().run(["cat"], stdin=text)
+    assert res.ok and res.stdout == text
+
+
 def test_without_stdin_the_child_reads_dev_null() -> None:
     # Never the daemon's own stdin: cat must see EOF at once.
     res = SubprocessRunner(timeout=10).run(["cat"])

@@ -12,6 +12,10 @@
   step (``InternalDataplane._step``, and each background future the apply collects), when it started after
   the apply began and how long it ran, in milliseconds: where an apply's time goes, without a sampler;
   and the cyclic collector's passes during the apply (count and milliseconds, per generation).
+* ``FELIXPY_BENCH_RSSTRACE=PATH`` — a thread samples this process's resident set every 5 ms during each
+  apply; at the apply's end one JSON line goes to PATH: the samples as ``[ms since the apply began, RSS
+  MiB, the foreground step running]``, thinned to the points where RSS moved by ≥ 1 MiB, plus the peak:
+  where an apply's memory goes, step by step.
 """
 
 from __future__ import annotations
@@ -134,3 +138,55 @@ if _STEPS:
     _core.InternalDataplane.apply = _timed_apply  # type: ignore[method-assign]
     _core.InternalDataplane._step = _timed_step  # type: ignore[method-assign]
     _core.InternalDataplane._collect = _timed_collect  # type: ignore[method-assign]
+
+
+_RSS = os.environ.get("FELIXPY_BENCH_RSSTRACE")
+if _RSS:
+    import json as _json
+    import threading as _threading
+    import time as _time
+    from typing import Any as _Any
+
+    from felixpy.dataplane import core as _rcore
+
+    _page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
+    _state: dict[str, _Any] = {"on": False, "step": "", "t0": 0.0, "samples": []}
+
+    def _rss_mib() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _page_mib
+
+    def _sampler() -> None:
+        while True:
+            if _state["on"]:
+                _state["samples"].append([round((_time.perf_counter() - _state["t0"]) * 1000, 1),
+                                          round(_rss_mib(), 1), _state["step"]])
+            _time.sleep(0.005)
+
+    _threading.Thread(target=_sampler, name="bench-rss", daemon=True).start()
+    _rapply, _rstep = _rcore.InternalDataplane.apply, _rcore.InternalDataplane._step
+
+    def _traced_apply(self: _Any) -> _Any:
+        _state.update(on=True, step="", t0=_time.perf_counter(), samples=[])
+        try:
+            return _rapply(self)
+        finally:
+            _state["on"] = False
+            samples, kept, last = _state["samples"], [], None
+            for smp in samples:
+                if last is None or abs(smp[1] - last) >= 1.0:
+                    kept.append(smp)
+                    last = smp[1]
+            peak = max(samples, key=lambda x: x[1]) if samples else None
+            with open(_RSS, "a") as f:
+                f.write(_json.dumps({"at": _time.time(), "peak": peak, "samples": kept}) + "\n")
+
+    def _traced_step(self: _Any, report: _Any, name: str, fn: _Any) -> _Any:
+        _state["step"] = name
+        try:
+            return _rstep(self, report, name, fn)
+        finally:
+            _state["step"] = f"after {name}"
+
+    _rcore.InternalDataplane.apply = _traced_apply  # type: ignore[method-assign]
+    _rcore.InternalDataplane._step = _traced_step  # type: ignore[method-assign]

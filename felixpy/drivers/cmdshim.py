@@ -237,13 +237,19 @@ def _read_text(fd: int) -> str:
     return text
 
 
+_STDIN_PIECE = 1 << 20  # characters encoded and written at a time
+
+
 def _stdin_file(text: str) -> int:
     """An in-memory file holding *text*, at offset 0, for a child's stdin (close-on-exec for everyone else)."""
     fd = os.memfd_create("felixpy-cmd-stdin", os.MFD_CLOEXEC)
     try:
-        view = memoryview(text.encode())
-        while view:
-            view = view[os.write(fd, view):]
+        # Encoded a piece at a time: a start of day's restore input is tens of MB at the largest nodes, and
+        # one encode() would hold a second copy of it while it is written.
+        for start in range(0, len(text), _STDIN_PIECE):
+            view = memoryview(text[start:start + _STDIN_PIECE].encode())
+            while view:
+                view = view[os.write(fd, view):]
         os.lseek(fd, 0, os.SEEK_SET)
     except BaseException:
         os.close(fd)

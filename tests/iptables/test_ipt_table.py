@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import structlog
@@ -494,6 +495,28 @@ def test_reschedule_and_timers(make_table: Callable[..., IptablesTable], fake: F
         clock.advance(4000)
         r = t2.apply()
     assert r is None
+
+
+def test_only_the_restore_text_is_held_while_the_restore_runs(make_table: Callable[..., IptablesTable],
+                                                               fake: FakeIptables) -> None:
+    """Issue #17 (memory): at a start of day the rendered bodies and the buffer's lines are each as big as
+    the restore text; both are let go before the command runs (a retry renders again)."""
+    t = make_table()
+    seen: list[tuple[int, int]] = []
+    run = fake.run
+
+    def spy(argv: Sequence[str], stdin: str | None = None, **kw: Any) -> Any:
+        if argv[0].endswith("-restore"):
+            seen.append((len(t._fresh_bodies), len(stdin or "")))
+        return run(argv, stdin, **kw)
+
+    fake.run = spy  # type: ignore[method-assign]
+    program(t)
+    fake.fail_next_restores = 1
+    t.apply()
+    assert len(seen) == 2 and all(bodies == 0 and size > 0 for bodies, size in seen)
+    assert seen[0][1] == seen[1][1]  # the retry rendered the same input again
+    assert_converged(fake, foreign_in_forward=0)
 
 
 def test_metrics(make_table: Callable[..., IptablesTable], fake: FakeIptables,

@@ -71,4 +71,12 @@ class RestoreBuffer:
         if self._table:
             raise RuntimeError("text() inside a transaction")
         lines = self._lines
-        return "\n".join(lines) + "\n" if lines else ""
+        if not lines:
+            return ""
+        # The final newline comes from joining one empty line more: ``join(...) + "\n"`` would copy the
+        # whole text a second time (at a start of day of the largest nodes, tens of MB at the peak).
+        lines.append("")
+        try:
+            return "\n".join(lines)
+        finally:
+            lines.pop()

@@ -815,6 +815,9 @@ class IptablesTable:
                 new_hashes[name] = None
         buf.end_transaction()
 
+        # Every line is in the buffer: the rendered bodies are not needed any more (a retry renders again),
+        # and letting them go before the restore runs keeps them out of the start of day's peak.
+        self._fresh_bodies = {}
         if not buf.empty():
             self._exec_restore(buf)
             self._rechecks.note_written(new_hashes)  # newer than anything a running read can have seen
@@ -826,7 +829,6 @@ class IptablesTable:
 
         self._dirty_chains = set()
         self._dirty_insert_append = set()
-        self._fresh_bodies = {}
         for name, written in new_hashes.items():
             if written is None:
                 dp_hashes.pop(name, None)
@@ -836,12 +838,14 @@ class IptablesTable:
 
     def _exec_restore(self, buf: RestoreBuffer) -> None:
         text = buf.text()
+        lines_written = buf.lines_written
+        buf.reset()  # the lines live on in the text only (at a start of day each is tens of MB)
         self.last_restore_input = text
         argv = [self.restore_cmd, "--noflush", "--verbose",
                 "--wait", f"{self._lock_timeout:.0f}",
                 "--wait-interval", str(round(self._lock_probe_interval * 1_000_000))]
         self._metrics.restore_calls.inc()
-        self._lines_executed.inc(buf.lines_written)
+        self._lines_executed.inc(lines_written)
         start = self._clock()
         try:
             res = self._runner.run(argv, stdin=text)
