@@ -177,3 +177,27 @@ def test_the_daemons_tables_recheck_in_the_background() -> None:
         t._last_read -= 10_000  # the refresh timer is due
         t.apply()
     assert started == ["raw", "mangle", "filter", "nat"]
+
+
+def test_after_a_read_the_belief_shares_the_hash_caches_lists(s: Setup, backend: str) -> None:
+    """Issue #17 (memory): a chain the read found as we left it keeps our list of its hashes (the hash
+    cache's) rather than the read's equal copy — at the stress profile that copy is ~10 MB of strings
+    held until the next read.  Pinned for a restart's first apply and for a background check's merge."""
+    def shared() -> bool:
+        t = s.table
+        return all(t._dp_hashes[c] is t._hash_cache[c] for c in ("cali-x", "cali-y"))
+
+    restarted = IptablesTable("filter", 4, runner=s.runner, backend=backend,  # type: ignore[arg-type]
+                              features=StaticFeatures(FEATURES), clock=s.clock.monotonic, sleep=s.clock.sleep,
+                              metrics=get_metrics(CollectorRegistry()))
+    restarted.insert_or_append_rules("FORWARD", [Rule(action=Jump("cali-FORWARD"))])
+    restarted.update_chains(chains(1))
+    n = len(s.restores())
+    restarted.apply()
+    assert len(s.restores()) == n
+    assert all(restarted._dp_hashes[c] is restarted._hash_cache[c] for c in ("cali-x", "cali-y"))
+    assert shared()
+    s.due()
+    s.jobs.pop()()
+    s.table.apply()  # merges the background read: nothing differed
+    assert shared() and len(s.restores()) == n

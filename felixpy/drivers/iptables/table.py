@@ -522,6 +522,8 @@ class IptablesTable:
                     drift.found("chain")
                 else:
                     drift.found("rule", rule_drift(expected, dp))
+            else:
+                new[chain] = expected  # as we left it: keep our list (shared with the hash cache), not the read's
         # Chains we did not know about: our leftovers, or foreign chains holding our rules.
         for chain, hashes in new.items():
             if chain in dirty_c or chain in dirty_ia or chain in self._dp_hashes:
@@ -727,6 +729,7 @@ class IptablesTable:
                 # iptables-nft-restore rule-index bug this way); skip it if already right.
                 hashes, _ = self._chain_hashes(desired, features)
                 if present and hashes == dp_hashes[name]:
+                    dp_hashes[name] = hashes  # one list for both (a read's copy is as big as the chain)
                     dirty.discard(name)
                     continue
                 buf.write_forward_reference(name)
