@@ -53,7 +53,7 @@ class CountingRunner(SubprocessRunner):
         super().__init__()
         self.ops: list[str] = []
 
-    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+    def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult:
         self.ops.append(" ".join(argv[1:2]))
         return super().run(argv, stdin, while_running=while_running)

@@ -56,7 +56,7 @@ class CountingRunner(SubprocessRunner):
         super().__init__()
         self.calls: list[tuple[str, ...]] = []
 
-    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+    def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult:
         self.calls.append(tuple(argv))
         return super().run(argv, stdin, while_running=while_running)

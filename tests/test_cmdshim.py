@@ -123,6 +123,18 @@ def test_a_stdin_of_many_pieces_arrives_whole_and_in_order() -> None:
     assert res.ok and res.stdout == text
 
 
+def test_stdin_as_lines_reads_as_their_text() -> None:
+    """The real runner also takes stdin as lines, each followed by a newline, written a piece at a time."""
+    from felixpy.drivers import cmdshim
+
+    runner = SubprocessRunner()
+    assert cmdshim.takes_stdin_lines(runner) and not cmdshim.takes_stdin_lines(object())
+    lines = [f"-A cali-x -m comment --comment \"cali:{i:016d}\" -j ACCEPT \u00e9" for i in range(3 * cmdshim._STDIN_LINES + 5)]
+    res = runner.run(["cat"], lines)
+    assert res.ok and res.stdout == cmdshim.stdin_text(lines) == "".join(ln + "\n" for ln in lines)
+    assert runner.run(["cat"], []).stdout == ""
+
+
 def test_without_stdin_the_child_reads_dev_null() -> None:
     # Never the daemon's own stdin: cat must see EOF at once.
     res = SubprocessRunner(timeout=10).run(["cat"])

@@ -62,9 +62,9 @@ import os
 import select
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from felixpy.drivers.netlink.nsutil import call_in_netns
 from felixpy.errors import CommandError
@@ -117,6 +117,28 @@ class CommandRunner(Protocol):
         ...
 
 
+class LinesRunner(Protocol):
+    """A runner whose ``run`` also takes its stdin as lines (each followed by a newline), written to the
+    child a piece at a time: a start of day's ``iptables-restore`` input is tens of MB at the largest nodes,
+    and joined into one string it would be held twice at the peak.  :func:`takes_stdin_lines` tells."""
+
+    takes_stdin_lines: bool
+
+    def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
+            while_running: Callable[[], None] | None = None) -> CommandResult: ...
+
+
+def takes_stdin_lines(runner: object) -> TypeGuard[LinesRunner]:
+    return getattr(runner, "takes_stdin_lines", False) is True
+
+
+def stdin_text(stdin: str | Sequence[str] | None) -> str | None:
+    """*stdin* as the one text the child reads (lines each followed by a newline); for runners that record."""
+    if stdin is None or isinstance(stdin, str):
+        return stdin
+    return "".join(line + "\n" for line in stdin)
+
+
 @runtime_checkable
 class BinaryLocator(Protocol):
     """A runner that can also say where a binary is (iptables picks ``*-legacy-*`` vs ``*-nft-*`` this way)."""
@@ -131,6 +153,8 @@ class SubprocessRunner:
     (or from its start, without a hook).
     """
 
+    takes_stdin_lines = True  # LinesRunner
+
     def __init__(self, netns: str | None = None, *, env: Mapping[str, str] | None = None,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
         self.netns = netns
@@ -144,8 +168,9 @@ class SubprocessRunner:
         """Look *name* up on the ``PATH`` the children will see."""
         return shutil.which(name, path=self._child_env().get("PATH"))
 
-    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+    def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult:
+        """As :meth:`CommandRunner.run`; *stdin* may also be a sequence of lines (:class:`LinesRunner`)."""
         args = tuple(argv)
         if not args:
             raise ValueError("empty argv")
@@ -238,16 +263,27 @@ def _read_text(fd: int) -> str:
 
 
 _STDIN_PIECE = 1 << 20  # characters encoded and written at a time
+_STDIN_LINES = 8192  # lines joined, encoded and written at a time
 
 
-def _stdin_file(text: str) -> int:
-    """An in-memory file holding *text*, at offset 0, for a child's stdin (close-on-exec for everyone else)."""
+def _stdin_pieces(stdin: str | Sequence[str]) -> Iterator[str]:
+    if isinstance(stdin, str):
+        for start in range(0, len(stdin), _STDIN_PIECE):
+            yield stdin[start:start + _STDIN_PIECE]
+        return
+    for start in range(0, len(stdin), _STDIN_LINES):
+        yield "".join(line + "\n" for line in stdin[start:start + _STDIN_LINES])
+
+
+def _stdin_file(stdin: str | Sequence[str]) -> int:
+    """An in-memory file holding *stdin* (a text, or lines each followed by a newline), at offset 0, for a
+    child's stdin (close-on-exec for everyone else)."""
     fd = os.memfd_create("felixpy-cmd-stdin", os.MFD_CLOEXEC)
     try:
         # Encoded a piece at a time: a start of day's restore input is tens of MB at the largest nodes, and
         # one encode() would hold a second copy of it while it is written.
-        for start in range(0, len(text), _STDIN_PIECE):
-            view = memoryview(text[start:start + _STDIN_PIECE].encode())
+        for piece in _stdin_pieces(stdin):
+            view = memoryview(piece.encode())
             while view:
                 view = view[os.write(fd, view):]
         os.lseek(fd, 0, os.SEEK_SET)

@@ -74,7 +74,7 @@ class RecordingRunner(SubprocessRunner):
         super().__init__()
         self.runs: list[list[str]] = []
 
-    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+    def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult:
         self.runs.append(list(argv))
         return super().run(argv, stdin, while_running=while_running)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from felixpy.drivers.cmdshim import CommandResult, SubprocessRunner
+from felixpy.drivers.cmdshim import CommandResult, SubprocessRunner, stdin_text
 from felixpy.drivers.generictables.model import (
     ADDR_TYPE_LOCAL, DNAT, DSCP, SNAT, Accept, Chain, ClearMark, Drop, Goto, Jump, LimitNumConnections,
     LimitPacketRate, Log, Masquerade, Match, Nflog, NoTrack, PortRange, Reject, Return, Rule, SetConnMark, SetMark,
@@ -38,9 +38,9 @@ class RecordingRunner(SubprocessRunner):
         super().__init__(netns=netns, env=env)
         self.calls: list[tuple[tuple[str, ...], str | None]] = []
 
-    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+    def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult:
-        self.calls.append((tuple(argv), stdin))
+        self.calls.append((tuple(argv), stdin_text(stdin)))
         return super().run(argv, stdin, while_running=while_running)
 
     def restores(self) -> list[str]:

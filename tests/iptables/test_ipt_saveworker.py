@@ -51,7 +51,7 @@ class WorkerOnFake:
         self.worker_runs: list[tuple[str, ...]] = []  # the save argv each worker run was given
         self.fail_worker = False
 
-    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+    def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult:
         if list(argv[1:3]) == ["-m", saveworker.MODULE]:
             save = tuple(argv[list(argv).index("--") + 1:])
@@ -203,7 +203,7 @@ def test_kernel_the_worker_reads_what_the_table_wrote(netns: str, backend: str, 
     calls: list[tuple[str, ...]] = []
 
     class Recording(SubprocessRunner):
-        def run(self, argv: Sequence[str], stdin: str | None = None, *,
+        def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
                 while_running: Callable[[], None] | None = None) -> CommandResult:
             calls.append(tuple(argv))
             return super().run(argv, stdin, while_running=while_running)

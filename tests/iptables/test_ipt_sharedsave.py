@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from felixpy.drivers.cmdshim import CommandResult, SubprocessRunner
+from felixpy.drivers.cmdshim import CommandResult, SubprocessRunner, stdin_text
 from felixpy.drivers.generictables.model import Accept, Chain, Jump, Match, Return, Rule
 from felixpy.drivers.iptables.detect import FeatureDetector, Features, StaticFeatures
 from felixpy.drivers.iptables.fake import FakeIptables
@@ -90,7 +90,7 @@ class GatedRunner:
             self.arrived.append(table)
             self.cond.notify_all()
 
-    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+    def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult:
         if argv[0].endswith("-save") and "-t" not in argv:
             with self.cond:
@@ -152,7 +152,7 @@ def test_a_table_that_wrote_after_the_dump_started_does_not_join_it() -> None:
     started, release = threading.Event(), threading.Event()
 
     class Runner:
-        def run(self, argv: Sequence[str], stdin: str | None = None, *,
+        def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
                 while_running: Callable[[], None] | None = None) -> CommandResult:
             out = next(outputs)
             if out.startswith("*filter\n:A"):
@@ -267,9 +267,9 @@ class RecordingRunner(SubprocessRunner):
         super().__init__(netns=netns)
         self.calls: list[tuple[tuple[str, ...], str | None]] = []
 
-    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+    def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult:
-        self.calls.append((tuple(argv), stdin))
+        self.calls.append((tuple(argv), stdin_text(stdin)))
         return super().run(argv, stdin, while_running=while_running)
 
 

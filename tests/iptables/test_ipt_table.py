@@ -519,6 +519,28 @@ def test_only_the_restore_text_is_held_while_the_restore_runs(make_table: Callab
     assert_converged(fake, foreign_in_forward=0)
 
 
+def test_a_runner_that_takes_lines_gets_the_restore_input_as_lines(fake: FakeIptables) -> None:
+    """Issue #17 (memory): the real runner is handed the lines, never one joined text; a runner that takes
+    only text (the fakes, wrappers) gets the same input joined."""
+    got: list[object] = []
+
+    class Lines:
+        takes_stdin_lines = True
+
+        def run(self, argv: Sequence[str], stdin: Any = None, **kw: Any) -> Any:
+            if argv[0].endswith("-restore"):
+                got.append(stdin)
+            return fake.run(argv, None if stdin is None else "".join(ln + "\n" for ln in stdin), **kw)
+
+    t = IptablesTable("filter", 4, runner=Lines(), backend=fake.default_backend,  # type: ignore[arg-type]
+                      features=StaticFeatures(FEATURES))
+    program(t)
+    t.apply()
+    assert len(got) == 1 and isinstance(got[0], list) and got[0][0] == "*filter" and got[0][-1] == "COMMIT"
+    assert t.last_restore_input == ""
+    assert_converged(fake, foreign_in_forward=0)
+
+
 def test_metrics(make_table: Callable[..., IptablesTable], fake: FakeIptables,
                  registry: CollectorRegistry) -> None:
     t = make_table()

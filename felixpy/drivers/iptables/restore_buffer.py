@@ -67,6 +67,15 @@ class RestoreBuffer:
             self._lines.extend(lines)
             self.lines_written += len(lines)
 
+    def take_lines(self) -> list[str]:
+        """The input as lines (each to be followed by a newline: :meth:`text` joined), the buffer emptied."""
+        if self._table:
+            raise RuntimeError("take_lines() inside a transaction")
+        lines, self._lines = self._lines, []
+        self._opened = False
+        self.lines_written = 0
+        return lines
+
     def text(self) -> str:
         if self._table:
             raise RuntimeError("text() inside a transaction")

@@ -61,7 +61,7 @@ from typing import NoReturn, Protocol
 import structlog
 
 from felixpy.config import Config
-from felixpy.drivers.cmdshim import BinaryLocator, CommandRunner
+from felixpy.drivers.cmdshim import BinaryLocator, CommandRunner, takes_stdin_lines
 from felixpy.drivers.drift import DriftTally, misplaced, rule_drift
 from felixpy.drivers.generictables.model import Chain, Goto, Jump, Rule
 from felixpy.drivers.iptables import render
@@ -225,7 +225,7 @@ class IptablesTable:
         self._num_rules = 0
         self._num_chains = 0
         self.unexpected_inserts_seen = 0
-        self.last_restore_input = ""
+        self._restore_lines: list[str] = []  # the last restore's input, kept while it failed (see below)
         self._metrics = metrics or get_metrics()
         labels = (str(ip_version), name)
         self._gauge_chains = self._metrics.chains.labels(*labels)
@@ -680,16 +680,25 @@ class IptablesTable:
         self._features.refresh_features()
         self._reconcile(job.state, self._check_features(), job.written)
 
+    @property
+    def last_restore_input(self) -> str:
+        """The input of the last restore while it failed (retries, the give-up log); "" after a success."""
+        lines = self._restore_lines
+        return "\n".join(lines) + "\n" if lines else ""
+
+    @last_restore_input.setter
+    def last_restore_input(self, text: str) -> None:
+        self._restore_lines = text.splitlines()
+
     def _describe_failure(self, n: int, e: Exception) -> WriteAttempt:
         failed = ""
-        text = self.last_restore_input
+        lines = self._restore_lines
         m = _FAILED_LINE_RE.search(str(getattr(e, "stderr", "")) or "")
-        if m and text:
-            lines = text.splitlines()
+        if m and lines:
             idx = int(m.group(1)) - 1
             if 0 <= idx < len(lines):
                 failed = lines[idx]
-        return WriteAttempt(n, str(e), failed, text.count("\n"))
+        return WriteAttempt(n, str(e), failed, len(lines))
 
     def _give_up(self, attempts: list[WriteAttempt], err: Exception) -> NoReturn:
         res = self._runner.run([self.save_cmd, "-t", self.name])
@@ -840,10 +849,10 @@ class IptablesTable:
         self._dp_full_rules = new_full
 
     def _exec_restore(self, buf: RestoreBuffer) -> None:
-        text = buf.text()
         lines_written = buf.lines_written
-        buf.reset()  # the lines live on in the text only (at a start of day each is tens of MB)
-        self.last_restore_input = text
+        # The real runner takes the lines and writes them to the child a piece at a time: the whole text is
+        # never built (at a start of day of the largest nodes it is tens of MB, on top of the lines).
+        lines = self._restore_lines = buf.take_lines()
         argv = [self.restore_cmd, "--noflush", "--verbose",
                 "--wait", f"{self._lock_timeout:.0f}",
                 "--wait-interval", str(round(self._lock_probe_interval * 1_000_000))]
@@ -851,7 +860,10 @@ class IptablesTable:
         self._lines_executed.inc(lines_written)
         start = self._clock()
         try:
-            res = self._runner.run(argv, stdin=text)
+            if takes_stdin_lines(self._runner):
+                res = self._runner.run(argv, lines)
+            else:
+                res = self._runner.run(argv, stdin=self.last_restore_input)
         finally:
             dur = self._clock() - start
             self._peak_restore = max(self._peak_restore * 0.99, dur)
@@ -860,11 +872,12 @@ class IptablesTable:
         if res.returncode != 0:
             self._metrics.restore_errors.inc()
             self._in_sync = False
+            text = self.last_restore_input
             self._log.warning("ip(6)tables-restore failed", rc=res.returncode, stderr=res.stderr.strip(),
                               stdout=res.stdout[-2000:], input=text[:65536])
             res.check(stdin_excerpt=text[:4096])
         # Kept only for the failure path above (retries, give-up log): a start of day's input is MiBs.
-        self.last_restore_input = ""
+        self._restore_lines = []
 
     # ------------------------------------------------------------------ introspection
     @property
