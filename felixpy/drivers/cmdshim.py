@@ -43,8 +43,10 @@ xtables lock").  :meth:`SubprocessRunner.which` looks binaries up on the
 
 Stdin, stdout and stderr are in-memory files (``memfd``), never pipes.  Stdin:
 megabytes of ``ipset restore`` / ``iptables-restore`` input cost one copy, not a
-select/write round per 4 KiB competing for the GIL.  Without stdin the child reads
-``/dev/null`` (never our own stdin).  Outputs: with a pipe the child can only run
+select/write round per 4 KiB competing for the GIL; it is encoded into the file a
+piece at a time, and :class:`SubprocessRunner` also takes it as a sequence of lines
+(:class:`LinesRunner`), so a caller holding lines never builds the joined text.
+Without stdin the child reads ``/dev/null`` (never our own stdin).  Outputs: with a pipe the child can only run
 as fast as the daemon empties it, and the thread reading it needs the GIL for
 every 32 KiB; while another thread renders (the loop runs the IP-set write beside
 the policy renders), that thread gets the GIL back once per switch interval
