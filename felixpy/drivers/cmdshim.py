@@ -60,11 +60,12 @@ newlines, as ``text=True`` did.
 
 from __future__ import annotations
 
+import itertools
 import os
 import select
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard, runtime_checkable
 
@@ -120,13 +121,13 @@ class CommandRunner(Protocol):
 
 
 class LinesRunner(Protocol):
-    """A runner whose ``run`` also takes its stdin as lines (each followed by a newline), written to the
+    """A runner whose ``run`` also takes its stdin as lines (any iterable; each followed by a newline), written to the
     child a piece at a time: a start of day's ``iptables-restore`` input is tens of MB at the largest nodes,
     and joined into one string it would be held twice at the peak.  :func:`takes_stdin_lines` tells."""
 
     takes_stdin_lines: bool
 
-    def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
+    def run(self, argv: Sequence[str], stdin: str | Iterable[str] | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult: ...
 
 
@@ -134,7 +135,7 @@ def takes_stdin_lines(runner: object) -> TypeGuard[LinesRunner]:
     return getattr(runner, "takes_stdin_lines", False) is True
 
 
-def stdin_text(stdin: str | Sequence[str] | None) -> str | None:
+def stdin_text(stdin: str | Iterable[str] | None) -> str | None:
     """*stdin* as the one text the child reads (lines each followed by a newline); for runners that record."""
     if stdin is None or isinstance(stdin, str):
         return stdin
@@ -170,7 +171,7 @@ class SubprocessRunner:
         """Look *name* up on the ``PATH`` the children will see."""
         return shutil.which(name, path=self._child_env().get("PATH"))
 
-    def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
+    def run(self, argv: Sequence[str], stdin: str | Iterable[str] | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult:
         """As :meth:`CommandRunner.run`; *stdin* may also be a sequence of lines (:class:`LinesRunner`)."""
         args = tuple(argv)
@@ -268,16 +269,17 @@ _STDIN_PIECE = 1 << 20  # characters encoded and written at a time
 _STDIN_LINES = 8192  # lines joined, encoded and written at a time
 
 
-def _stdin_pieces(stdin: str | Sequence[str]) -> Iterator[str]:
+def _stdin_pieces(stdin: str | Iterable[str]) -> Iterator[str]:
     if isinstance(stdin, str):
         for start in range(0, len(stdin), _STDIN_PIECE):
             yield stdin[start:start + _STDIN_PIECE]
         return
-    for start in range(0, len(stdin), _STDIN_LINES):
-        yield "".join(line + "\n" for line in stdin[start:start + _STDIN_LINES])
+    lines = iter(stdin)
+    while piece := "".join(line + "\n" for line in itertools.islice(lines, _STDIN_LINES)):
+        yield piece
 
 
-def _stdin_file(stdin: str | Sequence[str]) -> int:
+def _stdin_file(stdin: str | Iterable[str]) -> int:
     """An in-memory file holding *stdin* (a text, or lines each followed by a newline), at offset 0, for a
     child's stdin (close-on-exec for everyone else)."""
     fd = os.memfd_create("felixpy-cmd-stdin", os.MFD_CLOEXEC)

@@ -274,3 +274,27 @@ def test_restore_buffer_write_lines() -> None:
         buf.end_transaction()
     assert a.text() == b.text() == "*filter\n-A x -j y\n-A x -j z\nCOMMIT\n"
     assert a.lines_written == b.lines_written == 4
+
+
+def test_restore_buffer_lazy_lines_read_as_written_lines() -> None:
+    """write_lazy records a chain's lines as a recipe: the input reads the same as write_lines would have
+    written, as many times as it is read, and counts the lines without formatting them."""
+    made: list[int] = []
+
+    def make() -> list[str]:
+        made.append(1)
+        return ["-A x -j y", "-A x -j z"]
+
+    a, b = RestoreBuffer(), RestoreBuffer()
+    for buf in (a, b):
+        buf.start_transaction("filter")
+    a.write_lazy(0, make)
+    a.write_lazy(2, make)
+    b.write_lines(["-A x -j y", "-A x -j z"])
+    for buf in (a, b):
+        buf.end_transaction()
+    assert a.lines_written == b.lines_written == 4
+    given = a.take_input()
+    assert made == [] and len(given) == 4 and a.empty()
+    assert given.text() == b.text() == "".join(ln + "\n" for ln in given) == "*filter\n-A x -j y\n-A x -j z\nCOMMIT\n"
+    assert len(made) == 2

@@ -536,7 +536,12 @@ def test_a_runner_that_takes_lines_gets_the_restore_input_as_lines(fake: FakeIpt
                       features=StaticFeatures(FEATURES))
     program(t)
     t.apply()
-    assert len(got) == 1 and isinstance(got[0], list) and got[0][0] == "*filter" and got[0][-1] == "COMMIT"
+    assert len(got) == 1 and not isinstance(got[0], str)
+    lines = list(got[0])  # type: ignore[call-overload]
+    assert lines[0] == "*filter" and lines[-1] == "COMMIT" and len(got[0]) == len(lines)  # type: ignore[arg-type]
+    assert list(got[0]) == lines  # type: ignore[call-overload]  # re-iterable: the failure log reads it again
+    # A new chain's lines are a recipe until the input is written: never all formatted at once.
+    assert any(not isinstance(seg, str) for seg in got[0]._segments)  # type: ignore[attr-defined]
     assert t.last_restore_input == ""
     assert_converged(fake, foreign_in_forward=0)
 

@@ -4,16 +4,50 @@ As Felix's ``RestoreInputBuilder``: ``*<table>`` is written lazily before the
 first line of a transaction and ``COMMIT`` only if something was written, so a
 transaction with no changes leaves the buffer empty and the table runs no
 command at all.
+
+A whole chain's lines may be recorded as a recipe (:meth:`RestoreBuffer.write_lazy`):
+they are formatted only when the input is read (:class:`RestoreInput`), a chain at
+a time, so a start of day never holds every formatted line at once (at the
+largest nodes they are tens of MB next to the rendered bodies they are made from).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+# A line, or (how many lines, the function that formats them) for lines formatted on demand.
+_Segment = str | tuple[int, Callable[[], list[str]]]
+
+
+class RestoreInput:
+    """The input of one restore: iterable as many times as needed (the command, then a failure's log),
+    formatting recorded chains as it goes; ``len()`` is the number of lines."""
+
+    __slots__ = ("_segments", "_count")
+
+    def __init__(self, segments: list[_Segment], count: int) -> None:
+        self._segments = segments
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[str]:
+        for seg in self._segments:
+            if isinstance(seg, str):
+                yield seg
+            else:
+                yield from seg[1]()
+
+    def text(self) -> str:
+        return "".join(line + "\n" for line in self)
 
 
 class RestoreBuffer:
     __slots__ = ("_lines", "_table", "_opened", "lines_written")
 
     def __init__(self) -> None:
-        self._lines: list[str] = []
+        self._lines: list[_Segment] = []
         self._table = ""
         self._opened = False
         self.lines_written = 0
@@ -67,25 +101,25 @@ class RestoreBuffer:
             self._lines.extend(lines)
             self.lines_written += len(lines)
 
-    def take_lines(self) -> list[str]:
-        """The input as lines (each to be followed by a newline: :meth:`text` joined), the buffer emptied."""
+    def write_lazy(self, count: int, make: Callable[[], list[str]]) -> None:
+        """*count* lines that ``make()`` formats when the input is read (and again each time it is read: it
+        must return the same lines every time)."""
+        if count:
+            self._open()
+            self._lines.append((count, make))
+            self.lines_written += count
+
+    def take_input(self) -> RestoreInput:
+        """The input (:class:`RestoreInput`), the buffer emptied."""
         if self._table:
-            raise RuntimeError("take_lines() inside a transaction")
-        lines, self._lines = self._lines, []
+            raise RuntimeError("take_input() inside a transaction")
+        out = RestoreInput(self._lines, self.lines_written)
+        self._lines = []
         self._opened = False
         self.lines_written = 0
-        return lines
+        return out
 
     def text(self) -> str:
         if self._table:
             raise RuntimeError("text() inside a transaction")
-        lines = self._lines
-        if not lines:
-            return ""
-        # The final newline comes from joining one empty line more: ``join(...) + "\n"`` would copy the
-        # whole text a second time (at a start of day of the largest nodes, tens of MB at the peak).
-        lines.append("")
-        try:
-            return "\n".join(lines)
-        finally:
-            lines.pop()
+        return RestoreInput(self._lines, self.lines_written).text()

@@ -50,6 +50,8 @@ its own job and the shared save).  One instance per table per family.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import re
 import shutil
 import sys
@@ -69,7 +71,7 @@ from felixpy.drivers.iptables.detect import Features, FeatureDetector, detect_ba
 from felixpy.drivers.generictables.readmerge import merge_written
 from felixpy.drivers.iptables.metrics import IptablesMetrics, get_metrics
 from felixpy.drivers.iptables.recheck import RECHECK_POLL, Rechecks
-from felixpy.drivers.iptables.restore_buffer import RestoreBuffer
+from felixpy.drivers.iptables.restore_buffer import RestoreBuffer, RestoreInput
 from felixpy.drivers.iptables.saveworker import parse_output, state_from_wire, worker_argv
 from felixpy.drivers.iptables.sharedsave import SharedSave
 from felixpy.drivers.iptables.savefile import (
@@ -225,7 +227,7 @@ class IptablesTable:
         self._num_rules = 0
         self._num_chains = 0
         self.unexpected_inserts_seen = 0
-        self._restore_lines: list[str] = []  # the last restore's input, kept while it failed (see below)
+        self._restore_input: RestoreInput | None = None  # the last restore's, kept while it failed (see below)
         self._metrics = metrics or get_metrics()
         labels = (str(ip_version), name)
         self._gauge_chains = self._metrics.chains.labels(*labels)
@@ -683,22 +685,22 @@ class IptablesTable:
     @property
     def last_restore_input(self) -> str:
         """The input of the last restore while it failed (retries, the give-up log); "" after a success."""
-        lines = self._restore_lines
-        return "\n".join(lines) + "\n" if lines else ""
+        return "" if self._restore_input is None else self._restore_input.text()
 
     @last_restore_input.setter
     def last_restore_input(self, text: str) -> None:
-        self._restore_lines = text.splitlines()
+        lines = text.splitlines()
+        self._restore_input = RestoreInput(list(lines), len(lines)) if lines else None
 
     def _describe_failure(self, n: int, e: Exception) -> WriteAttempt:
         failed = ""
-        lines = self._restore_lines
+        given = self._restore_input
         m = _FAILED_LINE_RE.search(str(getattr(e, "stderr", "")) or "")
-        if m and lines:
+        if m and given is not None:
             idx = int(m.group(1)) - 1
-            if 0 <= idx < len(lines):
-                failed = lines[idx]
-        return WriteAttempt(n, str(e), failed, len(lines))
+            if 0 <= idx < len(given):
+                failed = next(itertools.islice(given, idx, None))
+        return WriteAttempt(n, str(e), failed, 0 if given is None else len(given))
 
     def _give_up(self, attempts: list[WriteAttempt], err: Exception) -> NoReturn:
         res = self._runner.run([self.save_cmd, "-t", self.name])
@@ -762,7 +764,8 @@ class IptablesTable:
                 # A new or flushed chain: every rule is appended, in order.
                 if bodies is None:
                     bodies = [render.render_body(r, features) for r in chain.rules]
-                buf.write_lines(rnd.append_lines(name, hashes, bodies))
+                # Formatted as the input is written (restore_buffer.py): never all of them at once.
+                buf.write_lazy(len(hashes), functools.partial(rnd.append_lines, name, hashes, bodies))
                 continue
             for i in range(max(np, nc)):
                 if i < np and i < nc:
@@ -827,8 +830,8 @@ class IptablesTable:
                 new_hashes[name] = None
         buf.end_transaction()
 
-        # Every line is in the buffer: the rendered bodies are not needed any more (a retry renders again),
-        # and letting them go before the restore runs keeps them out of the start of day's peak.
+        # The table's hold on the rendered bodies ends here (a retry renders again): the buffer keeps only
+        # those of the chains it formats as the input is written, and the rest go before the restore runs.
         self._fresh_bodies = {}
         if not buf.empty():
             self._exec_restore(buf)
@@ -852,7 +855,7 @@ class IptablesTable:
         lines_written = buf.lines_written
         # The real runner takes the lines and writes them to the child a piece at a time: the whole text is
         # never built (at a start of day of the largest nodes it is tens of MB, on top of the lines).
-        lines = self._restore_lines = buf.take_lines()
+        given = self._restore_input = buf.take_input()
         argv = [self.restore_cmd, "--noflush", "--verbose",
                 "--wait", f"{self._lock_timeout:.0f}",
                 "--wait-interval", str(round(self._lock_probe_interval * 1_000_000))]
@@ -861,7 +864,7 @@ class IptablesTable:
         start = self._clock()
         try:
             if takes_stdin_lines(self._runner):
-                res = self._runner.run(argv, lines)
+                res = self._runner.run(argv, given)
             else:
                 res = self._runner.run(argv, stdin=self.last_restore_input)
         finally:
@@ -877,7 +880,7 @@ class IptablesTable:
                               stdout=res.stdout[-2000:], input=text[:65536])
             res.check(stdin_excerpt=text[:4096])
         # Kept only for the failure path above (retries, give-up log): a start of day's input is MiBs.
-        self._restore_lines = []
+        self._restore_input = None
 
     # ------------------------------------------------------------------ introspection
     @property
