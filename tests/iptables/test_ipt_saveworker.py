@@ -49,7 +49,8 @@ class WorkerOnFake:
     def __init__(self, fake: FakeIptables) -> None:
         self.fake = fake
         self.worker_runs: list[tuple[str, ...]] = []  # the save argv each worker run was given
-        self.fail_worker = False
+        self.fail_worker = False  # the save fails (the worker passes that on: exit 3)
+        self.crash_worker = False  # the worker itself breaks (a traceback, exit 1)
 
     def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult:
@@ -58,6 +59,8 @@ class WorkerOnFake:
             self.worker_runs.append(save)
             if while_running is not None:
                 while_running()
+            if self.crash_worker:
+                return CommandResult(1, "", "Traceback (most recent call last):\nImportError: boom", tuple(argv))
             if self.fail_worker:
                 return CommandResult(saveworker.EXIT_SAVE_FAILED, "", '{"returncode": 4}', tuple(argv))
             res = self.fake.run(save)
@@ -154,6 +157,27 @@ def test_a_small_table_parses_in_process_and_a_failed_worker_is_retried() -> Non
     runner.fail_worker = False
     big.apply()
     assert big.in_sync and len(runner.worker_runs) > 2
+
+
+@pytest.mark.parametrize("backend", ["legacy", "nft"])
+def test_a_broken_worker_leaves_the_read_to_the_daemon(backend: str) -> None:
+    """The worker cannot start or crashes (not the save failing): the kernel is fine, so the table reads and
+    parses in the daemon, logs the error, and programs as usual — no retries into a fatal exit."""
+    import structlog
+
+    fake = programmed_fake() if backend == "nft" else FakeIptables(default_backend="legacy")
+    runner = WorkerOnFake(fake)
+    runner.crash_worker = True
+    shared = SharedSave(runner) if backend == "nft" else None  # type: ignore[arg-type]
+    t = table(runner, "filter", backend=backend, shared=shared)
+    program(t)
+    with structlog.testing.capture_logs() as logs:
+        t.apply()
+    assert t.in_sync and fake.chain_specs("filter", "cali-filter-x")
+    assert t.dataplane_hashes()["cali-filter-x"] == t.expected_hashes("cali-filter-x")
+    assert any(e["event"] == "iptables save worker failed; reading in the daemon" for e in logs)
+    assert runner.worker_runs  # it was tried
+    assert any(argv[0].endswith("-save") for argv, _ in fake.calls)  # then the daemon's own save
 
 
 def test_a_family_sharing_saves_goes_by_its_total_size() -> None:

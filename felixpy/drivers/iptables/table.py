@@ -72,7 +72,7 @@ from felixpy.drivers.generictables.readmerge import merge_written
 from felixpy.drivers.iptables.metrics import IptablesMetrics, get_metrics
 from felixpy.drivers.iptables.recheck import RECHECK_POLL, Rechecks
 from felixpy.drivers.iptables.restore_buffer import RestoreBuffer, RestoreInput
-from felixpy.drivers.iptables.saveworker import parse_output, state_from_wire, worker_argv
+from felixpy.drivers.iptables.saveworker import EXIT_SAVE_FAILED, parse_output, state_from_wire, worker_argv
 from felixpy.drivers.iptables.sharedsave import SharedSave
 from felixpy.drivers.iptables.savefile import (
     DEFAULT_OWNED_PREFIXES, FOREIGN_PLACEHOLDER, HISTORIC_INSERTED_NAT_RULE_REGEX, SaveParseError, SaveState,
@@ -583,10 +583,18 @@ class IptablesTable:
                 self._metrics.save_calls.inc()
                 argv = [self.save_cmd, "-t", self.name]
                 if worker:
-                    out = self._runner.run(self._worker_argv(argv), while_running=hook).check().stdout
-                    got = parse_output(out).get(self.name)
-                    if got is None:
-                        raise SaveParseError(f"save worker: no table {self.name} in the report")
+                    res = self._runner.run(self._worker_argv(argv), while_running=hook)
+                    if res.returncode in (0, EXIT_SAVE_FAILED):  # the report, or the save's own failure
+                        got = parse_output(res.check().stdout).get(self.name)
+                        if got is None:
+                            raise SaveParseError(f"save worker: no table {self.name} in the report")
+                    else:
+                        # The worker itself broke (it cannot start, or crashed): the kernel is fine, so the
+                        # read goes on here rather than failing into the retries and a fatal exit.
+                        self._log.error("iptables save worker failed; reading in the daemon", rc=res.returncode,
+                                        stderr=res.stderr.strip()[-2000:])
+                        worker = False
+                        got = self._runner.run(argv).check().stdout
                 else:
                     got = self._runner.run(argv, while_running=hook).check().stdout
         finally:
