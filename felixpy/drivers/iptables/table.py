@@ -373,17 +373,23 @@ class IptablesTable:
         if delta:
             self._num_rules += delta
             self._gauge_rules.set(self._num_rules)
-            if self._shared_save is not None and self._save_worker_min_rules > 0:
-                self._shared_save.note_rules(self.name, max(self._num_rules, self._last_read_rules))
+            self._note_size()
+
+    def _note_size(self) -> int:
+        """The table's size, as desired or as last read; told to the shared save, whose reader goes by the
+        family's (only when the save worker is in use at all)."""
+        size = max(self._num_rules, self._last_read_rules)
+        if self._shared_save is not None and self._save_worker_min_rules > 0:
+            self._shared_save.note_rules(self.name, size)
+        return size
 
     def _uses_save_worker(self) -> bool:
         """Whether a read now goes through the save worker: the table (or, sharing saves, its family) is
         at least ``save_worker_min_rules`` big, as desired or as last read."""
         if self._save_worker_min_rules <= 0:
             return False
-        size = max(self._num_rules, self._last_read_rules)
+        size = self._note_size()
         if self._shared_save is not None:
-            self._shared_save.note_rules(self.name, size)
             size = self._shared_save.total_rules()
         return size >= self._save_worker_min_rules
 
