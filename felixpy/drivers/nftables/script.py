@@ -42,6 +42,7 @@ class RuleCmd:
     chain: str
     rule: m.Rule
     hash: str
+    text: str | None = None   # the rule's nft text (rule_text), when the table kept it from hashing
 
     def to_json(self, ip_version: int, fully_random: bool) -> dict[str, Any]:
         return {"add": {"rule": {"family": self.family, "table": self.table, "chain": self.chain,
@@ -49,7 +50,7 @@ class RuleCmd:
                                  "comment": rule_comment(self.hash, self.rule.comments)}}}
 
     def to_text(self, ip_version: int, fully_random: bool) -> str:
-        body = rule_text(self.rule, ip_version, fully_random)
+        body = self.text if self.text is not None else rule_text(self.rule, ip_version, fully_random)
         return (f"add rule {self.family} {self.table} {self.chain} {body} "
                 f'comment "{rule_comment(self.hash, self.rule.comments)}"')
 
@@ -148,7 +149,7 @@ def _block(family: str, table: str, run: list[Command], ip_version: int, fully_r
     after: list[str] = []
     for c in run:
         if isinstance(c, RuleCmd):
-            body = rule_text(c.rule, ip_version, fully_random)
+            body = c.text if c.text is not None else rule_text(c.rule, ip_version, fully_random)
             chains.setdefault(c.chain, []).append(f'{body} comment "{rule_comment(c.hash, c.rule.comments)}"')
             continue
         (kind, b), = c["add"].items()

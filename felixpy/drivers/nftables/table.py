@@ -57,7 +57,8 @@ from felixpy.drivers.nftables.listing import Listing, Listings, start_thread
 from felixpy.drivers.nftables.maps import MapPlan, NftMaps
 from felixpy.drivers.nftables.names import BASE_CHAINS, LAYERS, TABLE_NAME, family_for
 from felixpy.drivers.nftables.readback import ChainSnapshot, MapSnapshot, SetSnapshot, TableSnapshot
-from felixpy.drivers.nftables.render import chain_rule_hashes, referenced_names
+from felixpy.drivers.generictables.hashing import rule_hashes
+from felixpy.drivers.nftables.render import chain_rule_hashes, referenced_names, rule_text
 from felixpy.drivers.nftables.script import Command, RuleCmd, to_json, to_script
 from felixpy.drivers.nftables.sets import NftSets, SetPlan
 from felixpy.drivers.nftables.shim import NftListerFactory, NftScriptShim, NftSetsShim, NftShim, read_snapshot
@@ -72,6 +73,9 @@ LISTING_POLL = 0.25         # apply again this soon while a background listing r
 SET_DELETION_RESCHEDULE = 0.1
 TEXT_THRESHOLD = 2000       # rules in one transaction from which it is "big" (an nft script, one big one at a time)
 SETS_AHEAD_MIN = 1000       # set elements to write from which the sets go ahead of the rules (apply_updates)
+# Rule texts rendered for the hashes are kept for the next transaction's script up to this many rules
+# (the steady state's small transactions); a bigger backlog renders them again as it writes.
+KEEP_TEXTS_MAX = TEXT_THRESHOLD
 # libnftables holds ~3.8 KB of C heap per rule until a transaction ends (≈ 100 MiB for a 27k-rule
 # start of day); the IPv4 and IPv6 tables apply on parallel threads, so big transactions take
 # turns rather than adding their peaks up.  Small ones (the steady state) still overlap.
@@ -150,6 +154,12 @@ class NftablesTable:
         self._obj_refs: dict[str, set[str]] = {}   # set/map name -> chains whose rules use it
         self._chain_objs: dict[str, tuple[str, ...]] = {}
         self._dirty_chains: set[str] = set(BASE_CHAINS)
+        # Regular chain -> (its rules, their texts as hashed), for chains changed since the last
+        # transaction, while the texts kept add up to at most KEEP_TEXTS_MAX: the script reuses them
+        # instead of rendering each rule a second time.  Only ever read for the very rules tuple they
+        # were rendered from, and dropped at every commit.
+        self._texts: dict[str, tuple[tuple[m.Rule, ...], list[str]]] = {}
+        self._texts_kept = 0
         self.sets = NftSets(ip_version)
         self.maps = NftMaps(ip_version, self._incref, self._decref)
 
@@ -160,6 +170,7 @@ class NftablesTable:
         self._dp_sets: dict[str, SetSnapshot] = {}
         self._dp_maps: dict[str, MapSnapshot] = {}
         self._dp_others: list[tuple[str, str]] = []
+        self._counted: tuple[dict[str, ChainSnapshot], int] | None = None   # (_dp_chains, its rules) for the gauge
         self._last_read = 0.0
         self._reason = "start of day"
         self._sets_resync = False   # queue_resync(): re-read the sets only
@@ -214,7 +225,14 @@ class NftablesTable:
             # Felix hashes inserts/appends with its IPv4 renderer whatever the family.
             return chain_rule_hashes(name, rules, 4, self._fully_random) + \
                 chain_rule_hashes(name + "*appends*", appends, 4, self._fully_random)
-        return chain_rule_hashes(name, rules, self.ip_version, self._fully_random)
+        texts = [rule_text(r, self.ip_version, self._fully_random) for r in rules]
+        old = self._texts.pop(name, None)
+        if old is not None:
+            self._texts_kept -= len(old[1])
+        if self._texts_kept + len(texts) <= KEEP_TEXTS_MAX:
+            self._texts[name] = (tuple(rules), texts)
+            self._texts_kept += len(texts)
+        return rule_hashes(name, texts)
 
     def _set_content(self, name: str, old_rules: Sequence[m.Rule], new_rules: Sequence[m.Rule],
                      hashes: list[str]) -> None:
@@ -293,6 +311,9 @@ class NftablesTable:
         if old is None:
             return
         self._set_content(name, old.rules, (), [])
+        kept = self._texts.pop(name, None)
+        if kept is not None:
+            self._texts_kept -= len(kept[1])
         del self._chains[name]
         del self._hashes_by_chain[name]
 
@@ -669,6 +690,10 @@ class NftablesTable:
         else:
             rules = self._chains[name].rules
         fam = self._family
+        kept = self._texts.get(name)
+        if kept is not None and kept[0] is rules:
+            return [RuleCmd(fam, TABLE_NAME, name, r, h, t)
+                    for r, h, t in zip(rules, self._expected_hashes(name), kept[1])]
         return [RuleCmd(fam, TABLE_NAME, name, r, h) for r, h in zip(rules, self._expected_hashes(name))]
 
     def _build_plan(self, full: bool) -> _Plan:
@@ -766,8 +791,24 @@ class NftablesTable:
     def _set_still_referenced(self, set_name: str) -> bool:
         return any(self._desired_rules(c) is not None for c in self._obj_refs.get(set_name, ()))
 
+    def _count_rules(self, plan: _Plan, before: dict[str, int] | None) -> int:
+        """Rules in the dataplane view after *plan* was committed: the last count moved by what the plan
+        changed (*before*: the replaced chains' old lengths), or counted afresh after a read or a rebuild
+        gave the view a new dict."""
+        if before is None or self._counted is None or self._counted[0] is not self._dp_chains:
+            total = sum(len(c.hashes) for c in self._dp_chains.values())
+        else:
+            total = self._counted[1] - sum(before.values()) + \
+                sum(len(c.hashes) for c in plan.chains_written.values())
+        self._counted = (self._dp_chains, total)
+        return total
+
     def _commit(self, plan: _Plan) -> None:
         self._note_written(plan)
+        before: dict[str, int] | None = None
+        if not plan.full and self._counted is not None and self._counted[0] is self._dp_chains:
+            before = {n: len(c.hashes) for n in (*plan.chains_deleted, *plan.chains_written)
+                      if (c := self._dp_chains.get(n)) is not None}
         if plan.full:
             self._dp_chains, self._dp_sets, self._dp_maps = {}, {}, {}
         if plan.commands:
@@ -785,8 +826,10 @@ class NftablesTable:
         self.sets.commit(plan.set_plan, plan.full)
         self.maps.commit()
         self._dirty_chains = set()
+        self._texts.clear()
+        self._texts_kept = 0
         self._g_chains.set(len(self._dp_chains))
-        self._g_rules.set(sum(len(c.hashes) for c in self._dp_chains.values()))
+        self._g_rules.set(self._count_rules(plan, before))
         self._g_sets.set(len(self._dp_sets))
         self._g_maps.set(len(self._dp_maps))
 
