@@ -190,3 +190,88 @@ if _RSS:
 
     _rcore.InternalDataplane.apply = _traced_apply  # type: ignore[method-assign]
     _rcore.InternalDataplane._step = _traced_step  # type: ignore[method-assign]
+
+
+_NFTLOG = os.environ.get("FELIXPY_BENCH_NFTLOG")
+if _NFTLOG:
+    # In the nft transaction worker (the only user of in-process libnftables the daemon starts): every
+    # transaction's payload and the time libnftables took for it go to DIR, and once, at the 50th, the
+    # whole ruleset as it stands, so the transactions can be replayed against the same state by hand.
+    import json as _njson
+    import subprocess as _nsub
+    import time as _ntime
+    from typing import Any as _NAny
+
+    try:
+        import nftables as _nftables  # type: ignore[import-untyped]
+    except ImportError:
+        _nftables = None
+    if _nftables is not None:
+        _ncmd = _nftables.Nftables.cmd
+        _ncount = [0]
+
+        def _logged_cmd(self: _NAny, text: str) -> _NAny:
+            _ncount[0] += 1
+            n = _ncount[0]
+            if n == 50:
+                with open(os.path.join(_NFTLOG, f"ruleset-{os.getpid()}.nft"), "w") as f:
+                    _nsub.run(["nft", "list", "ruleset"], stdout=f, check=False)
+            t = _ntime.perf_counter()
+            out = _ncmd(self, text)
+            ms = (_ntime.perf_counter() - t) * 1000
+            with open(os.path.join(_NFTLOG, f"tx-{os.getpid()}-{n:05d}.nft"), "w") as f:
+                f.write(text)
+            with open(os.path.join(_NFTLOG, "times.jsonl"), "a") as f:
+                f.write(_njson.dumps({"pid": os.getpid(), "n": n, "ms": round(ms, 2), "bytes": len(text),
+                                      "rc": out[0]}) + "\n")
+            return out
+
+        _nftables.Nftables.cmd = _logged_cmd
+
+
+_CPROF = os.environ.get("FELIXPY_BENCH_CPROFILE")
+if _CPROF:
+    # cProfile over the applies after this process's first three (so a restart's or a cold start's big
+    # apply stays out of it): the steady state's applies alone, e.g. a churn's.  The stats go to
+    # PATH.<pid> every 50 profiled applies (overwritten), readable with pstats.
+    import cProfile as _cProfile
+
+    from felixpy.dataplane import core as _pcore
+
+    _prof = _cProfile.Profile()
+    _pn = [0]
+    _papply = _pcore.InternalDataplane.apply
+
+    def _profiled_apply(self: object) -> object:
+        _pn[0] += 1
+        if _pn[0] <= 3:
+            return _papply(self)  # type: ignore[arg-type]
+        _prof.enable()
+        try:
+            return _papply(self)  # type: ignore[arg-type]
+        finally:
+            _prof.disable()
+            if _pn[0] % 50 == 0:
+                _prof.dump_stats(f"{_CPROF}.{os.getpid()}")
+
+    _pcore.InternalDataplane.apply = _profiled_apply  # type: ignore[method-assign]
+
+    # The nftables table's apply runs on a worker thread, which the profile above does not see: a
+    # profile of its own (PATH.table.<pid>), over the same applies.
+    from felixpy.drivers.nftables import table as _ptable
+
+    _tprof = _cProfile.Profile()
+    _tapply = _ptable.NftablesTable.apply
+
+    def _profiled_table_apply(self: object) -> object:
+        if _pn[0] <= 3:
+            return _tapply(self)  # type: ignore[arg-type]
+        _tprof.enable()
+        try:
+            return _tapply(self)  # type: ignore[arg-type]
+        finally:
+            _tprof.disable()
+            if _pn[0] % 50 == 0:
+                _tprof.dump_stats(f"{_CPROF}.table.{os.getpid()}")
+
+    _ptable.NftablesTable.apply = _profiled_table_apply  # type: ignore[method-assign]
