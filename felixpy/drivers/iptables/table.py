@@ -38,6 +38,8 @@ Apply contract
     ``apply()`` returns the delay (s) after which it wants to be called again.
 
 Read-backs
+    One read — which save, parsed here or by the save worker — is
+    :mod:`.reader`'s; the table decides when to read and retries.
     iptables-nft: a family's tables share one save when they read together
     (:mod:`.sharedsave`).  With ``background_rechecks`` (on in the daemon) the
     refresh and post-write checks of an in-sync table read off the apply path
@@ -54,7 +56,6 @@ import functools
 import itertools
 import re
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -72,11 +73,10 @@ from felixpy.drivers.generictables.readmerge import merge_written
 from felixpy.drivers.iptables.metrics import IptablesMetrics, get_metrics
 from felixpy.drivers.iptables.recheck import RECHECK_POLL, Rechecks
 from felixpy.drivers.iptables.restore_buffer import RestoreBuffer, RestoreInput
-from felixpy.drivers.iptables.saveworker import EXIT_SAVE_FAILED, parse_output, state_from_wire, worker_argv
+from felixpy.drivers.iptables.reader import SaveReader
 from felixpy.drivers.iptables.sharedsave import SharedSave
 from felixpy.drivers.iptables.savefile import (
     DEFAULT_OWNED_PREFIXES, FOREIGN_PLACEHOLDER, HISTORIC_INSERTED_NAT_RULE_REGEX, SaveParseError, SaveState,
-    hash_comment_regex, old_insert_regex, owned_chain_regex, parse_save,
 )
 from felixpy.errors import CommandError, DataplaneError, FatalDataplaneError
 
@@ -177,15 +177,6 @@ class IptablesTable:
         self._features: FeatureSource = features or FeatureDetector(runner)
         self._insert_mode = insert_mode
         self._render = render.IptablesRenderer(hash_prefix)
-        # Reads of a table this big (or of a family this big, sharing saves) go through the save worker,
-        # a child that saves and parses (saveworker.py); 0: never.
-        self._save_worker_min_rules = save_worker_min_rules
-        self._worker_settings = (save_worker_python or sys.executable, hash_prefix, tuple(owned_prefixes),
-                                 extra_cleanup_regex)
-        self._last_read_rules = 0
-        self._hash_re = hash_comment_regex(hash_prefix)
-        self._owned_re = owned_chain_regex(owned_prefixes)
-        self._old_insert_re = old_insert_regex(owned_prefixes, extra_cleanup_regex)
         self.reread_before_write = reread_before_write
         self._clock = clock
         self._sleep = sleep
@@ -193,6 +184,13 @@ class IptablesTable:
         look = which or (runner.which if isinstance(runner, BinaryLocator) else shutil.which)
         self.restore_cmd = restore_cmd or find_best_binary(ip_version, backend, "restore", look)
         self.save_cmd = save_cmd or find_best_binary(ip_version, backend, "save", look)
+        self._metrics = metrics or get_metrics()
+        self._log = log.bind(table=name, ip_version=ip_version, backend=backend)
+        # One read (which save, parsed here or by the save worker from save_worker_min_rules): reader.py.
+        self._reader = SaveReader(name, runner=runner, save_cmd=self.save_cmd, shared_save=self._shared_save,
+                                  metrics=self._metrics, clock=clock, log=self._log, hash_prefix=hash_prefix,
+                                  owned_prefixes=owned_prefixes, extra_cleanup_regex=extra_cleanup_regex,
+                                  worker_min_rules=save_worker_min_rules, worker_python=save_worker_python)
         self._lock_timeout = lock_timeout if lock_timeout > 0 else 10.0
         self._lock_probe_interval = lock_probe_interval
 
@@ -221,19 +219,16 @@ class IptablesTable:
         self._initial_post_write = post_write_interval
         self._post_write = post_write_interval
         self._refresh_interval = refresh_interval
-        self._peak_save = 0.0
         self._peak_restore = 0.0
         self._reason = ""
         self._num_rules = 0
         self._num_chains = 0
         self.unexpected_inserts_seen = 0
         self._restore_input: RestoreInput | None = None  # the last restore's, kept while it failed (see below)
-        self._metrics = metrics or get_metrics()
         labels = (str(ip_version), name)
         self._gauge_chains = self._metrics.chains.labels(*labels)
         self._gauge_rules = self._metrics.rules.labels(*labels)
         self._lines_executed = self._metrics.lines_executed.labels(*labels)
-        self._log = log.bind(table=name, ip_version=ip_version, backend=backend)
         self._read_before = False  # a read with a belief to compare against: drift is countable
         self._drift = DriftTally(self._log)
 
@@ -373,30 +368,7 @@ class IptablesTable:
         if delta:
             self._num_rules += delta
             self._gauge_rules.set(self._num_rules)
-            self._note_size()
-
-    def _note_size(self) -> int:
-        """The table's size, as desired or as last read; told to the shared save, whose reader goes by the
-        family's (only when the save worker is in use at all)."""
-        size = max(self._num_rules, self._last_read_rules)
-        if self._shared_save is not None and self._save_worker_min_rules > 0:
-            self._shared_save.note_rules(self.name, size)
-        return size
-
-    def _uses_save_worker(self) -> bool:
-        """Whether a read now goes through the save worker: the table (or, sharing saves, its family) is
-        at least ``save_worker_min_rules`` big, as desired or as last read."""
-        if self._save_worker_min_rules <= 0:
-            return False
-        size = self._note_size()
-        if self._shared_save is not None:
-            size = self._shared_save.total_rules()
-        return size >= self._save_worker_min_rules
-
-    def _worker_argv(self, save_argv: list[str]) -> list[str]:
-        python, hash_prefix, owned, extra = self._worker_settings
-        return worker_argv(python, save_argv, hash_prefix=hash_prefix, owned_prefixes=owned,
-                           extra_cleanup_regex=extra)
+            self._reader.note_size(self._num_rules)
 
     def _desired(self, name: str) -> Chain | None:
         """The chain as it should be programmed, or None if it should not exist."""
@@ -405,7 +377,7 @@ class IptablesTable:
         return self._chains.get(name)
 
     def is_owned(self, chain_name: str) -> bool:
-        return self._owned_re.match(chain_name) is not None
+        return self._reader.owned_re.match(chain_name) is not None
 
     # ------------------------------------------------------------------ hashing
     def _check_features(self) -> Features:
@@ -572,47 +544,9 @@ class IptablesTable:
                 delay *= 2
 
     def _attempt_read(self, features: Features | None = None) -> SaveState:
-        """One read: this table's part of a shared dump, else its own ``-t`` save; parsed here, or by the
-        save worker when the table is big (:meth:`_uses_save_worker`)."""
-        start = self._clock()
+        """One read (reader.py); with *features*, the dirty chains are hashed while the save runs."""
         hook = None if features is None else (lambda: self._prehash_dirty_chains(features))
-        worker = self._uses_save_worker()
-        try:
-            got = None
-            if self._shared_save is not None:
-                got, ran = self._shared_save.read(self.save_cmd, self.name, self._write_stamp, hook,
-                                                  parse=self._worker_argv if worker else None)
-                hook = None  # ran during the shared dump, whatever its outcome
-                if ran:
-                    self._metrics.save_calls.inc()
-            if got is None:
-                self._metrics.save_calls.inc()
-                argv = [self.save_cmd, "-t", self.name]
-                if worker:
-                    res = self._runner.run(self._worker_argv(argv), while_running=hook)
-                    if res.returncode in (0, EXIT_SAVE_FAILED):  # the report, or the save's own failure
-                        got = parse_output(res.check().stdout).get(self.name)
-                        if got is None:
-                            raise SaveParseError(f"save worker: no table {self.name} in the report")
-                    else:
-                        # The worker itself broke (it cannot start, or crashed): the kernel is fine, so the
-                        # read goes on here rather than failing into the retries and a fatal exit.
-                        self._log.error("iptables save worker failed; reading in the daemon", rc=res.returncode,
-                                        stderr=res.stderr.strip()[-2000:])
-                        worker = False
-                        got = self._runner.run(argv).check().stdout
-                else:
-                    got = self._runner.run(argv, while_running=hook).check().stdout
-        finally:
-            dur = self._clock() - start
-            self._peak_save = max(self._peak_save * 0.99, dur)
-        if worker and not isinstance(got, str):
-            state = state_from_wire(got)
-        else:
-            state = parse_save(got, hash_re=self._hash_re, owned_re=self._owned_re,
-                               old_insert_re=self._old_insert_re)
-        self._last_read_rules = sum(map(len, state.hashes.values()))
-        return state
+        return self._reader.read(self._num_rules, self._write_stamp, hook)
 
     # ------------------------------------------------------------------ apply
     def apply(self) -> float | None:
@@ -854,7 +788,7 @@ class IptablesTable:
             self._post_write = self._initial_post_write
         if self._post_write != 0:
             # Don't re-check sooner than a save+restore takes (peaks decay 1 % per call).
-            self._post_write = max(self._post_write, 2 * (self._peak_save + self._peak_restore))
+            self._post_write = max(self._post_write, 2 * (self._reader.peak + self._peak_restore))
 
         self._dirty_chains = set()
         self._dirty_insert_append = set()
