@@ -16,6 +16,12 @@
   apply; at the apply's end one JSON line goes to PATH: the samples as ``[ms since the apply began, RSS
   MiB, the foreground step running]``, thinned to the points where RSS moved by ≥ 1 MiB, plus the peak:
   where an apply's memory goes, step by step.
+* ``FELIXPY_BENCH_CPROFILE=PATH`` — cProfile of every apply after this process's first three (a churn's,
+  without the cold start or restart in it) to ``PATH.<pid>``, and of the nftables table's apply, which
+  runs on a worker thread, to ``PATH.table.<pid>``; rewritten every 50 applies.
+* ``FELIXPY_BENCH_NFTLOG=DIR`` — in the nft transaction worker: every transaction's script to
+  ``DIR/tx-<pid>-<n>.nft``, its libnftables time to ``DIR/times.jsonl``, and the whole ruleset once (at
+  the 50th) to ``DIR/ruleset-<pid>.nft``, for replaying the transactions by hand against the same state.
 """
 
 from __future__ import annotations
