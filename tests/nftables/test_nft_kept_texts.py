@@ -62,11 +62,11 @@ def test_script_reuses_the_hashed_texts_and_matches_a_fresh_render(monkeypatch: 
     program_typical(h_fresh)
     h_fresh.filter.update_chain(Chain("cali-INPUT", (Rule(Match(), Jump("cali-tw-a")),)))
     h_fresh.filter.update_chain(_chain("cali-tw-a", 5))
-    assert not h_fresh.root._texts
+    assert not h_fresh.root._texts.chains()
     h_fresh.root.apply()
     assert kept.scripts and kept.scripts == fresh.scripts
     assert "tcp dport { 1004 }" in kept.scripts[-1]
-    assert not h_kept.root._texts and h_kept.root._texts_kept == 0   # dropped at the commit
+    assert not h_kept.root._texts.chains() and h_kept.root._texts.count == 0   # dropped at the commit
 
 
 def test_a_chain_replaced_before_the_apply_writes_its_new_rules(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,7 +77,7 @@ def test_a_chain_replaced_before_the_apply_writes_its_new_rules(monkeypatch: pyt
     h.root.apply()
     h.filter.update_chain(_chain("cali-a", 3, port0=2000))
     h.filter.update_chain(_chain("cali-a", 2, port0=3000))      # replaced again before the apply
-    assert h.root._texts_kept == 2
+    assert h.root._texts.count == 2
     h.root.apply()
     last = rec.scripts[-1]
     assert "tcp dport { 3000 }" in last and "tcp dport { 3001 }" in last
@@ -93,9 +93,9 @@ def test_texts_kept_are_bounded_and_the_rest_still_rendered(monkeypatch: pytest.
     h.filter.update_chain(_chain("cali-a", 3, port0=1000))
     h.filter.update_chain(_chain("cali-b", 3, port0=2000))      # would pass the bound: not kept
     h.filter.update_chain(_chain("cali-c", 1, port0=3000))
-    assert set(h.root._texts) == {"filter-cali-a", "filter-cali-c"} and h.root._texts_kept == 4
+    assert h.root._texts.chains() == {"filter-cali-a", "filter-cali-c"} and h.root._texts.count == 4
     h.filter.remove_chains([_chain("cali-c", 1)])
-    assert h.root._texts_kept == 3
+    assert h.root._texts.count == 3
     h.filter.update_chain(Chain("cali-c", (Rule(Match(), Drop()),)))
     h.root.apply()
     for port in (1000, 1002, 2000, 2002):
@@ -134,3 +134,19 @@ def test_rules_gauge_follows_the_view_through_writes_deletions_reads_and_rebuild
     h2.root.apply()
     assert _gauge(h2) == _view_rules(h2)
 
+
+
+def test_kept_texts_hand_out_only_for_the_same_rules_tuple_and_respect_the_limit() -> None:
+    from felixpy.drivers.nftables.texts import KeptTexts
+    kept = KeptTexts(limit=3)
+    rules = (Rule(Match(), Accept()), Rule(Match(), Drop()))
+    kept.keep("a", rules, ["accept", "drop"])
+    assert kept.get("a", rules) == ["accept", "drop"]
+    assert kept.get("a", tuple(list(rules))) is None            # equal, but not the tuple rendered from
+    kept.keep("b", rules[:1], ["accept"])
+    kept.keep("c", rules[:1], ["accept"])                       # would pass the limit: not kept
+    assert kept.chains() == {"a", "b"} and kept.count == 3
+    kept.keep("a", rules[:1], ["accept"])                       # replaced: the old entry's count goes
+    assert kept.count == 2 and kept.get("a", rules) is None
+    kept.clear()
+    assert kept.count == 0 and not kept.chains()

@@ -60,6 +60,7 @@ from felixpy.drivers.nftables.readback import ChainSnapshot, MapSnapshot, SetSna
 from felixpy.drivers.generictables.hashing import rule_hashes
 from felixpy.drivers.nftables.render import chain_rule_hashes, referenced_names, rule_text
 from felixpy.drivers.nftables.script import Command, RuleCmd, to_json, to_script
+from felixpy.drivers.nftables.texts import KeptTexts
 from felixpy.drivers.nftables.sets import NftSets, SetPlan
 from felixpy.drivers.nftables.shim import NftListerFactory, NftScriptShim, NftSetsShim, NftShim, read_snapshot
 from felixpy.errors import DataplaneError, FatalDataplaneError
@@ -154,12 +155,9 @@ class NftablesTable:
         self._obj_refs: dict[str, set[str]] = {}   # set/map name -> chains whose rules use it
         self._chain_objs: dict[str, tuple[str, ...]] = {}
         self._dirty_chains: set[str] = set(BASE_CHAINS)
-        # Regular chain -> (its rules, their texts as hashed), for chains changed since the last
-        # transaction, while the texts kept add up to at most KEEP_TEXTS_MAX: the script reuses them
-        # instead of rendering each rule a second time.  Only ever read for the very rules tuple they
-        # were rendered from, and dropped at every commit.
-        self._texts: dict[str, tuple[tuple[m.Rule, ...], list[str]]] = {}
-        self._texts_kept = 0
+        # The texts of regular chains changed since the last commit, as hashed: the script takes them
+        # instead of rendering each rule a second time (texts.py).
+        self._texts = KeptTexts(KEEP_TEXTS_MAX)
         self.sets = NftSets(ip_version)
         self.maps = NftMaps(ip_version, self._incref, self._decref)
 
@@ -226,12 +224,7 @@ class NftablesTable:
             return chain_rule_hashes(name, rules, 4, self._fully_random) + \
                 chain_rule_hashes(name + "*appends*", appends, 4, self._fully_random)
         texts = [rule_text(r, self.ip_version, self._fully_random) for r in rules]
-        old = self._texts.pop(name, None)
-        if old is not None:
-            self._texts_kept -= len(old[1])
-        if self._texts_kept + len(texts) <= KEEP_TEXTS_MAX:
-            self._texts[name] = (tuple(rules), texts)
-            self._texts_kept += len(texts)
+        self._texts.keep(name, rules, texts)
         return rule_hashes(name, texts)
 
     def _set_content(self, name: str, old_rules: Sequence[m.Rule], new_rules: Sequence[m.Rule],
@@ -311,9 +304,7 @@ class NftablesTable:
         if old is None:
             return
         self._set_content(name, old.rules, (), [])
-        kept = self._texts.pop(name, None)
-        if kept is not None:
-            self._texts_kept -= len(kept[1])
+        self._texts.drop(name)
         del self._chains[name]
         del self._hashes_by_chain[name]
 
@@ -690,10 +681,10 @@ class NftablesTable:
         else:
             rules = self._chains[name].rules
         fam = self._family
-        kept = self._texts.get(name)
-        if kept is not None and kept[0] is rules:
+        texts = self._texts.get(name, rules)
+        if texts is not None:
             return [RuleCmd(fam, TABLE_NAME, name, r, h, t)
-                    for r, h, t in zip(rules, self._expected_hashes(name), kept[1])]
+                    for r, h, t in zip(rules, self._expected_hashes(name), texts)]
         return [RuleCmd(fam, TABLE_NAME, name, r, h) for r, h in zip(rules, self._expected_hashes(name))]
 
     def _build_plan(self, full: bool) -> _Plan:
@@ -827,7 +818,6 @@ class NftablesTable:
         self.maps.commit()
         self._dirty_chains = set()
         self._texts.clear()
-        self._texts_kept = 0
         self._g_chains.set(len(self._dp_chains))
         self._g_rules.set(self._count_rules(plan, before))
         self._g_sets.set(len(self._dp_sets))
