@@ -17,8 +17,9 @@
   MiB, the foreground step running]``, thinned to the points where RSS moved by ≥ 1 MiB, plus the peak:
   where an apply's memory goes, step by step.
 * ``FELIXPY_BENCH_CPROFILE=PATH`` — cProfile of every apply after this process's first three (a churn's,
-  without the cold start or restart in it) to ``PATH.<pid>``, and of the nftables table's apply, which
-  runs on a worker thread, to ``PATH.table.<pid>``; rewritten every 50 applies.
+  without the cold start or restart in it) to ``PATH.<pid>``, and of the table applies, which run on
+  worker threads: nftables to ``PATH.table.<pid>``, iptables (one table at a time) to
+  ``PATH.iptables.<pid>``; rewritten every 50 applies.
 * ``FELIXPY_BENCH_NFTLOG=DIR`` — in the nft transaction worker: every transaction's script to
   ``DIR/tx-<pid>-<n>.nft``, its libnftables time to ``DIR/times.jsonl``, and the whole ruleset once (at
   the 50th) to ``DIR/ruleset-<pid>.nft``, for replaying the transactions by hand against the same state.
@@ -281,3 +282,30 @@ if _CPROF:
                 _tprof.dump_stats(f"{_CPROF}.table.{os.getpid()}")
 
     _ptable.NftablesTable.apply = _profiled_table_apply  # type: ignore[method-assign]
+
+    # iptables modes: every table's apply runs on a worker thread too; one profile for all of them
+    # (PATH.iptables.<pid>; cProfile is per thread, and the tables take turns on the pool's threads, so
+    # each apply enables it for its own thread only).
+    import threading as _pthreading
+
+    from felixpy.drivers.iptables import table as _pitable
+
+    _iprof = _cProfile.Profile()
+    _ilock = _pthreading.Lock()
+    _iapply = _pitable.IptablesTable.apply
+
+    def _profiled_iptables_apply(self: object) -> object:
+        if _pn[0] <= 3 or not _ilock.acquire(blocking=False):
+            return _iapply(self)  # type: ignore[arg-type]
+        try:
+            _iprof.enable()
+            try:
+                return _iapply(self)  # type: ignore[arg-type]
+            finally:
+                _iprof.disable()
+                if _pn[0] % 50 == 0:
+                    _iprof.dump_stats(f"{_CPROF}.iptables.{os.getpid()}")
+        finally:
+            _ilock.release()
+
+    _pitable.IptablesTable.apply = _profiled_iptables_apply  # type: ignore[method-assign]
