@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -50,6 +49,7 @@ from felixpy.bpf.errors import BPFSyscallError, UnsupportedAttachType
 from felixpy.bpf.maps import on_bpffs
 from felixpy.drivers.cmdshim import CommandRunner, SubprocessRunner
 from felixpy.drivers.netlink.iproute2 import IpTool
+from felixpy.drivers.netlink import ifnames
 from felixpy.errors import UnsupportedFeature
 
 log = structlog.get_logger(__name__)
@@ -123,7 +123,7 @@ class KernelAttacher:
         self._modes: dict[str, bpfattach.AttachMode] = {}
         self._kinds: dict[str, str] = {}  # link kinds the monitor reported (learn_kind)
         self.nl = nl or bpfattach.RouteSocket()
-        self._tc = IpTool(runner or SubprocessRunner(timeout=TC_TIMEOUT), _names, tc=tc)
+        self._tc = IpTool(runner or SubprocessRunner(timeout=TC_TIMEOUT), _names, tc=tc, name_of=ifnames.if_indextoname)
         self._pinned: dict[int, int] = {}  # hook -> the program fd this attacher pinned for it
 
     def _mode(self, iface: str) -> bpfattach.AttachMode:
@@ -345,4 +345,4 @@ def _tc_line(line: _TcLine, dev: str) -> str:
 
 def _names() -> dict[int, str]:
     """index -> name of every interface of the calling thread's namespace (``if_nameindex``)."""
-    return dict(socket.if_nameindex())
+    return dict(ifnames.if_nameindex())

@@ -20,7 +20,6 @@ spawning ``ip`` costs a few).  Calls are serialised by a lock.
 from __future__ import annotations
 
 import errno as _errno
-import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ from pyroute2.netlink.exceptions import NetlinkError as PyNetlinkError  # type: 
 from felixpy.drivers.cmdshim import CommandRunner, SubprocessRunner
 from felixpy.drivers.netlink.errors import ConnectFailed, LinkNotFound, NetlinkCallError
 from felixpy.drivers.netlink.iproute2 import IpTool
+from felixpy.drivers.netlink import ifnames
 from felixpy.drivers.netlink.nsutil import call_in_netns
 from felixpy.drivers.netlink.types import (
     AF_INET,
@@ -103,14 +103,22 @@ class PyrouteNetlink:
             self._ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
         except (OSError, PyNetlinkError) as exc:
             raise ConnectFailed(f"cannot open netlink (netns={netns}): {exc}") from exc
-        self._ip = IpTool(runner if runner is not None else SubprocessRunner(netns, timeout=IP_TIMEOUT), self._names)
+        self._ip = IpTool(runner if runner is not None else SubprocessRunner(netns, timeout=IP_TIMEOUT), self._names,
+                          name_of=self._name_of)
 
     def _names(self) -> dict[int, str]:
-        """index -> name of every interface in the namespace (libc ``if_nameindex``)."""
+        """index -> name of every interface in the namespace (libc ``if_nameindex``, GIL released)."""
         try:
-            return dict(call_in_netns(self.netns, socket.if_nameindex))
+            return dict(call_in_netns(self.netns, ifnames.if_nameindex))
         except OSError as exc:
             raise NetlinkCallError("interface names", exc.errno or _errno.EIO) from exc
+
+    def _name_of(self, index: int) -> str | None:
+        """One interface's name in the namespace, or None if it has none."""
+        try:
+            return call_in_netns(self.netns, lambda: ifnames.if_indextoname(index))
+        except OSError as exc:
+            raise NetlinkCallError("interface name", exc.errno or _errno.EIO) from exc
 
     def close(self) -> None:
         with self._lock:
