@@ -204,6 +204,7 @@ if _NFTLOG:
     # In the nft transaction worker (the only user of in-process libnftables the daemon starts): every
     # transaction's payload and the time libnftables took for it go to DIR, and once, at the 50th, the
     # whole ruleset as it stands, so the transactions can be replayed against the same state by hand.
+    _nlog: str = _NFTLOG
     import json as _njson
     import subprocess as _nsub
     import time as _ntime
@@ -221,14 +222,14 @@ if _NFTLOG:
             _ncount[0] += 1
             n = _ncount[0]
             if n == 50:
-                with open(os.path.join(_NFTLOG, f"ruleset-{os.getpid()}.nft"), "w") as f:
+                with open(os.path.join(_nlog, f"ruleset-{os.getpid()}.nft"), "w") as f:
                     _nsub.run(["nft", "list", "ruleset"], stdout=f, check=False)
             t = _ntime.perf_counter()
             out = _ncmd(self, text)
             ms = (_ntime.perf_counter() - t) * 1000
-            with open(os.path.join(_NFTLOG, f"tx-{os.getpid()}-{n:05d}.nft"), "w") as f:
+            with open(os.path.join(_nlog, f"tx-{os.getpid()}-{n:05d}.nft"), "w") as f:
                 f.write(text)
-            with open(os.path.join(_NFTLOG, "times.jsonl"), "a") as f:
+            with open(os.path.join(_nlog, "times.jsonl"), "a") as f:
                 f.write(_njson.dumps({"pid": os.getpid(), "n": n, "ms": round(ms, 2), "bytes": len(text),
                                       "rc": out[0]}) + "\n")
             return out
@@ -239,73 +240,42 @@ if _NFTLOG:
 _CPROF = os.environ.get("FELIXPY_BENCH_CPROFILE")
 if _CPROF:
     # cProfile over the applies after this process's first three (so a restart's or a cold start's big
-    # apply stays out of it): the steady state's applies alone, e.g. a churn's.  The stats go to
-    # PATH.<pid> every 50 profiled applies (overwritten), readable with pstats.
+    # apply stays out of it): the steady state's applies alone, e.g. a churn's.  The table applies run on
+    # worker threads, which a profile of the loop's thread does not see (cProfile is per thread): the
+    # nftables tables and the iptables tables get a profile each, taken by one apply at a time.  The stats
+    # go to PATH[.table|.iptables].<pid> every 50 applies of the loop (overwritten), readable with pstats.
     import cProfile as _cProfile
-
-    from felixpy.dataplane import core as _pcore
-
-    _prof = _cProfile.Profile()
-    _pn = [0]
-    _papply = _pcore.InternalDataplane.apply
-
-    def _profiled_apply(self: object) -> object:
-        _pn[0] += 1
-        if _pn[0] <= 3:
-            return _papply(self)  # type: ignore[arg-type]
-        _prof.enable()
-        try:
-            return _papply(self)  # type: ignore[arg-type]
-        finally:
-            _prof.disable()
-            if _pn[0] % 50 == 0:
-                _prof.dump_stats(f"{_CPROF}.{os.getpid()}")
-
-    _pcore.InternalDataplane.apply = _profiled_apply  # type: ignore[method-assign]
-
-    # The nftables table's apply runs on a worker thread, which the profile above does not see: a
-    # profile of its own (PATH.table.<pid>), over the same applies.
-    from felixpy.drivers.nftables import table as _ptable
-
-    _tprof = _cProfile.Profile()
-    _tapply = _ptable.NftablesTable.apply
-
-    def _profiled_table_apply(self: object) -> object:
-        if _pn[0] <= 3:
-            return _tapply(self)  # type: ignore[arg-type]
-        _tprof.enable()
-        try:
-            return _tapply(self)  # type: ignore[arg-type]
-        finally:
-            _tprof.disable()
-            if _pn[0] % 50 == 0:
-                _tprof.dump_stats(f"{_CPROF}.table.{os.getpid()}")
-
-    _ptable.NftablesTable.apply = _profiled_table_apply  # type: ignore[method-assign]
-
-    # iptables modes: every table's apply runs on a worker thread too; one profile for all of them
-    # (PATH.iptables.<pid>; cProfile is per thread, and the tables take turns on the pool's threads, so
-    # each apply enables it for its own thread only).
     import threading as _pthreading
 
+    from felixpy.dataplane import core as _pcore
     from felixpy.drivers.iptables import table as _pitable
+    from felixpy.drivers.nftables import table as _ptable
 
-    _iprof = _cProfile.Profile()
-    _ilock = _pthreading.Lock()
-    _iapply = _pitable.IptablesTable.apply
+    _pn = [0]   # the loop's applies so far
 
-    def _profiled_iptables_apply(self: object) -> object:
-        if _pn[0] <= 3 or not _ilock.acquire(blocking=False):
-            return _iapply(self)  # type: ignore[arg-type]
-        try:
-            _iprof.enable()
+    def _profile_applies(cls: type, suffix: str, *, counts: bool = False) -> None:
+        prof = _cProfile.Profile()
+        lock = _pthreading.Lock()
+        orig = cls.apply  # type: ignore[attr-defined]
+
+        def profiled(self: object) -> object:
+            if counts:
+                _pn[0] += 1
+            if _pn[0] <= 3 or not lock.acquire(blocking=False):
+                return orig(self)
             try:
-                return _iapply(self)  # type: ignore[arg-type]
+                prof.enable()
+                try:
+                    return orig(self)
+                finally:
+                    prof.disable()
+                    if _pn[0] % 50 == 0:
+                        prof.dump_stats(f"{_CPROF}{suffix}.{os.getpid()}")
             finally:
-                _iprof.disable()
-                if _pn[0] % 50 == 0:
-                    _iprof.dump_stats(f"{_CPROF}.iptables.{os.getpid()}")
-        finally:
-            _ilock.release()
+                lock.release()
 
-    _pitable.IptablesTable.apply = _profiled_iptables_apply  # type: ignore[method-assign]
+        cls.apply = profiled  # type: ignore[attr-defined]
+
+    _profile_applies(_pcore.InternalDataplane, "", counts=True)
+    _profile_applies(_ptable.NftablesTable, ".table")
+    _profile_applies(_pitable.IptablesTable, ".iptables")
