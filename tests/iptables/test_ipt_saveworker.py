@@ -28,7 +28,8 @@ from felixpy.drivers.iptables.savefile import (
     owned_chain_regex,
     parse_save,
 )
-from felixpy.drivers.iptables.sharedsave import SharedSave, split_tables
+from felixpy.drivers.iptables.savefile import split_tables
+from felixpy.drivers.iptables.sharedsave import SharedSave
 from felixpy.drivers.iptables.table import IptablesTable
 from felixpy.errors import FatalDataplaneError
 from felixpy.testing.clock import FakeClock

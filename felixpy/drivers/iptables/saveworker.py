@@ -3,7 +3,7 @@
 ``python -m felixpy.drivers.iptables.saveworker [--hash-prefix P] [--owned-prefix X ...] [--extra-cleanup R]
 -- SAVE [ARGS ...]`` runs ``SAVE ARGS`` (through :class:`~felixpy.drivers.cmdshim.SubprocessRunner`, so the
 text is decoded exactly as the daemon would decode it), cuts a full save into its tables
-(:func:`~.sharedsave.split_tables`; one ``-t`` table's output is that table), parses each with
+(:func:`~.savefile.split_tables`; one ``-t`` table's output is that table), parses each with
 :func:`~.savefile.parse_save` and prints one JSON object: per table, its :class:`~.savefile.SaveState` in wire
 form, or ``{"error": …}`` when the parser refuses it (iptables-nft's "is incompatible").  The save's own
 failure is passed on: exit status :data:`EXIT_SAVE_FAILED`, its status and stderr as JSON on stderr.  It
@@ -34,8 +34,8 @@ from felixpy.drivers.iptables.savefile import (
     old_insert_regex,
     owned_chain_regex,
     parse_save,
+    split_tables,
 )
-from felixpy.drivers.iptables.sharedsave import split_tables
 
 EXIT_SAVE_FAILED = 3
 MODULE = "felixpy.drivers.iptables.saveworker"

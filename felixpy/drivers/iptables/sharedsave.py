@@ -26,49 +26,13 @@ save would cost the filter table's blob for every table's read: not used there.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from felixpy.drivers.cmdshim import CommandRunner
-
-_INCOMPATIBLE = re.compile(r"^# Table `([^']+)' is incompatible, use 'nft' tool\.$", re.MULTILINE)
-_COMMIT = "\nCOMMIT\n"
-
-
-def split_tables(text: str) -> dict[str, str]:
-    """A full ``*-save`` output cut into each table's own section, as ``-t <table>`` prints it minus the
-    ``#`` comments: ``*name`` through ``COMMIT``; or, for a table iptables-nft cannot show, its
-    "is incompatible" line (which the parser rejects, as it does in a ``-t`` output)."""
-    out: dict[str, str] = {}
-    start = _next_header(text, 0)
-    while start >= 0:
-        nl = text.find("\n", start)
-        if nl < 0:
-            break  # a header and nothing after it: a torn output, no section
-        name = text[start + 1:nl].strip()
-        end = text.find(_COMMIT, nl)
-        if end < 0:
-            out[name] = text[start:]  # no COMMIT: the parser sees what there is
-            break
-        stop = end + len(_COMMIT)
-        out[name] = text[start:stop]
-        start = _next_header(text, stop)
-    if "' is incompatible, use 'nft' tool." in text:
-        for m in _INCOMPATIBLE.finditer(text):
-            out[m.group(1)] = m.group(0) + "\n"
-    return out
-
-
-def _next_header(text: str, pos: int) -> int:
-    """Where the next ``*table`` line at or after line start *pos* begins; -1 if none."""
-    if text.startswith("*", pos):
-        return pos
-    i = text.find("\n*", pos)
-    return -1 if i < 0 else i + 1
-
+from felixpy.drivers.iptables.savefile import split_tables
 
 @dataclass(slots=True)
 class _Dump:
