@@ -25,7 +25,8 @@ from felixpy.drivers.generictables.model import Accept, Chain, Drop, Match, Rule
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 from felixpy.drivers.nftables.fake import FakeNft
 from felixpy.drivers.nftables.shim import NftChildProcess, NftListerFactory, nft_objects_yielding
-from felixpy.drivers.nftables.table import LISTING_POLL, new_nftables_tables
+from felixpy.drivers.nftables.layer import new_nftables_tables
+from felixpy.drivers.nftables.table import LISTING_POLL
 from felixpy.errors import DataplaneError
 
 T = hp.tbl(4)

@@ -16,16 +16,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from felixpy.drivers.nftables.layer import NftablesLayer
+    from felixpy.drivers.nftables.layer import NftablesLayer, new_nftables_tables
     from felixpy.drivers.nftables.shim import LibNftables, NftError, NftShim
-    from felixpy.drivers.nftables.table import NftablesTable, new_nftables_tables
+    from felixpy.drivers.nftables.table import NftablesTable
 
 __all__ = ["NftablesTable", "NftablesLayer", "LibNftables", "NftShim", "NftError", "new_nftables_tables"]
 
 # Imported on first use, so that a submodule alone (the listing worker, snapshotworker.py, a child process
 # started per listing) does not pay for the table, metrics and logging.
 _HOME = {"NftablesLayer": "layer", "LibNftables": "shim", "NftError": "shim", "NftShim": "shim",
-         "NftablesTable": "table", "new_nftables_tables": "table"}
+         "NftablesTable": "table", "new_nftables_tables": "layer"}
 
 
 def __getattr__(name: str) -> Any:

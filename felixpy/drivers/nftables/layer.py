@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from felixpy.drivers.generictables import model as m
 from felixpy.drivers.generictables.table import MapMetadata
 from felixpy.drivers.nftables.names import LAYERS, map_name_for, namespaced
+from felixpy.drivers.nftables.shim import NftListerFactory, NftShim
 from felixpy.drivers.nftables.table import NftablesTable
 
 NS_MEMO_SIZE = 1024
@@ -125,3 +126,17 @@ class NftablesLayer:
 
     def remove_map(self, name: str) -> None:
         self.root.remove_map(map_name_for(self.name, name))
+
+
+def new_nftables_tables(
+    ip_version: int, shim: NftShim, *, refresh_interval: float = 180.0, fully_random: bool = True,
+) -> tuple[NftablesTable, dict[str, NftablesLayer]]:
+    """The root table of a family plus its four layer views, keyed by layer name.
+
+    ``refresh_interval`` is Felix's ``NftablesRefreshInterval`` (0 disables the refresh).  A shim that
+    can hand out a lister (:class:`~.shim.NftListerFactory`) gets its refresh listings off the apply path.
+    """
+    lister = shim.lister() if isinstance(shim, NftListerFactory) else None
+    root = NftablesTable(ip_version, shim, refresh_interval=refresh_interval, fully_random=fully_random,
+                         lister=lister)
+    return root, {layer: NftablesLayer(layer, root) for layer in LAYERS}

@@ -62,7 +62,7 @@ from felixpy.drivers.nftables.render import chain_rule_hashes, referenced_names,
 from felixpy.drivers.nftables.script import Command, RuleCmd, to_json, to_script
 from felixpy.drivers.nftables.texts import KeptTexts
 from felixpy.drivers.nftables.sets import NftSets, SetPlan
-from felixpy.drivers.nftables.shim import NftListerFactory, NftScriptShim, NftSetsShim, NftShim, read_snapshot
+from felixpy.drivers.nftables.shim import NftScriptShim, NftSetsShim, NftShim, read_snapshot
 from felixpy.errors import DataplaneError, FatalDataplaneError
 
 log = structlog.get_logger(__name__)
@@ -824,20 +824,4 @@ class NftablesTable:
         self._g_maps.set(len(self._dp_maps))
 
 
-def new_nftables_tables(
-    ip_version: int, shim: NftShim, *, refresh_interval: float = 180.0, fully_random: bool = True,
-) -> tuple[NftablesTable, dict[str, Any]]:
-    """The root table of a family plus its four layer views, keyed by layer name.
-
-    ``refresh_interval`` is Felix's ``NftablesRefreshInterval`` (0 disables the refresh).  A shim that
-    can hand out a lister (:class:`~.shim.NftListerFactory`) gets its refresh listings off the apply path.
-    """
-    from felixpy.drivers.nftables.layer import NftablesLayer
-
-    lister = shim.lister() if isinstance(shim, NftListerFactory) else None
-    root = NftablesTable(ip_version, shim, refresh_interval=refresh_interval, fully_random=fully_random,
-                         lister=lister)
-    return root, {layer: NftablesLayer(layer, root) for layer in LAYERS}
-
-
-__all__ = ["NftablesTable", "new_nftables_tables"]
+__all__ = ["NftablesTable"]
