@@ -12,7 +12,7 @@ from felixpy.explain.evaluate import direction_of, evaluate
 from felixpy.explain.host import interfaces_for
 from felixpy.explain.packet import Packet
 from felixpy.explain.path import Explanation, explain
-from felixpy.explain.readers import KernelState
+from felixpy.explain.readers import KernelState, is_bpf_mode
 
 
 class NotFelixpyState(Exception):
@@ -21,21 +21,6 @@ class NotFelixpyState(Exception):
 
 class BPFModeState(NotFelixpyState):
     """felixpy runs in BPF mode: its policy is in the BPF programs, the *tables hold only the gap guards."""
-
-
-# The first rule of filter cali-FORWARD in BPF mode (felixpy.rules.bpfmode.forward_chain).
-BPF_MODE_MARKER = "Pre-approved by BPF programs"
-
-
-def is_bpf_mode(state: KernelState) -> bool:
-    rs = state.ruleset
-    if rs is None:
-        return False
-    for key in ("filter/cali-FORWARD", "filter-cali-FORWARD"):
-        rules = rs.chains.get(key)
-        if rules:
-            return BPF_MODE_MARKER in rules[0].comments
-    return False
 
 
 def explain_packet(state: KernelState, pkt: Packet, *, from_iface: str | None = None,

@@ -312,8 +312,6 @@ def read_kernel(runner: CommandRunner, ip_version: int, readers: Sequence[Reader
     if found is not None:
         found.local_addrs = host.local_addrs
     state = KernelState(ip_version, found, host)
-    from felixpy.explain.query import is_bpf_mode
-
     if is_bpf_mode(state):
         from felixpy.explain.bpf import NotFelixpyPins
 
@@ -323,3 +321,18 @@ def read_kernel(runner: CommandRunner, ip_version: int, readers: Sequence[Reader
         except NotFelixpyPins as exc:
             state.bpf_problem = str(exc)
     return state
+
+
+# The first rule of filter cali-FORWARD in BPF mode (felixpy.rules.bpfmode.forward_chain).
+BPF_MODE_MARKER = "Pre-approved by BPF programs"
+
+
+def is_bpf_mode(state: KernelState) -> bool:
+    rs = state.ruleset
+    if rs is None:
+        return False
+    for key in ("filter/cali-FORWARD", "filter-cali-FORWARD"):
+        rules = rs.chains.get(key)
+        if rules:
+            return BPF_MODE_MARKER in rules[0].comments
+    return False
