@@ -55,7 +55,7 @@ from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 from felixpy.drivers.nftables import metrics
 from felixpy.drivers.nftables.listing import Listing, Listings, start_thread
 from felixpy.drivers.nftables.maps import MapPlan, NftMaps
-from felixpy.drivers.nftables.names import BASE_CHAINS, LAYERS, TABLE_NAME, family_for
+from felixpy.drivers.nftables.names import BASE_CHAINS, TABLE_NAME, family_for
 from felixpy.drivers.nftables.readback import ChainSnapshot, MapSnapshot, SetSnapshot, TableSnapshot
 from felixpy.drivers.generictables.hashing import rule_hashes
 from felixpy.drivers.nftables.render import chain_rule_hashes, referenced_names, rule_text
