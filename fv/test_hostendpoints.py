@@ -374,10 +374,11 @@ def test_floating_ip_is_reachable_from_outside(fv: FamilyView, lab: Lab) -> None
 SERVICE = {4: ("10.96.128.0/24", "10.96.128.9"), 6: ("fd00:96:128::/112", "fd00:96:128::9")}
 
 
-@pytest.mark.bpf_skip("service-loop prevention in BPF mode not ported: Felix flags the service CIDRs as blackhole routes "
-                      "in the BPF routes map (bpf_route_mgr.go, FlagBlackHoleDrop/Reject) that the TC programs on "
-                      "every data interface drop; felixpy has no blackhole check in its programs and attaches only to "
-                      "host-endpoint interfaces, and reports 'service-loop prevention in BPF mode' unsupported")
+@pytest.mark.bpf_skip("service-loop prevention for traffic arriving from outside, on a data interface no host endpoint "
+                      "covers: Felix attaches its programs (no policy: allow) to every interface matching "
+                      "BPFDataIfacePattern, where the blackhole check drops it; felixpy's BPF mode attaches only to "
+                      "host-endpoint interfaces, so this traffic meets no program (a workload's traffic does: see "
+                      "test_service_loop_prevention_drops_workload_traffic_to_unallocated_service_ips)")
 def test_service_loop_prevention_drops_unallocated_service_ips(fv: FamilyView, lab: Lab) -> None:
     v, a, b, node_ns = fv.v, lab.a, lab.b, lab.node.netns
     cidr, target = SERVICE[v]
@@ -392,6 +393,29 @@ def test_service_loop_prevention_drops_unallocated_service_ips(fv: FamilyView, l
         expect_tcp(fv, {(a.ns, target, WEB): False, (a.ns, b.ip(v), WEB): True}, "service CIDR blocked")
         lab.node.send_payloads([pb.ToDataplane(global_bgp_config_update=pb.GlobalBGPConfigUpdate())])
         expect_tcp(fv, {(a.ns, target, WEB): True}, "service CIDRs withdrawn")
+    finally:
+        sh("ip", "-n", node_ns, fam, "route", "del", cidr, check=False)
+        sh("ip", "-n", b.ns, fam, "addr", "del", target, "dev", "lo", check=False)
+
+
+def test_service_loop_prevention_drops_workload_traffic_to_unallocated_service_ips(fv: FamilyView, lab: Lab) -> None:
+    """A workload's new flow to an advertised service CIDR that nothing translated: the *tables modes drop it
+    in cali-cidr-block (FORWARD), BPF mode in the workload's program (the routes map's blackhole flag)."""
+    v, b, node_ns = fv.v, lab.b, lab.node.netns
+    assert lab.node.node is not None
+    wl_ns = lab.node.node.workloads["a"].netns
+    cidr, target = SERVICE[v]
+    fam = "-4" if v == 4 else "-6"
+    sh("ip", "-n", b.ns, fam, "addr", "add", target, "dev", "lo")
+    sh("ip", "-n", node_ns, fam, "route", "add", cidr, "via", b.ip(v))
+    try:
+        fv.apply(with_heps())
+        expect_tcp(fv, {(wl_ns, target, WEB): True}, "service CIDR routed on to outside B")
+        lab.node.send_payloads([pb.ToDataplane(global_bgp_config_update=pb.GlobalBGPConfigUpdate(
+            service_cluster_cidrs=[SERVICE[4][0], SERVICE[6][0]]))])
+        expect_tcp(fv, {(wl_ns, target, WEB): False, (wl_ns, b.ip(v), WEB): True}, "service CIDR blocked")
+        lab.node.send_payloads([pb.ToDataplane(global_bgp_config_update=pb.GlobalBGPConfigUpdate())])
+        expect_tcp(fv, {(wl_ns, target, WEB): True}, "service CIDRs withdrawn")
     finally:
         sh("ip", "-n", node_ns, fam, "route", "del", cidr, check=False)
         sh("ip", "-n", b.ns, fam, "addr", "del", target, "dev", "lo", check=False)

@@ -503,6 +503,8 @@ def _leg(view: BPFView, pkt: Packet, iface: Iface, hook: int, *, src_is_host: bo
         leg.reason = "from the local host to a local workload: policy skipped (always allowed)"
         leg.path.append({"iface": iface.name, "hook": leg.hook, "action": "skip policy (host → workload)"})
         return leg
+    if hook == defs.HOOK_TC_INGRESS and _blackholed(view, pkt, leg):
+        return leg
     if _is_nd_or_mld(pkt):
         leg.reason = "neighbour discovery / MLD: policy skipped"
         return leg
@@ -546,12 +548,27 @@ def _hep_leg(view: BPFView, pkt: Packet, iface: Iface, hook: int, *, src_is_host
                                  "(FailsafeOutboundHostPorts): policy skipped"}
         leg.path.append({"iface": iface.name, "hook": leg.hook, "action": "skip policy (outbound failsafe)"})
         return leg
+    if ingress and _blackholed(view, pkt, leg):
+        return leg
     if _is_nd_or_mld(pkt):
         leg.reason = "neighbour discovery / MLD: policy skipped"
         return leg
     _run_slot(view, pkt, iface, hook, leg, dest_is_host=dest_is_host and ingress,
               src_is_host=src_is_host and not ingress, empty_allows=True)
     return leg
+
+
+def _blackholed(view: BPFView, pkt: Packet, leg: _Leg) -> bool:
+    """Service-loop prevention in a program towards the host (``bpf-gpl/tc.c``, after the failsafes): a
+    new flow whose destination the routes map flags blackhole-drop or -reject is dropped (the programs
+    generate no ICMP error for a reject)."""
+    r = view.route_flags(pkt.ip_version, pkt.dst.compressed)
+    if r is None or not r[0] & (defs.RT_BLACKHOLE_DROP | defs.RT_BLACKHOLE_REJECT):
+        return False
+    leg.verdict = "deny"
+    leg.reason = (f"{pkt.dst} is in a blackhole route of {routes_map(pkt.ip_version)} (a service CIDR, "
+                  "ServiceLoopPrevention): dropped before policy")
+    return True
 
 
 def _link_local(addr: Any) -> bool:
@@ -595,6 +612,13 @@ def _hep_rpf(view: BPFView, pkt: Packet, iface: Iface, leg: _Leg, dest_is_host: 
                    "reason": f"BPFEnforceRPF={mode}: source {pkt.src} {why} (spoofed or asymmetric source)"}
     leg.path.append({"iface": iface.name, "hook": leg.hook, "action": f"drop (source check, {mode})"})
     return False
+
+
+def routes_map(v: int) -> str:
+    """The routes map the programs read (``cali_v4_routes`` / ``cali_v6_routes``)."""
+    from felixpy.bpf import maps as bm
+
+    return (bm.ROUTES6 if v == 6 else bm.ROUTES4).name
 
 
 def failsafe_map(v: int) -> str:

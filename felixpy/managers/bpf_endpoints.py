@@ -252,12 +252,11 @@ class BPFEndpointManager:
                 f"{dscp_heps[:5]} carry QoS DSCP policies: the iptables and nftables modes set them in the "
                 "mangle table (cali-egress-dscp); felixpy's BPF programs do not set DSCP and BPF "
                 "mode's mangle table is not programmed, so their traffic leaves unmarked"))
-        if self._service_cidrs and self._ctx.config.ServiceLoopPrevention != "Disabled":
+        if self._service_cidrs and self._ctx.config.ServiceLoopPrevention == "Reject":
             out.append(UnsupportedFeature(
-                "service-loop prevention in BPF mode",
-                "Felix flags the service CIDRs as blackhole routes in the BPF routes map (bpf_route_mgr.go, "
-                "FlagBlackHoleDrop/Reject) for the programs on every data interface; not ported, so traffic to "
-                "unallocated service IPs is routed as usual"))
+                "ServiceLoopPrevention=Reject in BPF mode",
+                "the service CIDRs are blackhole-reject routes in the BPF routes map, as Felix writes them, but "
+                "felixpy's programs generate no ICMP error: a new flow to them is dropped, not rejected"))
         return out
 
     def _uses_dirty_policy(self, tiers: Any) -> bool:

@@ -8,7 +8,9 @@ values into a driver's contract (:mod:`felixpy.drivers.bpfroutes.api`,
   hop, remote hosts, tunnels, in-pool / NAT-outgoing / same-subnet flags), this host's global
   unicast addresses from the interface monitor (local host), ``ExternalNodesCIDRList`` (host)
   and local workloads' addresses from their endpoints (local workload + the interface's
-  ifindex while it is up).  Only CIDRs whose inputs changed are recomputed.  One deliberate
+  ifindex while it is up), and the service CIDRs of ``GlobalBGPConfigUpdate`` (cluster, external,
+  load-balancer) flagged blackhole-drop or -reject per ``ServiceLoopPrevention`` (the programs drop
+  a new flow to them: service-loop prevention).  Only CIDRs whose inputs changed are recomputed.  One deliberate
   addition: Felix writes a local workload's route only when the calc graph sent a
   ``LOCAL_WORKLOAD`` route for it; felixpy also writes it for an endpoint address the feed has
   no route for (scenario and test feeds send endpoints without routes, and the programs'
@@ -70,7 +72,8 @@ def _global_unicast(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool
 
 class BPFRouteManager:
     update_types: tuple[type, ...] = (IfaceStateUpdate, IfaceAddrsUpdate, pb.RouteUpdate, pb.RouteRemove,
-                                      pb.WorkloadEndpointUpdate, pb.WorkloadEndpointRemove)  # (managers/base.py)
+                                      pb.WorkloadEndpointUpdate, pb.WorkloadEndpointRemove,
+                                      pb.GlobalBGPConfigUpdate)  # (managers/base.py)
 
     def __init__(self, ip_version: int, config: Config, routes: BPFRoutesAPI, *,
                  workload_prefixes: tuple[str, ...]) -> None:
@@ -90,6 +93,10 @@ class BPFRouteManager:
             c for c in (_cidr(x) for x in config.ExternalNodesCIDRList)
             if c is not None and ipaddress.ip_network(c).version == ip_version)
         self._dirty: set[str] = set(self._external)
+        # Service CIDRs (GlobalBGPConfigUpdate) and the flag they get (none with ServiceLoopPrevention=Disabled).
+        self._blocked: frozenset[str] = frozenset()
+        self._blackhole = {"Drop": rt.BLACKHOLE_DROP, "Reject": rt.BLACKHOLE_REJECT}.get(
+            config.ServiceLoopPrevention, 0)
         self._programmed: dict[str, RouteValue] = {}
 
     def _mine(self, cidr: str | None) -> bool:
@@ -122,6 +129,21 @@ class BPFRouteManager:
             self._pending_weps[_key(msg.id)] = msg.endpoint  # the latest version, taken at the apply
         elif isinstance(msg, pb.WorkloadEndpointRemove):
             self._pending_weps[_key(msg.id)] = None
+        elif isinstance(msg, pb.GlobalBGPConfigUpdate):
+            self._on_bgp_config(msg)
+
+    def _on_bgp_config(self, msg: pb.GlobalBGPConfigUpdate) -> None:
+        blocked = set()
+        for field in ("service_cluster_cidrs", "service_external_cidrs", "service_loadbalancer_cidrs"):
+            for raw in getattr(msg, field):
+                parsed = _parse(raw)
+                if parsed is None:
+                    log.error("Skipping bad service CIDR", object="GlobalBGPConfigUpdate", field=field, cidr=raw,
+                              ip_version=self.ip_version)
+                elif parsed[1] == self.ip_version:
+                    blocked.add(parsed[0])
+        self._dirty |= self._blocked ^ blocked
+        self._blocked = frozenset(blocked)
 
     def _on_iface_state(self, msg: IfaceStateUpdate) -> None:
         old = self._ifindex.get(msg.name)
@@ -228,6 +250,8 @@ class BPFRouteManager:
             flags |= rt.LOCAL_HOST
         if cidr in self._external:
             flags |= rt.HOST
+        if cidr in self._blocked:
+            flags |= self._blackhole
         cg = self._cg.get(cidr)
         types = cg.types if cg is not None else 0
         if cg is not None:

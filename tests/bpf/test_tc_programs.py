@@ -375,6 +375,53 @@ def test_host_endpoint_failsafe_skips_policy(env: BPFTestEnv, v6: bool) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# service-loop prevention: blackhole routes (Felix's TestSVCLoopPrevention)
+
+
+SERVICE = {False: ("10.96.128.0/24", "10.96.128.9"), True: ("fd00:96:128::/112", "fd00:96:128::9")}
+
+
+@pytest.mark.parametrize("flag", [defs.RT_BLACKHOLE_DROP, defs.RT_BLACKHOLE_REJECT], ids=["drop", "reject"])
+@pytest.mark.parametrize("v6", FAMS)
+def test_new_flow_to_a_blackhole_route_is_dropped_from_a_workload(env: BPFTestEnv, v6: bool, flag: int) -> None:
+    wl, remote, _ = ips(v6)
+    cidr, service_ip = SERVICE[v6]
+    ap = wep_egress(env, v6, ALLOW_ALL)
+    env.add_route(cidr, flag)
+    r = ap.run(pg.tcp_pkt(wl, 40000, service_ip, 80, pg.TCP_SYN))
+    assert r.verdict == SHOT
+    assert ap.counters()[R.BLACK_HOLE] == 1
+    assert ap.counters()[R.ACCEPTED_BY_POLICY] == 0   # dropped before the policy ran
+    # Only the service CIDR: the same workload still reaches other destinations.
+    assert ap.run(pg.tcp_pkt(wl, 40001, remote, 80, pg.TCP_SYN)).verdict != SHOT
+    assert ap.counters()[R.BLACK_HOLE] == 1
+
+
+@pytest.mark.parametrize("v6", FAMS)
+def test_new_flow_to_a_blackhole_route_is_dropped_on_a_host_endpoint(env: BPFTestEnv, v6: bool) -> None:
+    _, remote, _ = ips(v6)
+    cidr, service_ip = SERVICE[v6]
+    env.add_route(cidr, defs.RT_BLACKHOLE_DROP)
+    ap = env.attach_point(ING, EpType.HEP, v6=v6, policy=ALLOW_ALL)
+    r = ap.run(pg.udp_pkt(remote, 5000, service_ip, 53))
+    assert r.verdict == SHOT
+    assert ap.counters()[R.BLACK_HOLE] == 1
+
+
+@pytest.mark.parametrize("v6", FAMS)
+def test_no_blackhole_flag_no_drop(env: BPFTestEnv, v6: bool) -> None:
+    """The CIDR in the routes map without a blackhole flag (ServiceLoopPrevention=Disabled writes none,
+    but any other entry covering the address) leaves the flow to policy."""
+    wl, _, _ = ips(v6)
+    cidr, service_ip = SERVICE[v6]
+    ap = wep_egress(env, v6, ALLOW_ALL)
+    env.add_route(cidr, defs.RT_HOST)
+    assert ap.run(pg.tcp_pkt(wl, 40000, service_ip, 80, pg.TCP_SYN)).verdict != SHOT
+    assert ap.counters()[R.BLACK_HOLE] == 0
+    assert ap.counters()[R.ACCEPTED_BY_POLICY] == 1
+
+
+# ---------------------------------------------------------------------------------------------
 # non-IP / malformed
 
 

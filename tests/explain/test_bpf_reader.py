@@ -244,3 +244,18 @@ def test_default_pin_root_is_the_daemons(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv(PIN_ROOT_ENV, "/x/tc/globals")
     assert BPFReader().pin_root == kernel.configured_pin_root() == "/x/tc/globals"
     assert BPFReader("/y").pin_root == "/y"
+
+
+@pytest.mark.parametrize("flag", [defs.RT_BLACKHOLE_DROP, defs.RT_BLACKHOLE_REJECT], ids=["drop", "reject"])
+def test_a_new_flow_to_a_blackhole_route_is_explained_as_dropped_before_policy(flag: int) -> None:
+    """Service-loop prevention (tc.c): the routes map's blackhole flag on the destination drops a new flow
+    from a workload before its policy runs; other destinations still go to policy."""
+    fb, _ = programmed({n: WorkloadPolicy(ALLOW_ALL, ALLOW_ALL) for n in ADDRS})
+    val = mt.RouteValue4()
+    val.flags = flag
+    fb.kernel.maps.routes(False).set(mt.route_key("10.96.128.0/24"), val)
+    v = view(fb)
+    out = ask(v, ADDRS["cali-a"], "10.96.128.9")
+    assert out.verdict == "deny" and "blackhole" in out.decided_by["reason"]  # type: ignore[index]
+    assert ask(v, ADDRS["cali-a"], "10.96.129.9").verdict == "allow"
+    assert ask(v, ADDRS["cali-a"], ADDRS["cali-b"]).verdict == "allow"

@@ -231,8 +231,7 @@ def test_unsupported_features_are_reported_by_name_and_the_rest_is_programmed() 
     n.send(ut, w, hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS, untracked=[tier("default", ingress=["ut"])]),
            pb.GlobalBGPConfigUpdate(service_cluster_cidrs=["10.96.128.0/24"]))
     n.apply()
-    assert set(n.dp.unsupported) == {"untracked host-endpoint policy in BPF mode", "floating IPs in BPF mode",
-                                     "service-loop prevention in BPF mode"}
+    assert set(n.dp.unsupported) == {"untracked host-endpoint policy in BPF mode", "floating IPs in BPF mode"}
     assert "eth0-hep" in n.dp.unsupported["untracked host-endpoint policy in BPF mode"]
     assert "projectcalico/calico#5251" in n.dp.unsupported["floating IPs in BPF mode"]
     assert hep_ifaces(fb) == {"eth0"} and programmed(n, fb, "cali1")

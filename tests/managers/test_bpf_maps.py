@@ -172,6 +172,40 @@ def test_host_addresses_are_global_unicast_only_and_external_nodes_are_hosts() -
     assert "10.99.0.1/32" not in routes(fb) and "fd00:99::1/128" not in routes(fb, True)
 
 
+@pytest.mark.parametrize("mode,flag", [("Drop", defs.RT_BLACKHOLE_DROP), ("Reject", defs.RT_BLACKHOLE_REJECT),
+                                       ("Disabled", 0)])
+def test_service_cidrs_are_blackhole_routes_per_service_loop_prevention(mode: str, flag: int) -> None:
+    """Felix's bpfRouteManager.onBGPConfigUpdate: cluster, external and load-balancer CIDRs of the family
+    get FlagBlackHoleDrop/Reject (nothing with Disabled); a CIDR that stops being one goes, a CIDR that
+    also has a calc-graph route keeps that route's flags too, and a bad one is skipped."""
+    n, fb = node(config=replace(BPF_CONFIG, ServiceLoopPrevention=mode))
+    n.send(route_update("10.96.200.0/24", pb.REMOTE_WORKLOAD, dst_node_ip="192.168.0.2",
+                        ip_pool_type=pb.IPPoolType.VXLAN))
+    n.send(pb.GlobalBGPConfigUpdate(service_cluster_cidrs=["10.96.128.0/24", "fd00:96:128::/112", "bogus"],
+                                    service_external_cidrs=["192.0.2.0/28"],
+                                    service_loadbalancer_cidrs=["198.51.100.7/32", "10.96.200.0/24"]))
+    n.apply()
+    v4, v6 = routes(fb), routes(fb, True)
+    if flag:
+        assert {c: v4[c][0] for c in ("10.96.128.0/24", "192.0.2.0/28", "198.51.100.7/32")} == \
+            dict.fromkeys(("10.96.128.0/24", "192.0.2.0/28", "198.51.100.7/32"), flag)
+        assert v6["fd00:96:128::/112"][0] == flag
+    else:
+        assert not {"10.96.128.0/24", "192.0.2.0/28", "198.51.100.7/32"} & set(v4)
+        assert "fd00:96:128::/112" not in v6
+    assert v4["10.96.200.0/24"][0] == defs.RT_WORKLOAD | defs.RT_TUNNELED | defs.RT_VXLAN | defs.RT_IN_POOL | flag
+    # Withdrawn: the entries go, the calc-graph route loses only the flag.
+    n.send(pb.GlobalBGPConfigUpdate(service_cluster_cidrs=["10.96.128.0/24"]))
+    n.apply()
+    v4 = routes(fb)
+    assert not {"192.0.2.0/28", "198.51.100.7/32"} & set(v4) and "fd00:96:128::/112" not in routes(fb, True)
+    assert v4["10.96.200.0/24"][0] == defs.RT_WORKLOAD | defs.RT_TUNNELED | defs.RT_VXLAN | defs.RT_IN_POOL
+    assert (v4.get("10.96.128.0/24", (0,))[0]) == flag
+    n.send(pb.GlobalBGPConfigUpdate())
+    n.apply()
+    assert "10.96.128.0/24" not in routes(fb)
+
+
 def test_an_unchanged_feed_rewrites_nothing_and_start_of_day_keeps_right_entries() -> None:
     n, fb = node(families=(4,))
     n.send(route_update("10.65.1.0/26", pb.REMOTE_WORKLOAD, dst_node_ip="192.168.0.2"))
