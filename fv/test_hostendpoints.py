@@ -374,11 +374,6 @@ def test_floating_ip_is_reachable_from_outside(fv: FamilyView, lab: Lab) -> None
 SERVICE = {4: ("10.96.128.0/24", "10.96.128.9"), 6: ("fd00:96:128::/112", "fd00:96:128::9")}
 
 
-@pytest.mark.bpf_skip("service-loop prevention for traffic arriving from outside, on a data interface no host endpoint "
-                      "covers: Felix attaches its programs (no policy: allow) to every interface matching "
-                      "BPFDataIfacePattern, where the blackhole check drops it; felixpy's BPF mode attaches only to "
-                      "host-endpoint interfaces, so this traffic meets no program (a workload's traffic does: see "
-                      "test_service_loop_prevention_drops_workload_traffic_to_unallocated_service_ips)")
 def test_service_loop_prevention_drops_unallocated_service_ips(fv: FamilyView, lab: Lab) -> None:
     v, a, b, node_ns = fv.v, lab.a, lab.b, lab.node.netns
     cidr, target = SERVICE[v]

@@ -17,17 +17,18 @@ the *tables allow list (Felix's ``bpfEndpointManager``, the desired-state half).
 * Host endpoints (Felix's ``applyPolicyToDataIface``): the feed's HEPs are resolved to host
   interfaces exactly as the *tables modes resolve them
   (:func:`felixpy.managers.hostendpoints.resolve_host_endpoints`: by name, by expected IP, the
-  lowest ID winning; a ``*`` HEP covers every host interface no specific HEP claims).  Only
-  interfaces matching ``BPFDataIfacePattern`` get programs: TC ingress enforces the HEP's
+  lowest ID winning; a ``*`` HEP covers every host interface no specific HEP claims).  Every
+  interface matching ``BPFDataIfacePattern`` gets programs, one no HEP covers with
+  :data:`NO_HOST_ENDPOINT` (allow, but seen by the programs); TC ingress enforces the HEP's
   ingress policy (pre-DNAT tiers, then normal tiers + profiles for traffic to the host, forward
   tiers for forwarded traffic), TC egress its egress policy, through
   :meth:`~felixpy.drivers.bpfendpoints.api.BPFEndpointsAPI.set_host_endpoint`; the programs'
   failsafe checks come before policy.  A HEP with no policy denies everything but the failsafes
-  (the policy program's end-of-profiles drop); an interface that stops being a HEP is detached
-  (traffic open again).  The ``*`` HEP's pre-DNAT and forward tiers also go into every workload's
+  (the policy program's end-of-profiles drop); an interface that stops being a HEP goes back to
+  :data:`NO_HOST_ENDPOINT` (traffic open again), one that stops being a data interface is detached.  The ``*`` HEP's pre-DNAT and forward tiers also go into every workload's
   programs, in the inverse direction, its normal tiers never (Felix's current ``applyPolicyToWeps``:
-  :func:`felixpy.bpf.from_proto.workload_policy_set`).  Untracked (XDP) policy, floating IPs and service-loop prevention are
-  reported unsupported by name (see docs/bpf.md for what Felix does with each).
+  :func:`felixpy.bpf.from_proto.workload_policy_set`).  Untracked (XDP) policy, floating IPs and ``ServiceLoopPrevention=Reject``
+  (dropped, no ICMP error) are reported unsupported by name (see docs/bpf.md for what Felix does with each).
 * ``on_devices_applied`` (after the driver's apply) reads which interfaces are READY for this
   family and rewrites ``cali-to-wl-dispatch`` to accept exactly those, so the *tables admit an
   interface only once its programs are in place, and drop it again before they are detached.
@@ -56,6 +57,11 @@ from felixpy.rules.context import RenderContext
 from felixpy.rules.names import ALL_INTERFACES
 
 log = structlog.get_logger(__name__)
+
+# A data interface that no host endpoint covers: both policy slots left empty, which the main program
+# takes as allow on a host interface (Felix's applyPolicyToDataIface without a HEP) -- unlike an allow-all
+# policy program, also for a mid-flow packet of a flow that predates the programs (tc.c skip_policy).
+NO_HOST_ENDPOINT = HostEndpointPolicy(ingress=None, egress=None)
 
 WlKey = tuple[str, str, str]
 K = TypeVar("K")
@@ -350,18 +356,25 @@ class BPFEndpointManager:
         self._heps_dirty = False
         winners, _shadowed = resolve_host_endpoints(self._hep_inputs, self._host_addrs)
         wildcard = winners.get(ALL_INTERFACES)
-        want: dict[str, str] = {}
+        # Every data interface gets programs (Felix's applyPolicyToDataIface); one that no host endpoint
+        # covers (None) gets NO_HOST_ENDPOINT: all traffic allowed, but seen by the programs (conntrack,
+        # the source and blackhole checks, the FIB).
+        want: dict[str, str | None] = {}
         for iface in self._host_addrs:
-            hid = winners.get(iface, wildcard)
-            if hid is not None and self._data_iface(iface):
-                want[iface] = hid
-        self._untracked_heps = {hid for hid in want.values() if self._heps[hid].untracked_tiers}
+            if self._data_iface(iface):
+                want[iface] = winners.get(iface, wildcard)
+        self._untracked_heps = {hid for hid in want.values() if hid is not None and self._heps[hid].untracked_tiers}
         for iface in sorted(set(self._hep_programmed) - set(want)):
-            log.info("Host interface is no longer a host endpoint; its programs go", iface=iface,
+            log.info("Host interface is no longer a data interface; its programs go", iface=iface,
                      ip_version=self.ip_version)
             self._driver.remove_host_endpoint(self.ip_version, iface)
             del self._hep_programmed[iface]
         for iface, hid in sorted(want.items()):
+            if hid is None:
+                if self._hep_programmed.get(iface) != NO_HOST_ENDPOINT:
+                    self._driver.set_host_endpoint(self.ip_version, iface, NO_HOST_ENDPOINT)
+                    self._hep_programmed[iface] = NO_HOST_ENDPOINT
+                continue
             try:
                 pol = self._host_policy(self._heps[hid])
             except Exception:

@@ -49,10 +49,14 @@ def test_restart_into_an_unrelated_world_leaves_nothing_of_the_old_one(mode: str
                                "BPF routes v6": "bpf cali_v6_routes"})
         missing = [k for k, key in want_kinds.items() if not own_a.get(key)]
         assert not missing, f"[{mode}] world A programmed nothing of its own for {missing}"
-        if bpf:   # the host endpoint: eth0's cali_iface entry (HEP + READY flags), its TCX links
-            assert any(ln.startswith("eth0 ") for ln in own_a.get("bpf cali_iface4", [])), \
-                f"[{mode}] no host endpoint entry in cali_iface"
-            assert any(ln.startswith("eth0_") for ln in own_a.get("bpf tcx pins", [])), f"[{mode}] no HEP links"
+        if bpf:
+            # eth0 is a data interface in both worlds (programs attached, a cali_iface entry); A's host
+            # endpoint is its policy programs, which fill the slots B leaves empty.
+            assert any(ln.startswith("eth0 ") for ln in in_a.get("bpf cali_iface4", [])), \
+                f"[{mode}] no data interface entry in cali_iface"
+            assert any(ln.startswith("eth0_") for ln in in_a.get("bpf tcx pins", [])), f"[{mode}] no eth0 links"
+            assert own_a.get("bpf cali_jump_ing2") and own_a.get("bpf cali_jump_egr2"), \
+                f"[{mode}] the host endpoint's programs are not in eth0's policy slots"
         else:
             hep_chain = "cali-th-eth0"
             assert any(hep_chain in ln for lines in own_a.values() for ln in lines), f"[{mode}] no host endpoint chain"

@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from felixpy.nodestatus import query
 from felixpy.testing import netns as nsmod
 from felixpy.testing.topology import Outside
 from fv.chaos.kill9 import dump_diff, normalised_dump, world
@@ -154,17 +155,28 @@ def full_dump(node: FvNode) -> dict[str, list[str]]:
     return out
 
 
+def _idle_mark(node: FvNode) -> tuple[int, bool] | None:
+    """(applies so far, dirty) from the daemon's status socket, which answers between applies (so a query
+    waits out an apply in progress); None without a daemon or a socket."""
+    if node.daemon is None or not node.daemon.status_socket:
+        return None
+    doc = query(node.daemon.status_socket)
+    return int(doc["applies"]), bool(doc["dirty"])
+
+
 def settled_dump(node: FvNode, quiet: float = 2.0, timeout: float = 60.0) -> dict[str, list[str]]:
-    """The dump once it stopped changing for *quiet* seconds.  InSync is not the end of a start of day:
-    addresses of devices the apply created come back from the interface monitor and go into the
-    ``this-host`` sets an apply later."""
+    """The dump once it stopped changing for *quiet* seconds and the daemon made no apply in that time
+    and has nothing left to do.  InSync is not the end of a start of day: addresses of devices the apply
+    created come back from the interface monitor and go into the ``this-host`` sets an apply later; an
+    interface that appears late gets its BPF programs then (a compile the first time: seconds in which
+    the kernel does not change although the daemon is busy)."""
     deadline = time.monotonic() + timeout
-    last, since = full_dump(node), time.monotonic()
+    last, mark, since = full_dump(node), _idle_mark(node), time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.5)
-        now = full_dump(node)
-        if now != last:
-            last, since = now, time.monotonic()
+        now, now_mark = full_dump(node), _idle_mark(node)
+        if now != last or now_mark != mark or (now_mark is not None and now_mark[1]):
+            last, mark, since = now, now_mark, time.monotonic()
         elif time.monotonic() - since >= quiet:
             return now
     raise AssertionError(f"the kernel did not settle within {timeout}s")

@@ -71,19 +71,30 @@ def slot_policy(n: Node, fb: FakeBPF, iface: str, hook: int, v: int = 4) -> Poli
     return ps
 
 
+def slot_empty(n: Node, fb: FakeBPF, iface: str, hook: int, v: int = 4) -> bool:
+    """The hook's policy slot holds nothing (a data interface no host endpoint covers: allow)."""
+    tc_ing, tc_egr = entries(fb, n.ifindex(iface), v)
+    entry = tc_ing if hook == ING else tc_egr
+    return fb.kernel.policies.installed(hook, entry) is None and \
+        fb.kernel.maps.jumps(hook).get(ctypes.c_uint32(entry)) is None
+
+
 def flags(n: Node, fb: FakeBPF, iface: str) -> int:
     st = ifstate(fb, n.ifindex(iface))
     assert st is not None
     return int(st.flags)
 
 
-def test_named_hep_gets_programs_with_its_policy_per_direction_and_others_stay_unmanaged() -> None:
+def test_named_hep_gets_programs_with_its_policy_per_direction_and_other_data_interfaces_allow() -> None:
     n, fb = node()
     n.send(hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS))
     n.apply()
-    assert hep_ifaces(fb) == {"eth0"}
+    # Every data interface carries the programs (Felix's applyPolicyToDataIface); lo and dummy0 do not
+    # match BPFDataIfacePattern.
+    assert hep_ifaces(fb) == {"eth0", "eth1"}
     assert flags(n, fb, "eth0") == defs.IFACE_STATE_HEP | defs.IFACE_STATE_V4_READY
-    assert flags(n, fb, "eth1") == defs.IFACE_STATE_NOT_MANAGED
+    assert flags(n, fb, "eth1") == defs.IFACE_STATE_HEP | defs.IFACE_STATE_V4_READY
+    assert slot_empty(n, fb, "eth1", ING) and slot_empty(n, fb, "eth1", EGR)
     ing, egr = slot_policy(n, fb, "eth0", ING), slot_policy(n, fb, "eth0", EGR)
     for ps in (ing, egr):
         assert ps.for_host_interface and not ps.suppress_normal_host_policy
@@ -93,7 +104,7 @@ def test_named_hep_gets_programs_with_its_policy_per_direction_and_others_stay_u
     assert not n.dp.unsupported
 
 
-def test_hep_without_policy_denies_host_traffic_and_removal_detaches() -> None:
+def test_hep_without_policy_denies_host_traffic_and_removal_swaps_back_to_allow() -> None:
     n, fb = node()
     n.send(hep("eth0-hep", "eth0"))
     n.apply()
@@ -102,13 +113,13 @@ def test_hep_without_policy_denies_host_traffic_and_removal_detaches() -> None:
     # (which the main program checks before policy).
     assert ps == PolicySet(for_host_interface=True, suppress_normal_host_policy=False)
     idx = n.ifindex("eth0")
-    tc_ing, tc_egr = entries(fb, idx)
+    before, calls = entries(fb, idx), fb.attacher.attach_calls
     n.send(hep_remove("eth0-hep"))
     n.apply()
-    assert hep_ifaces(fb) == set() and not fb.attacher.is_attached("eth0", idx, ING)
-    assert flags(n, fb, "eth0") == defs.IFACE_STATE_NOT_MANAGED  # forwarding to it stays approved
-    assert fb.kernel.policies.installed(ING, tc_ing) is None and fb.kernel.policies.installed(EGR, tc_egr) is None
-    assert fb.kernel.maps.ap_globals.get(mt.ApKey(idx, ING)) is None
+    # Still a data interface: its programs stay (no re-attach) and allow again.
+    assert fb.attacher.attach_calls == calls and entries(fb, idx) == before
+    assert slot_empty(n, fb, "eth0", ING) and slot_empty(n, fb, "eth0", EGR)
+    assert flags(n, fb, "eth0") == defs.IFACE_STATE_HEP | defs.IFACE_STATE_V4_READY
     assert programmed(n, fb, "cali1")
 
 
@@ -129,15 +140,16 @@ def test_hep_by_expected_ip_follows_the_address() -> None:
     n, fb = node()
     n.send(hep("by-ip", v4=("10.98.1.1",), tiers=DENY_ALL_TIERS))
     n.apply()
-    assert hep_ifaces(fb) == set()  # nobody holds it yet
+    def holder() -> set[str]:
+        return {i for i in ("eth0", "eth1") if not slot_empty(n, fb, i, ING)}
+    assert holder() == set()  # nobody holds it yet
     n.addrs("eth0", "10.98.0.1", "fd00:98::1", "10.98.1.1")
     n.apply()
-    assert hep_ifaces(fb) == {"eth0"}
+    assert holder() == {"eth0"}
     n.addrs("eth0", "10.98.0.1", "fd00:98::1")
     n.addrs("eth1", "10.97.0.1", "fd00:97::1", "10.98.1.1/32")
     n.apply()
-    assert hep_ifaces(fb) == {"eth1"}
-    assert flags(n, fb, "eth0") == defs.IFACE_STATE_NOT_MANAGED
+    assert holder() == {"eth1"} and hep_ifaces(fb) == {"eth0", "eth1"}
 
 
 def test_interfaces_outside_bpf_data_iface_pattern_get_no_programs() -> None:
@@ -181,7 +193,8 @@ def test_ipv6_family_is_programmed_too() -> None:
     assert slot_policy(n, fb, "eth0", ING, 6).host_normal_tiers
     n.send(hep_remove("eth0-hep"))
     n.apply()
-    assert hep_ifaces(fb) == set() and flags(n, fb, "eth0") == defs.IFACE_STATE_NOT_MANAGED
+    assert slot_empty(n, fb, "eth0", ING, 6) and slot_empty(n, fb, "eth0", EGR, 6)
+    assert flags(n, fb, "eth0") == defs.IFACE_STATE_HEP | defs.IFACE_STATE_V4_READY | defs.IFACE_STATE_V6_READY
 
 
 def _restart(n1: Node, fb1: FakeBPF, *msgs: object) -> tuple[Node, FakeBPF]:
@@ -205,22 +218,35 @@ def test_restart_with_the_same_feed_reclaims_and_reattaches_nothing() -> None:
     assert slot_policy(n, fb, "eth0", ING).host_normal_tiers
 
 
-@pytest.mark.parametrize("feed", ["no-hep", "other-hep"])
-def test_restart_sweeps_interfaces_that_are_no_longer_host_endpoints(feed: str) -> None:
+def test_restart_sweeps_interfaces_that_are_no_longer_data_interfaces() -> None:
     n1, fb1 = node()
     n1.send(hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS))
     n1.apply()
     idx = n1.ifindex("eth0")
     tc_ing, _ = entries(fb1, idx)
-    msgs = [] if feed == "no-hep" else [hep("eth1-hep", "eth1", tiers=DENY_ALL_TIERS)]
-    n, fb = _restart(n1, fb1, *msgs)
+    n, fb = node(bpf=fb1.restarted(), n1=n1, config=replace(BPF_CONFIG, BPFDataIfacePattern="^eth1$"))
+    n.send(hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS))
     n.apply()
-    assert hep_ifaces(fb) == (set() if feed == "no-hep" else {"eth1"})
+    assert hep_ifaces(fb) == {"eth1"}
     assert not fb.attacher.is_attached("eth0", idx, ING) and not fb.attacher.is_attached("eth0", idx, EGR)
     assert flags(n, fb, "eth0") == defs.IFACE_STATE_NOT_MANAGED
-    if feed == "no-hep":
-        assert fb.kernel.maps.jumps(ING).get(ctypes.c_uint32(tc_ing)) is None  # its policy entry freed
+    assert fb.kernel.maps.jumps(ING).get(ctypes.c_uint32(tc_ing)) is None  # its policy entry freed
     assert programmed(n, fb, "cali1")
+
+
+def test_restart_without_the_hep_keeps_the_attachment_and_allows() -> None:
+    n1, fb1 = node()
+    n1.send(hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS))
+    n1.apply()
+    idx = n1.ifindex("eth0")
+    attached = dict(fb1.attacher.attached)
+    n, fb = _restart(n1, fb1)
+    calls = fb.attacher.attach_calls
+    n.apply()
+    assert fb.attacher.attach_calls == calls and dict(fb.attacher.attached) == attached
+    assert slot_empty(n, fb, "eth0", ING) and slot_empty(n, fb, "eth0", EGR)
+    assert flags(n, fb, "eth0") == defs.IFACE_STATE_HEP | defs.IFACE_STATE_V4_READY
+    assert idx == n.ifindex("eth0")
 
 
 def test_unsupported_features_are_reported_by_name_and_the_rest_is_programmed() -> None:
@@ -234,7 +260,7 @@ def test_unsupported_features_are_reported_by_name_and_the_rest_is_programmed() 
     assert set(n.dp.unsupported) == {"untracked host-endpoint policy in BPF mode", "floating IPs in BPF mode"}
     assert "eth0-hep" in n.dp.unsupported["untracked host-endpoint policy in BPF mode"]
     assert "projectcalico/calico#5251" in n.dp.unsupported["floating IPs in BPF mode"]
-    assert hep_ifaces(fb) == {"eth0"} and programmed(n, fb, "cali1")
+    assert hep_ifaces(fb) == {"eth0", "eth1"} and programmed(n, fb, "cali1")
     assert slot_policy(n, fb, "eth0", ING).host_normal_tiers  # normal policy still enforced
 
 
@@ -256,7 +282,7 @@ def test_dscp_in_bpf_mode_is_reported_unsupported_and_the_endpoint_still_program
     assert ("cali1" if on == "workload" else "eth0-hep") in said, n.dp.unsupported
     assert programmed(n, fb, "cali1")
     if on == "host endpoint":
-        assert hep_ifaces(fb) == {"eth0"} and slot_policy(n, fb, "eth0", ING).host_normal_tiers
+        assert hep_ifaces(fb) == {"eth0", "eth1"} and slot_policy(n, fb, "eth0", ING).host_normal_tiers
 
 
 def test_hep_status_is_reported_in_bpf_mode() -> None:
@@ -301,17 +327,18 @@ def test_hep_interface_down_then_gone_leaves_no_cali_iface_entry() -> None:
     n, fb = node()
     n.apply()
     idx = n.ifindex("eth0")
-    assert flags(n, fb, "eth0") == defs.IFACE_STATE_NOT_MANAGED
+    assert flags(n, fb, "eth0") == defs.IFACE_STATE_HEP | defs.IFACE_STATE_V4_READY
     n.link_down("eth0")
     n.send(hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS))
     n.apply()
     assert not fb.attacher.is_attached("eth0", idx, ING)  # programs only on an interface that is up
+    assert flags(n, fb, "eth0") == defs.IFACE_STATE_NOT_MANAGED
     n.link_up("eth0")
     n.apply()
-    assert hep_ifaces(fb) == {"eth0"}
+    assert hep_ifaces(fb) == {"eth0", "eth1"}
     n.link_down("eth0")
     n.apply()
-    assert hep_ifaces(fb) == set() and flags(n, fb, "eth0") == defs.IFACE_STATE_NOT_MANAGED
+    assert hep_ifaces(fb) == {"eth1"} and flags(n, fb, "eth0") == defs.IFACE_STATE_NOT_MANAGED
     n.link_gone("eth0")
     n.apply()
     assert ifstate(fb, idx) is None

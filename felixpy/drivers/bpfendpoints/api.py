@@ -34,10 +34,12 @@ class HostEndpointPolicy:
 
     Host endpoints have the natural relation between policy direction and kernel hook (Felix):
     ``ingress`` (traffic from the interface into the host, or forwarded from it) runs on TC
-    ingress, ``egress`` on TC egress."""
+    ingress, ``egress`` on TC egress.  None leaves that hook's policy slot empty, which the main
+    program takes as allow on a host interface (a data interface no host endpoint covers, as Felix
+    programs one)."""
 
-    ingress: PolicySet
-    egress: PolicySet
+    ingress: PolicySet | None
+    egress: PolicySet | None
 
 
 class BPFEndpointsAPI(Protocol):

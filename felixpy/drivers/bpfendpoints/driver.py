@@ -121,7 +121,7 @@ class _Programmed:
 
     ifindex: int
     slots: dict[tuple[int, int], int] = field(default_factory=dict)  # (hook, family) -> policy entry
-    policy: dict[tuple[int, int], PolicySet] = field(default_factory=dict)
+    policy: dict[tuple[int, int], PolicySet | None] = field(default_factory=dict)  # None: left empty
     attached: bool = False
     ready: frozenset[int] = frozenset()
     pending_detach: bool = False
@@ -137,7 +137,7 @@ def _slots_for_log(done: _Programmed) -> dict[str, int]:
 EndpointPolicy = WorkloadPolicy | HostEndpointPolicy
 
 
-def _hook_policy(want: EndpointPolicy, hook: int) -> PolicySet:
+def _hook_policy(want: EndpointPolicy, hook: int) -> PolicySet | None:
     if isinstance(want, HostEndpointPolicy):  # host endpoints: the natural direction
         return want.ingress if hook == defs.HOOK_TC_INGRESS else want.egress
     # TC ingress of the host-side interface sees packets *from* the workload.
@@ -491,11 +491,11 @@ class BPFEndpoints:
                 raise
         self._counted.add((ifindex, hook))
 
-    def _program_slot(self, iface: str, done: _Programmed, hook: int, v: int, ps: PolicySet, *,
+    def _program_slot(self, iface: str, done: _Programmed, hook: int, v: int, ps: PolicySet | None, *,
                       verify: bool = False) -> None:
         pol = self.kernel.policies
         entry = done.slots.get((hook, v))
-        if verify and entry is not None and done.policy.get((hook, v)) is not None and \
+        if verify and ps is not None and entry is not None and done.policy.get((hook, v)) is not None and \
                 self.kernel.maps.jumps(hook).get(ctypes.c_uint32(entry)) is None:
             log.warning("BPF policy slot found empty; reinstalling", iface=iface, hook=hook, ip_version=v,
                         entry=entry)
@@ -508,6 +508,18 @@ class BPFEndpoints:
             done.slots[(hook, v)] = entry
             done.policy.pop((hook, v), None)
         reclaimed = (hook, v) in done.reclaimed
+        if ps is None:
+            # An empty slot: the main program allows when its tail call finds nothing there (host
+            # interfaces only).  Whatever this or an earlier run installed goes, every part of it; no
+            # default-deny step, since an empty slot is open anyway.
+            if done.policy.get((hook, v)) is not None or (hook, v) not in done.policy:
+                pol.uninstall(hook, entry)
+                if reclaimed:
+                    jm = self.kernel.maps.jumps(hook)
+                    for part in range(1, defs.MAX_POLICY_SUBPROGS):
+                        jm.delete(ctypes.c_uint32(entry + part * pol.stride(hook)))
+                done.policy[(hook, v)] = None
+            return
         if (hook, v) not in done.policy and ps != DENY_ALL and not reclaimed:
             if (hook, v) not in self._deny_held:  # kept loaded for the rest of this apply
                 self._deny_held[(hook, v)] = pol.acquire(DENY_ALL, hook=hook, v6=(v == 6))
