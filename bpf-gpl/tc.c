@@ -26,6 +26,7 @@
 #include "failsafe.h"
 #include "policy.h"
 #include "fib.h"
+#include "icmp.h"
 #include "metadata.h"
 
 static CALI_BPF_INLINE bool is_nd_or_mld(struct cali_tc_state *s)
@@ -213,15 +214,23 @@ static CALI_BPF_INLINE int pre_policy_processing(struct cali_tc_ctx *ctx)
 		return skip_policy(ctx);
 	}
 
-	if (CALI_F_TO_HOST &&
-	    (cali_rt_lookup_flags(&s->post_nat_ip_dst) & (CALI_RT_BLACKHOLE_DROP | CALI_RT_BLACKHOLE_REJECT))) {
+	if (CALI_F_TO_HOST) {
 		/* Service-loop prevention: an address in an advertised service CIDR
 		 * that nothing translated belongs to no one; routed on, it would loop
-		 * between this node and its gateway.  (A reject is dropped too: no
-		 * ICMP error is generated here.) */
-		CALI_DEBUG("destination is a blackhole route: DROP");
-		deny_reason(ctx, CALI_REASON_BLACK_HOLE);
-		return forward_or_drop(ctx);
+		 * between this node and its gateway. */
+		__u32 bh = cali_rt_lookup_flags(&s->post_nat_ip_dst) &
+			   (CALI_RT_BLACKHOLE_DROP | CALI_RT_BLACKHOLE_REJECT);
+
+		if (bh == CALI_RT_BLACKHOLE_REJECT) {
+			CALI_DEBUG("destination is a blackhole route: REJECT");
+			COUNTER_INC(ctx, CALI_REASON_BLACK_HOLE);
+			return icmp_reject(ctx);
+		}
+		if (bh) {
+			CALI_DEBUG("destination is a blackhole route: DROP");
+			deny_reason(ctx, CALI_REASON_BLACK_HOLE);
+			return forward_or_drop(ctx);
+		}
 	}
 
 	if (is_nd_or_mld(s))

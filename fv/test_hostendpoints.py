@@ -12,6 +12,7 @@ and both families, and leaves the node with no host endpoint.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -393,27 +394,46 @@ def test_service_loop_prevention_drops_unallocated_service_ips(fv: FamilyView, l
         sh("ip", "-n", b.ns, fam, "addr", "del", target, "dev", "lo", check=False)
 
 
-def test_service_loop_prevention_drops_workload_traffic_to_unallocated_service_ips(fv: FamilyView, lab: Lab) -> None:
-    """A workload's new flow to an advertised service CIDR that nothing translated: the *tables modes drop it
-    in cali-cidr-block (FORWARD), BPF mode in the workload's program (the routes map's blackhole flag)."""
+def _connect_error(ns: str, ip: str, port: int) -> str:
+    """How a TCP connect from *ns* ends: "ok", an errno name (ECONNREFUSED: an ICMP error came back), or
+    "timeout" (the SYN was dropped)."""
+    code = ("import errno, socket, sys\n"
+            "s = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET)\n"
+            "s.settimeout(2.0)\n"
+            "try:\n    s.connect((sys.argv[1], int(sys.argv[2]))); print('ok')\n"
+            "except socket.timeout:\n    print('timeout')\n"
+            "except OSError as e:\n    print(errno.errorcode.get(e.errno, str(e.errno)))\n")
+    return nsmod.run_in(ns, sys.executable, "-c", code, ip, str(port)).stdout.strip()
+
+
+@pytest.mark.parametrize("action", ["Drop", "Reject"])
+def test_service_loop_prevention_drops_workload_traffic_to_unallocated_service_ips(
+        fv: FamilyView, lab: Lab, action: str) -> None:
+    """A workload's new flow to an advertised service CIDR that nothing translated: the *tables modes drop or
+    reject it in cali-cidr-block (FORWARD), BPF mode in the workload's program (the routes map's blackhole
+    flag; a reject is an ICMP port-unreachable the program sends back)."""
     v, b, node_ns = fv.v, lab.b, lab.node.netns
     assert lab.node.node is not None
     wl_ns = lab.node.node.workloads["a"].netns
     cidr, target = SERVICE[v]
     fam = "-4" if v == 4 else "-6"
+    config = {"ServiceLoopPrevention": action} if action != "Drop" else None
     sh("ip", "-n", b.ns, fam, "addr", "add", target, "dev", "lo")
     sh("ip", "-n", node_ns, fam, "route", "add", cidr, "via", b.ip(v))
     try:
-        fv.apply(with_heps())
+        fv.apply(with_heps(), config=config)
         expect_tcp(fv, {(wl_ns, target, WEB): True}, "service CIDR routed on to outside B")
         lab.node.send_payloads([pb.ToDataplane(global_bgp_config_update=pb.GlobalBGPConfigUpdate(
             service_cluster_cidrs=[SERVICE[4][0], SERVICE[6][0]]))])
         expect_tcp(fv, {(wl_ns, target, WEB): False, (wl_ns, b.ip(v), WEB): True}, "service CIDR blocked")
+        assert _connect_error(wl_ns, target, WEB) == ("ECONNREFUSED" if action == "Reject" else "timeout")
         lab.node.send_payloads([pb.ToDataplane(global_bgp_config_update=pb.GlobalBGPConfigUpdate())])
         expect_tcp(fv, {(wl_ns, target, WEB): True}, "service CIDRs withdrawn")
     finally:
         sh("ip", "-n", node_ns, fam, "route", "del", cidr, check=False)
         sh("ip", "-n", b.ns, fam, "addr", "del", target, "dev", "lo", check=False)
+        if config:
+            fv.apply(with_heps())  # back to the default config
 
 
 # ----------------------------------------------------------------------------------- restart

@@ -560,14 +560,16 @@ def _hep_leg(view: BPFView, pkt: Packet, iface: Iface, hook: int, *, src_is_host
 
 def _blackholed(view: BPFView, pkt: Packet, leg: _Leg) -> bool:
     """Service-loop prevention in a program towards the host (``bpf-gpl/tc.c``, after the failsafes): a
-    new flow whose destination the routes map flags blackhole-drop or -reject is dropped (the programs
-    generate no ICMP error for a reject)."""
+    new flow whose destination the routes map flags blackhole-drop is dropped, blackhole-reject answered
+    with an ICMP port-unreachable (``bpf-gpl/icmp.h``), both before policy."""
     r = view.route_flags(pkt.ip_version, pkt.dst.compressed)
-    if r is None or not r[0] & (defs.RT_BLACKHOLE_DROP | defs.RT_BLACKHOLE_REJECT):
+    flags = (r[0] if r is not None else 0) & (defs.RT_BLACKHOLE_DROP | defs.RT_BLACKHOLE_REJECT)
+    if not flags:
         return False
+    how = "rejected (ICMP port unreachable)" if flags == defs.RT_BLACKHOLE_REJECT else "dropped"
     leg.verdict = "deny"
     leg.reason = (f"{pkt.dst} is in a blackhole route of {routes_map(pkt.ip_version)} (a service CIDR, "
-                  "ServiceLoopPrevention): dropped before policy")
+                  f"ServiceLoopPrevention): {how} before policy")
     return True
 
 

@@ -27,8 +27,8 @@ the *tables allow list (Felix's ``bpfEndpointManager``, the desired-state half).
   (the policy program's end-of-profiles drop); an interface that stops being a HEP goes back to
   :data:`NO_HOST_ENDPOINT` (traffic open again), one that stops being a data interface is detached.  The ``*`` HEP's pre-DNAT and forward tiers also go into every workload's
   programs, in the inverse direction, its normal tiers never (Felix's current ``applyPolicyToWeps``:
-  :func:`felixpy.bpf.from_proto.workload_policy_set`).  Untracked (XDP) policy, floating IPs and ``ServiceLoopPrevention=Reject``
-  (dropped, no ICMP error) are reported unsupported by name (see docs/bpf.md for what Felix does with each).
+  :func:`felixpy.bpf.from_proto.workload_policy_set`).  Untracked (XDP) policy and floating IPs are reported
+  unsupported by name (see docs/bpf.md for what Felix does with each).
 * ``on_devices_applied`` (after the driver's apply) reads which interfaces are READY for this
   family and rewrites ``cali-to-wl-dispatch`` to accept exactly those, so the *tables admit an
   interface only once its programs are in place, and drop it again before they are detached.
@@ -86,7 +86,7 @@ class BPFEndpointManager:
     update_types: tuple[type, ...] = (  # what on_update acts on (managers/base.py)
         pb.WorkloadEndpointUpdate, pb.WorkloadEndpointRemove, pb.ActivePolicyUpdate, pb.ActivePolicyRemove,
         pb.ActiveProfileUpdate, pb.ActiveProfileRemove, pb.HostEndpointUpdate, pb.HostEndpointRemove,
-        IfaceAddrsUpdate, pb.GlobalBGPConfigUpdate)
+        IfaceAddrsUpdate)
 
     def __init__(self, ip_version: int, ctx: RenderContext, driver: BPFEndpointsAPI, *, filter: Table) -> None:
         self.ip_version = ip_version
@@ -120,7 +120,6 @@ class BPFEndpointManager:
         self._floating_ips = ctx.config.FloatingIPs == "Enabled"
         self._nat_endpoints: set[WlKey] = set()  # endpoints with floating IPs (reported, not programmed)
         self._dscp_endpoints: set[WlKey] = set()  # endpoints with DSCP QoS policies (reported, not programmed)
-        self._service_cidrs: tuple[str, ...] = ()
         self._untracked_heps: set[str] = set()
         self._wildcard_seen: pb.HostEndpoint | None = None  # the '*' HEP the workload programs were built with
 
@@ -158,9 +157,6 @@ class BPFEndpointManager:
         elif isinstance(msg, IfaceAddrsUpdate):
             if record_host_addrs(self._host_addrs, msg, self._ctx.workload_prefixes):
                 self._heps_dirty = True
-        elif isinstance(msg, pb.GlobalBGPConfigUpdate):
-            self._service_cidrs = (*msg.service_cluster_cidrs, *msg.service_external_cidrs,
-                                   *msg.service_loadbalancer_cidrs)
 
     def _take_pending_endpoints(self) -> None:
         """Endpoint updates since the last apply, the latest per endpoint (a flood updates one several
@@ -258,11 +254,6 @@ class BPFEndpointManager:
                 f"{dscp_heps[:5]} carry QoS DSCP policies: the iptables and nftables modes set them in the "
                 "mangle table (cali-egress-dscp); felixpy's BPF programs do not set DSCP and BPF "
                 "mode's mangle table is not programmed, so their traffic leaves unmarked"))
-        if self._service_cidrs and self._ctx.config.ServiceLoopPrevention == "Reject":
-            out.append(UnsupportedFeature(
-                "ServiceLoopPrevention=Reject in BPF mode",
-                "the service CIDRs are blackhole-reject routes in the BPF routes map, as Felix writes them, but "
-                "felixpy's programs generate no ICMP error: a new flow to them is dropped, not rejected"))
         return out
 
     def _uses_dirty_policy(self, tiers: Any) -> bool:

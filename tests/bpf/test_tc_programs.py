@@ -381,13 +381,12 @@ def test_host_endpoint_failsafe_skips_policy(env: BPFTestEnv, v6: bool) -> None:
 SERVICE = {False: ("10.96.128.0/24", "10.96.128.9"), True: ("fd00:96:128::/112", "fd00:96:128::9")}
 
 
-@pytest.mark.parametrize("flag", [defs.RT_BLACKHOLE_DROP, defs.RT_BLACKHOLE_REJECT], ids=["drop", "reject"])
 @pytest.mark.parametrize("v6", FAMS)
-def test_new_flow_to_a_blackhole_route_is_dropped_from_a_workload(env: BPFTestEnv, v6: bool, flag: int) -> None:
+def test_new_flow_to_a_blackhole_drop_route_is_dropped_from_a_workload(env: BPFTestEnv, v6: bool) -> None:
     wl, remote, _ = ips(v6)
     cidr, service_ip = SERVICE[v6]
     ap = wep_egress(env, v6, ALLOW_ALL)
-    env.add_route(cidr, flag)
+    env.add_route(cidr, defs.RT_BLACKHOLE_DROP)
     r = ap.run(pg.tcp_pkt(wl, 40000, service_ip, 80, pg.TCP_SYN))
     assert r.verdict == SHOT
     assert ap.counters()[R.BLACK_HOLE] == 1
@@ -395,6 +394,58 @@ def test_new_flow_to_a_blackhole_route_is_dropped_from_a_workload(env: BPFTestEn
     # Only the service CIDR: the same workload still reaches other destinations.
     assert ap.run(pg.tcp_pkt(wl, 40001, remote, 80, pg.TCP_SYN)).verdict != SHOT
     assert ap.counters()[R.BLACK_HOLE] == 1
+
+
+def _csum(data: bytes) -> int:
+    """The Internet checksum of *data* (0 when *data* carries a correct one)."""
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+@pytest.mark.parametrize("v6", FAMS)
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+def test_new_flow_to_a_blackhole_reject_route_gets_an_icmp_port_unreachable_back(
+        env: BPFTestEnv, v6: bool, proto: str) -> None:
+    """ServiceLoopPrevention=Reject (Felix's TestSVCLoopPrevention, reject half): the packet becomes an
+    ICMP(v6) port-unreachable from the address it was sent to, quoting its IP header and 8 more bytes,
+    redirected back out of the interface it came in on with the BYPASS mark (the next program passes it)."""
+    import ipaddress
+
+    wl, _, _ = ips(v6)
+    cidr, service_ip = SERVICE[v6]
+    ap = wep_egress(env, v6, ALLOW_ALL)
+    env.add_route(cidr, defs.RT_BLACKHOLE_REJECT)
+    sent = pg.tcp_pkt(wl, 40000, service_ip, 80, pg.TCP_SYN) if proto == "tcp" else pg.udp_pkt(wl, 5000, service_ip, 53)
+    r = ap.run(sent)
+    assert r.verdict == REDIRECT
+    assert ap.counters()[R.BLACK_HOLE] == 1 and ap.counters()[R.ACCEPTED_BY_POLICY] == 0
+    assert r.mark == defs.MARK_BYPASS
+    out = r.packet
+    assert out[0:6] == sent[6:12] and out[6:12] == sent[0:6] and out[12:14] == sent[12:14]
+    # The IP header and 8 bytes after it; for TCP its whole 20-byte header (checksum field included).
+    ip, quote_len = out[14:], (40 if v6 else 20) + (20 if proto == "tcp" else 8)
+    if v6:
+        assert ip[0] >> 4 == 6 and ip[6] == 58 and ip[7] == 64
+        assert int.from_bytes(ip[4:6], "big") == 8 + quote_len == len(ip) - 40
+        src, dst = ipaddress.ip_address(ip[8:24]), ipaddress.ip_address(ip[24:40])
+        icmp = ip[40:]
+        pseudo = ip[8:40] + len(icmp).to_bytes(4, "big") + (58).to_bytes(4, "big")
+        assert (icmp[0], icmp[1]) == (1, 4)        # destination unreachable, port unreachable
+        assert _csum(pseudo + icmp) == 0
+    else:
+        assert ip[0] == 0x45 and ip[9] == 1 and ip[8] == 64
+        assert int.from_bytes(ip[2:4], "big") == 20 + 8 + quote_len == len(ip)
+        assert _csum(ip[:20]) == 0
+        src, dst = ipaddress.ip_address(ip[12:16]), ipaddress.ip_address(ip[16:20])
+        icmp = ip[20:]
+        assert (icmp[0], icmp[1]) == (3, 3)
+        assert _csum(icmp) == 0
+    assert (str(src), str(dst)) == (service_ip, wl)
+    assert icmp[8:] == sent[14:14 + quote_len]     # the offending header and 8 bytes after it
 
 
 @pytest.mark.parametrize("v6", FAMS)

@@ -257,5 +257,6 @@ def test_a_new_flow_to_a_blackhole_route_is_explained_as_dropped_before_policy(f
     v = view(fb)
     out = ask(v, ADDRS["cali-a"], "10.96.128.9")
     assert out.verdict == "deny" and "blackhole" in out.decided_by["reason"]  # type: ignore[index]
+    assert ("rejected" if flag == defs.RT_BLACKHOLE_REJECT else "dropped") in out.decided_by["reason"]  # type: ignore[index]
     assert ask(v, ADDRS["cali-a"], "10.96.129.9").verdict == "allow"
     assert ask(v, ADDRS["cali-a"], ADDRS["cali-b"]).verdict == "allow"
