@@ -129,7 +129,8 @@ def test_the_loop_routes_by_declared_type_in_manager_order() -> None:
 
 
 # --------------------------------------------------------------------- writes_ip_sets
-IPSET_RECORDERS = {"add_or_replace_ip_set", "add_members", "remove_members", "remove_ip_set"}
+# The update methods of IPSetsDataplane, and IPSetFilter.set_filter (which also changes what it is to hold).
+IPSET_RECORDERS = {"add_or_replace_ip_set", "add_members", "remove_members", "remove_ip_set", "set_filter"}
 
 
 def records_ip_sets_when_programming(cls: type, entry: str = "complete_deferred_work") -> bool:
@@ -144,7 +145,8 @@ MANAGERS = classes_defining("complete_deferred_work")
 
 def test_the_ip_set_writers_are_found() -> None:
     writers = {c.__name__ for c in MANAGERS if records_ip_sets_when_programming(c)}
-    assert {"IPSetsManager", "HostIPManager", "MasqManager", "DSCPManager", "VXLANManager"} <= writers
+    assert {"IPSetsManager", "HostIPManager", "MasqManager", "DSCPManager", "VXLANManager",
+            "RawEgressPolicyManager"} <= writers
 
 
 @pytest.mark.parametrize("cls", MANAGERS, ids=lambda c: c.__name__)

@@ -64,6 +64,7 @@ from felixpy.drivers.cmdshim import CommandRunner, SubprocessRunner
 from felixpy.drivers.generictables.table import MapsDataplane, Table
 from felixpy.drivers.hostmtu import HostMTU, mtu_file_path
 from felixpy.drivers.ipsets_api import IPSetsDataplane
+from felixpy.drivers.ipsets_filter import FilteredIPSets
 from felixpy.drivers.netlink.api import NetlinkFactory
 from felixpy.drivers.nftables.shim import NftShim
 from felixpy.drivers.procsys import InterfaceSysctls, ProcSys, SysctlWriter
@@ -82,7 +83,7 @@ from felixpy.managers.hostendpoints import HostEndpointManager
 from felixpy.managers.hostips import HostIPManager
 from felixpy.managers.ipsets import IPSetsManager
 from felixpy.managers.masq import MasqManager
-from felixpy.managers.policy import PolicyManager
+from felixpy.managers.policy import PolicyManager, RawEgressPolicyManager
 from felixpy.managers.serviceloop import ServiceLoopManager
 from felixpy.managers.status import EndpointStatusCombiner
 from felixpy.rules import RendererOptions, RuleRenderer
@@ -215,6 +216,8 @@ class BPFFamilyParts:
     failsafes: BPFFailsafes
     conntrack: ConntrackScanner
     route_manager: BPFRouteManager
+    raw_egress: RawEgressPolicyManager  # untracked egress policy's cali-po- chains, in the real raw table
+    linux_ipsets: FilteredIPSets  # the family's Linux IP sets, filtered to what raw_egress names
 
 
 @dataclass
@@ -291,8 +294,10 @@ def _default_cleanups(deps: KernelDeps) -> CleanupFactory:
 
     iptables modes clean the other iptables backend and the nftables ``calico`` table; nftables mode
     cleans both iptables backends and then the kernel ipsets their rules referenced.  BPF mode keeps
-    its IP sets in maps, so it destroys the kernel ipsets too; the *tables modes remove what BPF mode
-    left (attachments, TCX link pins, map pins: Felix's ``CleanUpProgramsAndPins``), once per node."""
+    its IP sets in maps, but over iptables its filtered ipset driver owns the kernel ipsets (it keeps
+    those untracked egress policy uses and sweeps the rest itself), so only BPF over nftables destroys
+    them here; the *tables modes remove what BPF mode left (attachments, TCX link pins, map pins:
+    Felix's ``CleanUpProgramsAndPins``), once per node."""
     def make(config: Config, v: int, backend: str) -> list[NamedSyncer]:
         from felixpy.drivers.iptables.cleanup import BACKENDS, IptablesBackendCleanup
 
@@ -303,7 +308,7 @@ def _default_cleanups(deps: KernelDeps) -> CleanupFactory:
             from felixpy.drivers.nftables.cleanup import NftablesTableCleanup
 
             out.append(NftablesTableCleanup(v, deps.nft_shim_factory or NftChildProcess))
-        if backend == "nftables" or config.BPFEnabled:
+        if backend == "nftables":
             from felixpy.drivers.ipsets.cleanup import IPSetsCleanup
 
             out.append(IPSetsCleanup(v, deps.ipset_runner))
@@ -442,13 +447,17 @@ def _family_drivers(dp: InternalDataplane, config: Config, v: int,
 
 def _family_parts(config: Config, v: int, renderer: RuleRenderer, ft: FamilyTables, tables: Mapping[str, Table],
                   drivers: tuple[RouteTableAPI, TunnelDevices, InterfaceSysctls], status: EndpointStatusCombiner, *,
-                  maps: MapsDataplane | None, floating_ips: bool, endpoint_chains: bool = True) -> FamilyParts:
-    """The family's managers, writing to *tables* (the family's own, or discarded ones in BPF mode, where
-    the endpoint manager renders no chains: *endpoint_chains* False)."""
+                  maps: MapsDataplane | None, floating_ips: bool, bpf_raw: Table | None = None) -> FamilyParts:
+    """The family's managers, writing to *tables* (the family's own, or discarded ones in BPF mode).
+
+    BPF mode passes its real raw table as *bpf_raw*: the host-endpoint manager (in its BPF mode) writes
+    untracked egress policy there, with the policy-group chains it uses; the endpoint manager renders
+    no chains."""
     main_rt, devices, sysctls = drivers
     priority = config.IPv4NormalRoutePriority if v == 4 else config.IPv6NormalRoutePriority
+    hep_raw = tables["raw"] if bpf_raw is None else bpf_raw
     # Workload and host endpoints share policy-group chains: one refcount decides when one exists.
-    groups = PolicyGroupChains(renderer, [tables["raw"], tables["mangle"], tables["filter"]])
+    groups = PolicyGroupChains(renderer, [hep_raw, tables["mangle"], tables["filter"]])
     return FamilyParts(
         v=v, renderer=renderer, tables=ft, main_route_table=main_rt, devices=devices, sysctls=sysctls,
         ipsets_manager=IPSetsManager(f"ipv{v}", ft.ipsets, config.MaxIpsetSize),
@@ -457,10 +466,10 @@ def _family_parts(config: Config, v: int, renderer: RuleRenderer, ft: FamilyTabl
         endpoints=EndpointManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"], filter=tables["filter"],
                                   route_table=main_rt, sysctls=sysctls, status=status, route_priority=priority,
                                   maps=maps, groups=groups, floating_ips=floating_ips,
-                                  render_chains=endpoint_chains),
-        hostendpoints=HostEndpointManager(v, renderer, raw=tables["raw"], mangle=tables["mangle"],
+                                  render_chains=bpf_raw is None),
+        hostendpoints=HostEndpointManager(v, renderer, raw=hep_raw, mangle=tables["mangle"],
                                           filter=tables["filter"], status=status, groups=groups,
-                                          workload_prefixes=config.InterfacePrefix),
+                                          workload_prefixes=config.InterfacePrefix, bpf_mode=bpf_raw is not None),
         floatingips=FloatingIPManager(v, renderer, tables["nat"], floating_ips),
         masq=MasqManager(v, ft.ipsets, tables["nat"], renderer, config.MaxIpsetSize),
         serviceloop=ServiceLoopManager(v, renderer, tables["filter"]),
@@ -629,7 +638,11 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
     the LPM maps, and only the attach-gap and fall-through rules in *tables
     (:mod:`felixpy.rules.bpfmode`).  The *tables endpoint manager still does routes, sysctls and
     status, with its chains discarded; host endpoints are programmed on the host data interfaces
-    (``BPFDataIfacePattern``) by the same BPF endpoint manager and driver."""
+    (``BPFDataIfacePattern``) by the same BPF endpoint manager and driver.  Untracked host-endpoint
+    egress policy stays in raw OUTPUT, as Felix keeps it: the host-endpoint manager (BPF mode) and the
+    raw-egress policy manager write it to the real raw table, and the family's Linux IP sets (the
+    ipset driver or the nft root, behind :class:`FilteredIPSets`, fed by the same IP-sets manager as
+    the maps) hold only the sets it matches."""
     from felixpy.drivers.bpfconntrack.scanner import ConntrackScanner
     from felixpy.drivers.bpfconntrack.api import resolve_timeouts
     from felixpy.drivers.bpfendpoints import BPFEndpoints
@@ -655,6 +668,9 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
             table.update_chains(bpfmode.static_chains(renderer.ctx, name))
         install_kernel_hooks(tables, bpfmode.kernel_hooks(renderer.ctx))
         bpf_ipsets = BPFIPSetsDataplane(v, kernel)
+        # Untracked egress policy still matches Linux IP sets (the ipset driver, or the nft root): only
+        # those it names reach the kernel, their members read from the maps' dataplane.
+        linux_ipsets = FilteredIPSets(ft.ipsets, bpf_ipsets.get_desired_members)
         ft = FamilyTables(tables, bpf_ipsets, ft.maps, ft.to_apply, ft.backend)
         discard = {name: DiscardTable(name, v) for name in TABLE_NAMES}
         drivers = _family_drivers(dp, config, v, deps)
@@ -667,20 +683,25 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
         for syncer in (routes, failsafes, conntrack):
             dp.register_device_syncer(syncer)
         dp.register_ipsets(bpf_ipsets)  # removed sets cleared after the tables and programs
-        # Policy, host endpoints, floating IPs and service-loop prevention are not *tables work in BPF
-        # mode: their managers write to discarded tables, and only some are registered with the loop
-        # (the host-endpoint manager for its status).
+        dp.register_ipsets(linux_ipsets)  # written before the tables, destroyed after them
+        # Policy, host endpoints, floating IPs and service-loop prevention are BPF work, but for untracked
+        # host-endpoint egress policy, which Felix keeps in raw OUTPUT: the host-endpoint manager (BPF mode)
+        # and the raw-egress policy manager write it to the real raw table.  Every other chain of these
+        # managers is discarded (the endpoint manager is registered for its routes, sysctls and status).
         # Outgoing NAT is: the programs mark, cali-nat-outgoing (in the real nat table) masquerades.
         fam = _family_parts(config, v, renderer, ft, discard, drivers, status, maps=None, floating_ips=False,
-                            endpoint_chains=False)
+                            bpf_raw=tables["raw"])
+        fam.ipsets_manager.add_dataplane(linux_ipsets)
         fam.masq = MasqManager(v, bpf_ipsets, tables["nat"], renderer, config.MaxIpsetSize)
         fam.bpf = BPFFamilyParts(BPFEndpointManager(v, renderer.ctx, driver, filter=tables["filter"]),
                                  bpf_ipsets, driver, routes, failsafes, conntrack,
-                                 BPFRouteManager(v, config, routes, workload_prefixes=renderer.ctx.workload_prefixes))
-        # The host-endpoint manager runs over discarded tables for its status reports only; the BPF
-        # endpoint manager resolves host endpoints the same way and programs their interfaces.
-        for mgr in (fam.ipsets_manager, fam.hostips, fam.endpoints, fam.hostendpoints, fam.masq, fam.bpf.manager,
-                    fam.bpf.route_manager,
+                                 BPFRouteManager(v, config, routes, workload_prefixes=renderer.ctx.workload_prefixes),
+                                 RawEgressPolicyManager(v, renderer, raw=tables["raw"], ipsets=linux_ipsets),
+                                 linux_ipsets)
+        # The BPF endpoint manager resolves host endpoints as the host-endpoint manager does and programs
+        # their interfaces (untracked ingress policy in XDP).
+        for mgr in (fam.ipsets_manager, fam.hostips, fam.bpf.raw_egress, fam.endpoints, fam.hostendpoints,
+                    fam.masq, fam.bpf.manager, fam.bpf.route_manager,
                     BPFFailsafeManager(v, config, failsafes), BPFConntrackManager(v, conntrack)):
             dp.register_manager(mgr)
         _build_routing(dp, config, fam, deps)

@@ -7,6 +7,10 @@ update methods only record; the loop calls :meth:`IPSetsDataplane.apply_updates`
 before the tables are applied and :meth:`IPSetsDataplane.apply_deletions` after
 them, so a rule never references a set that does not exist yet and a set is
 never destroyed while a rule still uses it.
+
+:class:`IPSetFilter` is the one extra a dataplane may offer (Felix's ``IPSets.SetFilter``): BPF
+mode keeps its sets in maps and writes to the kernel only the Linux IP sets that untracked egress
+policy matches (:mod:`felixpy.drivers.ipsets_filter`).
 """
 
 from __future__ import annotations
@@ -58,4 +62,13 @@ class IPSetsDataplane(Protocol):
 
     def apply_deletions(self) -> bool:
         """Delete (rate-limited) unwanted sets; True while more deletions remain."""
+        ...
+
+
+@runtime_checkable
+class IPSetFilter(Protocol):
+    def set_filter(self, names: frozenset[str]) -> None:
+        """Program only the sets whose rule-layer names (``cali40s:…``, as match criteria carry them:
+        :func:`felixpy.rules.ipset_names.main_ipset_name`) are in *names*; every other set is not
+        desired in the kernel.  Only records, like the update methods."""
         ...

@@ -5,8 +5,10 @@ chain, so one refcount per chain name decides when it exists: the first user
 pushes it, the last one to go removes it.  The chain is handed to every table
 given (raw, mangle, filter): the tables program a chain only while some rule
 references it, so a workload's group stays out of raw and mangle while an
-untracked or pre-DNAT host endpoint's group reaches them.  Only records into
-the tables (no kernel I/O).
+untracked or pre-DNAT host endpoint's group reaches them.  In BPF mode wiring
+gives it the real raw table and discarded mangle and filter ones: the only groups
+used there are those of untracked egress policy.  Only records into the tables
+(no kernel I/O).
 """
 
 from __future__ import annotations

@@ -29,6 +29,12 @@ manager owns the host dispatch chains in raw, mangle and filter (created at
 start of day even with no host endpoint, since the static chains jump to
 them); raw and mangle-ingress dispatch list only interfaces with such tiers.
 
+BPF mode (``bpf_mode``, Felix's endpoint manager with ``bpfEnabled``): the programs enforce
+normal, pre-DNAT and forward policy and the XDP program untracked ingress, so this manager renders
+only untracked *egress* policy — raw ``cali-th-<iface>`` for each specific HEP with untracked
+tiers, grouped from their egress policies only — and the raw ``cali-to-host-endpoint`` dispatch to
+those; nothing goes to mangle or filter.  Resolution and status are the same in both modes.
+
 Status per HEP and family, to the status combiner: ``up`` (resolved, every
 interface oper-up), ``down`` (resolved, some interface down), ``error``
 (resolved to no interface — e.g. the named interface does not exist yet),
@@ -41,8 +47,8 @@ skipped; the rest of that HEP is used.  Only records into the tables.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -149,9 +155,10 @@ class _Programmed:
 class HostEndpointManager:
     def __init__(self, ip_version: int, renderer: RuleRenderer, *, raw: Table, mangle: Table, filter: Table,
                  status: EndpointStatusCombiner, groups: PolicyGroupChains,
-                 workload_prefixes: tuple[str, ...]) -> None:
+                 workload_prefixes: tuple[str, ...], bpf_mode: bool = False) -> None:
         self.ip_version = ip_version
         self._r, self._groups, self._wl_prefixes = renderer, groups, workload_prefixes
+        self._bpf_mode = bpf_mode  # untracked egress policy only (see the module doc)
         self._tables: dict[str, Table] = {"raw": raw, "mangle": mangle, "filter": filter}
         self._status = status
         status.register_family(ip_version)
@@ -253,23 +260,15 @@ class HostEndpointManager:
 
     def _program(self, iface: str, hid: str) -> None:
         ep = self._heps[hid]
-        tiers, fwd = self._tiers(ep.tiers), self._tiers(ep.forward_tiers)
-        untracked, pre_dnat = self._tiers(ep.untracked_tiers), self._tiers(ep.pre_dnat_tiers)
+        untracked = self._tiers(ep.untracked_tiers)
         if untracked and iface == ALL_INTERFACES:
             log.warning("Untracked policy is not supported for a host endpoint with interface '*'; ignoring it",
                         host_endpoint=hid)
             untracked = ()
-        profiles = list(ep.profile_ids)
-        groups = groups_to_program([*tiers, *fwd, *untracked, *pre_dnat])
-
-        def render() -> dict[str, list[Chain]]:
-            r = self._r
-            mangle = r.host_endpoint_mangle_egress_chains(iface, tiers, profiles)
-            if pre_dnat:
-                mangle += r.host_endpoint_mangle_ingress_chains(iface, pre_dnat)
-            return {"filter": r.host_endpoint_filter_chains(iface, tiers, fwd, profiles), "mangle": mangle,
-                    "raw": r.host_endpoint_raw_chains(iface, untracked) if untracked else []}
-
+        if self._bpf_mode:
+            groups, render = self._bpf_mode_chains(iface, untracked)
+        else:
+            groups, render = self._chains(iface, ep, untracked)
         try:
             chains = self._groups.render_holding(groups, render)
         except Exception:
@@ -286,7 +285,34 @@ class HostEndpointManager:
             table.update_chains([c for c in new if c not in before])
         if old is not None:
             self._groups.decref(old.groups)
-        self._active[iface] = _Programmed(hid, chains, groups, bool(pre_dnat))
+        self._active[iface] = _Programmed(hid, chains, groups, bool(ep.pre_dnat_tiers))
+
+    def _chains(self, iface: str, ep: pb.HostEndpoint, untracked: tuple[TierPolicyGroups, ...]
+                ) -> tuple[list[PolicyGroup], Callable[[], dict[str, list[Chain]]]]:
+        """The *tables modes: (groups the chains use, their render per table)."""
+        tiers, fwd, pre_dnat = self._tiers(ep.tiers), self._tiers(ep.forward_tiers), self._tiers(ep.pre_dnat_tiers)
+        profiles = list(ep.profile_ids)
+
+        def render() -> dict[str, list[Chain]]:
+            r = self._r
+            mangle = r.host_endpoint_mangle_egress_chains(iface, tiers, profiles)
+            if pre_dnat:
+                mangle += r.host_endpoint_mangle_ingress_chains(iface, pre_dnat)
+            return {"filter": r.host_endpoint_filter_chains(iface, tiers, fwd, profiles), "mangle": mangle,
+                    "raw": r.host_endpoint_raw_chains(iface, untracked) if untracked else []}
+
+        return groups_to_program([*tiers, *fwd, *untracked, *pre_dnat]), render
+
+    def _bpf_mode_chains(self, iface: str, untracked: tuple[TierPolicyGroups, ...]
+                         ) -> tuple[list[PolicyGroup], Callable[[], dict[str, list[Chain]]]]:
+        """BPF mode: the untracked tiers' egress groups, in raw ``cali-th-<iface>`` only."""
+        egress = tuple(replace(t, ingress=()) for t in untracked)
+
+        def render() -> dict[str, list[Chain]]:
+            raw = [self._r.host_endpoint_raw_egress_chain(iface, egress)] if egress else []
+            return {"filter": [], "mangle": [], "raw": raw}
+
+        return groups_to_program(egress), render
 
     def _unprogram(self, iface: str) -> None:
         prog = self._active.pop(iface)
@@ -299,9 +325,12 @@ class HostEndpointManager:
         specific = sorted(i for i in self._active if i != ALL_INTERFACES)
         default = ALL_INTERFACES if ALL_INTERFACES in self._active else ""
         untracked = [i for i in specific if self._active[i].chains["raw"]]
+        r = self._r
+        if self._bpf_mode:
+            self._sync_dispatch("raw", r.to_host_dispatch_chains(untracked))
+            return
         pre_dnat = [i for i in specific if self._active[i].pre_dnat]
         pre_dnat_default = default if default and self._active[ALL_INTERFACES].pre_dnat else ""
-        r = self._r
         self._sync_dispatch("raw", r.host_dispatch_chains(untracked))
         self._sync_dispatch("filter", r.host_dispatch_chains(specific, default, apply_on_forward=True))
         self._sync_dispatch("mangle", [*r.from_host_dispatch_chains(pre_dnat, pre_dnat_default),

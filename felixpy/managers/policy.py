@@ -16,6 +16,13 @@ A rule that cannot be rendered for this family is dropped by the renderer with a
 line naming the policy and rule index, never the whole policy.  An update whose policy
 (or profile) is byte-for-byte the one last rendered for that ID — a resend, e.g. after a
 resync — is not rendered again: the tables already hold its chains.
+
+BPF mode runs :class:`RawEgressPolicyManager` instead (Felix's ``newRawEgressPolicyManager``):
+the programs enforce every policy but untracked egress, which stays in the raw table over Linux IP
+sets.  It renders only untracked policies, keeps only their ``cali-po-`` chains (raw, beside the
+host-endpoint manager's ``cali-th-`` chains that jump to them), ignores profiles, and hands the
+names of the IP sets those chains match to the family's Linux IP-set dataplane as its filter
+(:class:`~felixpy.drivers.ipsets_api.IPSetFilter`): only those sets reach the kernel.
 """
 
 from __future__ import annotations
@@ -24,9 +31,12 @@ from typing import Any
 
 import structlog
 
+from felixpy.drivers.generictables.model import Chain
 from felixpy.drivers.generictables.table import Table
+from felixpy.drivers.ipsets_api import IPSetFilter
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import PolicyID, ProfileID, RuleRenderer
+from felixpy.rules.names import POLICY_OUTBOUND_PFX
 
 log = structlog.get_logger(__name__)
 
@@ -115,3 +125,85 @@ class PolicyManager:
         profiles, self._pending_profiles = self._pending_profiles, {}
         for name, profile in profiles.items():
             self._render_profile(name, profile)
+
+
+class RawEgressPolicyManager:
+    """BPF mode's policy manager: untracked policies' egress chains in raw, and the Linux IP-set filter.
+
+    Felix's ``policyManager`` with ``rawEgressOnly``: a policy that is not untracked has no chains here
+    (an update that makes it so removes them); an untracked one keeps its ``cali-po-`` chain only.
+    The union of the sets those chains match is the IP-set filter, set at the first
+    ``complete_deferred_work`` (empty at start of day: every Calico set leaves the kernel) and again
+    whenever it changes.  Rendering is deferred and skipped for a resend, as in :class:`PolicyManager`.
+    """
+
+    update_types: tuple[type, ...] = (pb.ActivePolicyUpdate, pb.ActivePolicyRemove)  # what on_update acts on (managers/base.py)
+    writes_ip_sets = True  # complete_deferred_work() sets the IP-set filter: run before the write starts (managers/base.py)
+
+    def __init__(self, ip_version: int, renderer: RuleRenderer, *, raw: Table, ipsets: IPSetFilter) -> None:
+        self.ip_version = ip_version
+        self._r, self._raw, self._ipsets = renderer, raw, ipsets
+        # The latest update per ID since the last complete_deferred_work; None: removed.
+        self._pending: dict[PolicyID, pb.Policy | None] = {}
+        self._chains: dict[PolicyID, list[str]] = {}
+        self._rendered: dict[PolicyID, bytes] = {}
+        self._needed: dict[PolicyID, frozenset[str]] = {}  # IP-set names each policy's chains match
+        self._filter_dirty = True  # start of day: the filter is set even with no policy
+
+    def on_update(self, msg: Any) -> None:
+        if isinstance(msg, pb.ActivePolicyUpdate):
+            self._pending[PolicyID.from_proto(msg.id)] = msg.policy
+        elif isinstance(msg, pb.ActivePolicyRemove):
+            self._pending[PolicyID.from_proto(msg.id)] = None
+
+    def complete_deferred_work(self) -> None:
+        pending, self._pending = self._pending, {}
+        for pid, policy in pending.items():
+            if policy is not None and policy.untracked:
+                self._render(pid, policy)
+            else:
+                self._clean_up(pid)
+        if self._filter_dirty:
+            needed = frozenset().union(*self._needed.values())
+            log.debug("Linux IP sets for untracked egress policy", ip_version=self.ip_version, num_sets=len(needed))
+            self._ipsets.set_filter(needed)
+            self._filter_dirty = False
+
+    def _render(self, pid: PolicyID, policy: pb.Policy) -> None:
+        content = policy.SerializeToString(deterministic=True)
+        if self._rendered.get(pid) == content:
+            return
+        self._rendered.pop(pid, None)
+        try:
+            chains = [c for c in self._r.policy_chains(pid, policy) if c.name.startswith(POLICY_OUTBOUND_PFX)]
+        except Exception:
+            log.exception("Failed to render untracked policy; keeping its previous chains", policy=pid.describe(),
+                          ip_version=self.ip_version)
+            return
+        names = [c.name for c in chains]
+        for stale in self._chains.get(pid, []):
+            if stale not in names:
+                self._raw.remove_chain_by_name(stale)
+        self._raw.update_chains(chains)
+        self._chains[pid] = names
+        self._set_needed(pid, _ip_set_names(chains))
+        self._rendered[pid] = content
+
+    def _clean_up(self, pid: PolicyID) -> None:
+        self._rendered.pop(pid, None)
+        for name in self._chains.pop(pid, []):
+            self._raw.remove_chain_by_name(name)
+        self._set_needed(pid, frozenset())
+
+    def _set_needed(self, pid: PolicyID, names: frozenset[str]) -> None:
+        if self._needed.get(pid, frozenset()) == names:
+            return
+        if names:
+            self._needed[pid] = names
+        else:
+            self._needed.pop(pid, None)
+        self._filter_dirty = True
+
+
+def _ip_set_names(chains: list[Chain]) -> frozenset[str]:
+    return frozenset(name for c in chains for r in c.rules for name in r.match.ip_set_names())

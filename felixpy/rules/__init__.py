@@ -27,6 +27,7 @@ API for the managers (one :class:`RuleRenderer` per IP family)::
     mangle.update_chains(r.from_host_dispatch_chains(...)); mangle.update_chains(r.to_host_dispatch_chains(...))
     raw.update_chains(r.host_dispatch_chains(untracked_ifaces))
     r.host_endpoint_filter_chains / _mangle_egress_chains / _raw_chains / _mangle_ingress_chains
+    r.host_endpoint_raw_egress_chain(iface, untracked)        # BPF mode: raw cali-th- only
     raw.update_chain(r.rpf_skip_chain({iface: allow_spoofed_source_prefixes}))
     for g in groups needed (not g.should_be_inlined()): table.update_chain(r.policy_group_chain(g))
 

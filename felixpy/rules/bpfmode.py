@@ -21,6 +21,13 @@ All policy runs in the BPF programs; *tables only guard the gaps (reference feli
   ``cali-untracked-policy`` (clear the programs' marks, NOTRACK); packets to a local address get
   Felix's ``SKIP_FIB`` mark -- except from a workload interface no program has seen (see
   :func:`raw_prerouting_chain`: that would open the attach gap).
+* raw ``cali-OUTPUT`` (Felix's ``StaticRawOutputChain`` with the programs' BYPASS mark): untracked
+  host-endpoint *egress* policy stays in *tables in BPF mode, as Felix keeps it.  Clear Calico's
+  mark bits, jump to ``cali-to-host-endpoint`` (the host-endpoint manager's raw dispatch to the
+  ``cali-th-<iface>`` chains of host endpoints with untracked tiers), and a packet that policy
+  accepted gets exactly ``BYPASS`` (mask 0xffffffff) and is accepted: the TC egress program lets a
+  packet carrying it go without policy or BPF conntrack.  Raw ``cali-failsafe-out`` is there for
+  those endpoint chains' failsafe jump.  (Untracked *ingress* policy is the XDP program's.)
 * nat ``cali-POSTROUTING`` (Felix's ``StaticNATPostroutingChains`` in BPF mode): MASQUERADE what the
   programs marked MASQ ("BPF loopback SNAT"), then ``cali-fip-snat`` (empty: floating IPs are not
   programmed in BPF mode) and ``cali-nat-outgoing``, whose rules match the programs' NAT_OUT mark
@@ -58,6 +65,7 @@ from felixpy.rules.names import (
     CHAIN_FIP_SNAT,
     CHAIN_NAT_POSTROUTING,
     CHAIN_RAW_BPF_UNTRACKED_POLICY,
+    CHAIN_RAW_OUTPUT,
     CHAIN_RAW_PREROUTING,
     CHAIN_RAW_UNTRACKED_FLOWS,
     CHAIN_TO_WORKLOAD_DISPATCH,
@@ -171,13 +179,20 @@ def raw_untracked_policy_chain() -> Chain:
                                                   Rule(Match(), NoTrack())))
 
 
+def raw_output_chain(ctx: RenderContext) -> Chain:
+    """Raw ``cali-OUTPUT``: the *tables modes' chain, with an accepted packet marked BYPASS for the
+    TC egress program (see the module doc)."""
+    return static.raw_output_chain(ctx, tc_bypass_mark=MARK_BYPASS)
+
+
 def static_chains(ctx: RenderContext, table: str) -> list[Chain]:
     if table == "filter":
         return [forward_chain(ctx), input_chain(ctx), output_chain(ctx), workload_allow_chain(ctx, ())]
     if table == "nat":
         return [nat_postrouting_chain(ctx), Chain(CHAIN_FIP_SNAT)]
     if table == "raw":
-        return [raw_prerouting_chain(ctx), raw_untracked_policy_chain(), Chain(CHAIN_RAW_UNTRACKED_FLOWS)]
+        return [raw_prerouting_chain(ctx), raw_untracked_policy_chain(), Chain(CHAIN_RAW_UNTRACKED_FLOWS),
+                static.failsafe_out_chain(ctx, "raw"), raw_output_chain(ctx)]
     return []
 
 
@@ -185,9 +200,9 @@ def kernel_hooks(ctx: RenderContext) -> list[KernelHook]:
     hooks = [KernelHook("filter", chain, (Rule(Match(), Jump(target)),))
              for chain, target in (("FORWARD", CHAIN_FILTER_FORWARD), ("INPUT", CHAIN_FILTER_INPUT),
                                    ("OUTPUT", CHAIN_FILTER_OUTPUT))]
-    # Felix hooks raw OUTPUT too (v4), to a cali-OUTPUT that runs untracked host-endpoint egress
-    # policy: not programmed while host endpoints are not attached in BPF mode.
     hooks.append(KernelHook("raw", "PREROUTING", (Rule(Match(), Jump(CHAIN_RAW_PREROUTING)),)))
+    # Untracked host-endpoint egress policy (raw_output_chain), both families as current Felix.
+    hooks.append(KernelHook("raw", "OUTPUT", (Rule(Match(), Jump(CHAIN_RAW_OUTPUT)),)))
     # Felix's setUpIptablesBPF inserts (ChainInsertMode) here, where the *tables modes append.
     hooks.append(KernelHook("nat", "POSTROUTING", (Rule(Match(), Jump(CHAIN_NAT_POSTROUTING)),)))
     return hooks

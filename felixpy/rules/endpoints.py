@@ -80,6 +80,7 @@ __all__ = [
     "host_endpoint_mangle_egress_chains",
     "host_endpoint_mangle_ingress_chains",
     "host_endpoint_raw_chains",
+    "host_endpoint_raw_egress_chain",
     "workload_endpoint_chains",
 ]
 
@@ -288,14 +289,22 @@ def host_endpoint_mangle_egress_chains(ctx: RenderContext, iface: str, *, tiers:
                            allow=Return())]
 
 
+def host_endpoint_raw_egress_chain(ctx: RenderContext, iface: str, *,
+                                   untracked_tiers: Sequence[TierPolicyGroups]) -> Chain:
+    """Untracked egress policy in the raw table: ``cali-th-<iface>`` (allow=ACCEPT, no profiles).
+
+    All BPF mode programs of untracked policy: its ingress side is the XDP program's."""
+    return endpoint_chain(ctx, tiers=untracked_tiers, profile_ids=(), iface=iface, policy_prefix=POLICY_OUTBOUND_PFX,
+                          profile_prefix=PROFILE_OUTBOUND_PFX, endpoint_prefix=HOST_TO_ENDPOINT_PFX,
+                          failsafe_chain=CHAIN_FAILSAFE_OUT, chain_type=UNTRACKED, admin_up=True, direction=_EGRESS,
+                          allow=Accept())
+
+
 def host_endpoint_raw_chains(ctx: RenderContext, iface: str, *,
                              untracked_tiers: Sequence[TierPolicyGroups]) -> list[Chain]:
     """Untracked policy in the raw table: ``cali-th-<iface>`` and ``cali-fh-<iface>`` (allow=ACCEPT)."""
     return [
-        endpoint_chain(ctx, tiers=untracked_tiers, profile_ids=(), iface=iface, policy_prefix=POLICY_OUTBOUND_PFX,
-                       profile_prefix=PROFILE_OUTBOUND_PFX, endpoint_prefix=HOST_TO_ENDPOINT_PFX,
-                       failsafe_chain=CHAIN_FAILSAFE_OUT, chain_type=UNTRACKED, admin_up=True, direction=_EGRESS,
-                       allow=Accept()),
+        host_endpoint_raw_egress_chain(ctx, iface, untracked_tiers=untracked_tiers),
         endpoint_chain(ctx, tiers=untracked_tiers, profile_ids=(), iface=iface, policy_prefix=POLICY_INBOUND_PFX,
                        profile_prefix=PROFILE_INBOUND_PFX, endpoint_prefix=HOST_FROM_ENDPOINT_PFX,
                        failsafe_chain=CHAIN_FAILSAFE_IN, chain_type=UNTRACKED, admin_up=True, direction=_INGRESS,

@@ -125,6 +125,10 @@ class RuleRenderer:
     def host_endpoint_raw_chains(self, iface: str, untracked_tiers: Sequence[TierPolicyGroups]) -> list[Chain]:
         return endpoints.host_endpoint_raw_chains(self.ctx, iface, untracked_tiers=untracked_tiers)
 
+    def host_endpoint_raw_egress_chain(self, iface: str, untracked_tiers: Sequence[TierPolicyGroups]) -> Chain:
+        """BPF mode: ``cali-th-<iface>`` only (untracked ingress is the XDP program's)."""
+        return endpoints.host_endpoint_raw_egress_chain(self.ctx, iface, untracked_tiers=untracked_tiers)
+
     def host_endpoint_mangle_ingress_chains(self, iface: str, pre_dnat_tiers: Sequence[TierPolicyGroups]
                                             ) -> list[Chain]:
         return endpoints.host_endpoint_mangle_ingress_chains(self.ctx, iface, pre_dnat_tiers=pre_dnat_tiers)

@@ -35,6 +35,7 @@ from felixpy.drivers.generictables.model import (
     Return,
     Rule,
     SetMark,
+    SetMaskedMark,
 )
 from felixpy.rules.ipset_names import (
     IPSET_ID_ALL_HOST_NETS,
@@ -95,6 +96,7 @@ __all__ = [
     "mangle_chains",
     "nat_chains",
     "raw_chains",
+    "raw_output_chain",
     "rpf_skip_chain",
     "static_chains",
     "tunnel_masquerade_to_ports",
@@ -518,11 +520,22 @@ def _raw_prerouting_chain(ctx: RenderContext) -> Chain:
     return Chain(CHAIN_RAW_PREROUTING, tuple(rules))
 
 
-def _raw_output_chain(ctx: RenderContext) -> Chain:
+def raw_output_chain(ctx: RenderContext, tc_bypass_mark: int = 0) -> Chain:
+    """Raw ``cali-OUTPUT``: untracked host-endpoint egress policy (Felix's ``StaticRawOutputChain``).
+
+    With *tc_bypass_mark* 0 (the *tables modes) a packet the policy accepted is accepted here.  BPF
+    mode passes the programs' BYPASS mark: an accepted packet gets exactly that mark (every other bit
+    cleared), so the TC egress program lets it go without policy or BPF conntrack, and is accepted.
+    """
     rules = [Rule(Match(), ClearMark(ctx.marks.all_calico)), Rule(Match(), Jump(CHAIN_DISPATCH_TO_HOST_ENDPOINT))]
     if ctx.vxlan_for_family:
         rules.append(Rule(Match().protocol("udp").dest_port(ctx.config.VXLANPort), NoTrack()))
-    rules.append(Rule(Match().mark_single_bit_set(ctx.marks.accept), Accept()))
+    accepted = Match().mark_single_bit_set(ctx.marks.accept)
+    if tc_bypass_mark:
+        rules += [Rule(accepted, SetMaskedMark(tc_bypass_mark, 0xFFFFFFFF)),
+                  Rule(Match().mark_matches_with_mask(tc_bypass_mark, 0xFFFFFFFF), Accept())]
+    else:
+        rules.append(Rule(accepted, Accept()))
     return Chain(CHAIN_RAW_OUTPUT, tuple(rules))
 
 
@@ -530,7 +543,7 @@ def raw_chains(ctx: RenderContext) -> list[Chain]:
     chains = [failsafe_in_chain(ctx, "raw"), failsafe_out_chain(ctx, "raw"), _raw_prerouting_chain(ctx)]
     if _wg_host_encryption(ctx):
         chains.append(wireguard_incoming_mark_chain(ctx))
-    chains.append(_raw_output_chain(ctx))
+    chains.append(raw_output_chain(ctx))
     return chains
 
 

@@ -1,5 +1,6 @@
 """The *tables rules BPF mode keeps (felixpy/rules/bpfmode.py): what cali-INPUT lets workloads
-send to the host for each DefaultEndpointToHostAction, evaluated over the rendered rules."""
+send to the host for each DefaultEndpointToHostAction, what raw cali-PREROUTING marks, and what raw
+cali-OUTPUT hands the TC egress program after untracked egress policy, evaluated over the rendered rules."""
 
 from __future__ import annotations
 
@@ -92,3 +93,93 @@ def test_raw_prerouting_marks_host_bound_traffic_skip_fib_but_never_an_unseen_wo
     assert _raw_verdict(v, iface="eth0", mark=0, local=False) == ("end", 0)
     # A workload whose programs are not attached gets no SEEN bit here (INPUT's fail-closed drop sees it).
     assert _raw_verdict(v, iface="cali1", mark=0, local=True) == ("Return", 0)
+
+
+# ------------------------------------------------------------------ raw cali-OUTPUT (untracked egress policy)
+def _raw_output_walk(v: int, *, accepted: bool, mark: int = 0, vxlan: bool = False) -> tuple[str, int]:
+    """(verdict, mark after) for a host-originated packet walking raw cali-OUTPUT; the host-endpoint dispatch
+    it jumps to sets the accept bit when untracked egress policy *accepted* the packet."""
+    from felixpy.drivers.generictables.model import (
+        ClearMark, Jump, MarkMatchesWithMask, MarkSingleBitSet, NoTrack, Protocol, SetMaskedMark,
+    )
+
+    c = replace(Config(), BPFEnabled=True, VXLANEnabled=vxlan)
+    r = RuleRenderer(c, v, options=renderer_options(c))
+    for rule in bpfmode.raw_output_chain(r.ctx).rules:
+        crit = rule.match.criteria
+        if any(isinstance(x, Protocol) for x in crit):
+            continue  # the VXLAN NOTRACK rule: not a VXLAN packet
+        if any(isinstance(x, MarkSingleBitSet) and not mark & x.mark for x in crit):
+            continue
+        if any(isinstance(x, MarkMatchesWithMask) and mark & x.mask != x.mark for x in crit):
+            continue
+        a = rule.action
+        if isinstance(a, ClearMark):
+            mark &= ~a.mark
+        elif isinstance(a, Jump):
+            assert a.target == "cali-to-host-endpoint"
+            mark |= r.marks.accept if accepted else 0
+        elif isinstance(a, SetMaskedMark):
+            mark = (mark & ~a.mask) | a.mark
+        elif isinstance(a, NoTrack):
+            raise AssertionError("NOTRACK without a protocol match")
+        else:
+            return type(a).__name__, mark
+    return "end", mark
+
+
+@pytest.mark.parametrize("v", [4, 6])
+@pytest.mark.parametrize("vxlan", [False, True])
+def test_raw_output_hands_what_untracked_egress_policy_accepted_to_the_tc_program_as_bypass(v: int,
+                                                                                         vxlan: bool) -> None:
+    # Accepted: exactly BYPASS (the TC egress program compares the whole mark), then ACCEPT.
+    assert _raw_output_walk(v, accepted=True, vxlan=vxlan) == ("Accept", bpfmode.MARK_BYPASS)
+    assert _raw_output_walk(v, accepted=True, mark=0x4000, vxlan=vxlan) == ("Accept", bpfmode.MARK_BYPASS)
+    # Not accepted (no untracked policy, or none matched): on to the tracked path, a socket's mark kept, and
+    # a stale accept bit from someone else's rules cleared first.
+    assert _raw_output_walk(v, accepted=False, mark=0x4000, vxlan=vxlan) == ("end", 0x4000)
+    c = replace(Config(), BPFEnabled=True)
+    accept_bit = RuleRenderer(c, v, options=renderer_options(c)).marks.accept
+    assert _raw_output_walk(v, accepted=False, mark=accept_bit, vxlan=vxlan) == ("end", 0)
+
+
+@pytest.mark.parametrize("v", [4, 6])
+def test_bpf_mode_raw_output_is_the_tables_modes_chain_with_the_bypass_mark(v: int) -> None:
+    from felixpy.drivers.generictables.model import Accept, Jump, Match, Rule, SetMaskedMark
+    from felixpy.rules import static
+    from felixpy.rules.names import CHAIN_DISPATCH_TO_HOST_ENDPOINT, CHAIN_FAILSAFE_OUT, CHAIN_RAW_OUTPUT
+
+    c = replace(Config(), BPFEnabled=True)
+    ctx = RuleRenderer(c, v, options=renderer_options(c)).ctx
+    raw = {ch.name: ch for ch in bpfmode.static_chains(ctx, "raw")}
+    out, tables_mode = raw[CHAIN_RAW_OUTPUT], static.raw_output_chain(ctx)
+    accepted = Match().mark_single_bit_set(ctx.marks.accept)
+    assert out.rules[:-2] == tables_mode.rules[:-1]  # clear our bits, jump to cali-to-host-endpoint
+    assert tables_mode.rules[-1] == Rule(accepted, Accept())
+    assert out.rules[-2:] == (Rule(accepted, SetMaskedMark(bpfmode.MARK_BYPASS, 0xFFFFFFFF)),
+                              Rule(Match().mark_matches_with_mask(bpfmode.MARK_BYPASS, 0xFFFFFFFF), Accept()))
+    assert Rule(Match(), Jump(CHAIN_DISPATCH_TO_HOST_ENDPOINT)) in out.rules
+    # The untracked endpoint chains jump to the raw failsafes (the dispatch chain is the host-endpoint
+    # manager's, created at its first apply); raw PREROUTING is unchanged.
+    assert raw[CHAIN_FAILSAFE_OUT] == static.failsafe_out_chain(ctx, "raw")
+    assert raw["cali-PREROUTING"] == bpfmode.raw_prerouting_chain(ctx)
+    hooks = {(h.chain, h.rules) for h in bpfmode.kernel_hooks(ctx) if h.table == "raw"}
+    assert hooks == {("PREROUTING", (Rule(Match(), Jump("cali-PREROUTING")),)),
+                     ("OUTPUT", (Rule(Match(), Jump(CHAIN_RAW_OUTPUT)),))}
+
+
+@pytest.mark.parametrize("v", [4, 6])
+def test_bpf_mode_raw_output_renders_for_both_backends(v: int) -> None:
+    from felixpy.drivers.iptables.detect import Features
+    from felixpy.drivers.iptables.render import render_body
+    from felixpy.drivers.nftables.render import rule_text
+
+    c = replace(Config(), BPFEnabled=True)
+    ctx = RuleRenderer(c, v, options=renderer_options(c)).ctx
+    rules = bpfmode.raw_output_chain(ctx).rules
+    assert [render_body(r, Features()) for r in rules[-2:]] == [
+        "-m mark --mark 0x10000/0x10000 --jump MARK --set-mark 0x3000000/0xffffffff",
+        "-m mark --mark 0x3000000/0xffffffff --jump ACCEPT"]
+    assert [rule_text(r, v) for r in rules[-2:]] == [
+        "meta mark & 0x10000 == 0x10000 counter meta mark set mark & 0x0 ^ 0x3000000",
+        "meta mark & 0xffffffff == 0x3000000 counter accept"]
