@@ -250,12 +250,6 @@ def _flush_conntrack(node_ns: str, v: int) -> None:
     nsmod.run_in(node_ns, "conntrack", "-D", "-f", "ipv4" if v == 4 else "ipv6", "-p", "tcp", check=False)
 
 
-@pytest.mark.bpf_skip("untracked (doNotTrack) host-endpoint policy in BPF mode not ported: Felix runs its ingress "
-                      "side in an XDP program on the host interface (bpf_ep_mgr.go attachXDPProgram, bpf-gpl/xdp.c) "
-                      "and its egress side in *tables raw OUTPUT chains with Linux IP sets (felix/fv/"
-                      "do_not_track_test.go, 'Having a Linux IP set for the egress policy'); felixpy's BPF mode "
-                      "attaches no XDP program and programs no raw host-endpoint chains, and reports 'untracked "
-                      "host-endpoint policy in BPF mode' unsupported")
 def test_untracked_allow_creates_no_conntrack_entry(fv: FamilyView, lab: Lab) -> None:
     v, a, node_ns = fv.v, lab.a, lab.node.netns
     untracked = policy("untracked-web", inbound=[{"action": "allow", "protocol": "tcp", "dst_ports": [WEB]}],
@@ -275,6 +269,22 @@ def test_untracked_allow_creates_no_conntrack_entry(fv: FamilyView, lab: Lab) ->
     expect_tcp(fv, {(a.ns, a.node_ip(v), WEB): True, (a.ns, a.node_ip(v), WEB2): True}, "untracked 8080, tracked 8081")
     assert _conntrack_entries(node_ns, v, WEB, a.ip(v)) == 0, "untracked connection left a conntrack entry"
     assert _conntrack_entries(node_ns, v, WEB2, a.ip(v)) >= 1, "tracked connection made no entry: proves nothing"
+    fv.apply(with_heps())
+
+
+def test_untracked_deny_drops_before_the_tracked_policy_that_would_allow(fv: FamilyView, lab: Lab) -> None:
+    """Untracked policy runs first (raw PREROUTING in *tables modes, the interface's XDP program in BPF
+    mode): its deny wins over a tracked allow-all, only for what it matches; removing it opens again."""
+    v, a, b = fv.v, lab.a, lab.b
+    untracked = policy("untracked-no-web", inbound=[{"action": "deny", "protocol": "tcp", "dst_ports": [WEB]}])
+    untracked["untracked"] = True
+    fv.apply(with_heps(hep("eth0-hep", "eth0", tiers=OPEN,
+                           untracked=[tier("default", ingress=["untracked-no-web"])]),
+                       policies=[ALLOW_ALL, untracked]))
+    eventually_tcp(fv, {(a.ns, a.node_ip(v), WEB): False, (a.ns, a.node_ip(v), WEB2): True,
+                        (b.ns, b.node_ip(v), WEB): True}, "untracked deny of 8080 on eth0 only", timeout=15.0)
+    fv.apply(with_heps(hep("eth0-hep", "eth0", tiers=OPEN), policies=[ALLOW_ALL]))
+    expect_tcp(fv, {(a.ns, a.node_ip(v), WEB): True}, "untracked tiers removed")
     fv.apply(with_heps())
 
 

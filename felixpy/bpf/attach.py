@@ -378,3 +378,84 @@ def tcx_programs(ifindex: int, hook: int) -> list[int]:
 
 def ifindex_of(ifname: str) -> int:
     return socket.if_nametoindex(ifname)
+
+
+# ---------------------------------------------------------------------------------------------
+# XDP (netlink IFLA_XDP, as Felix's libbpf ``bpf_xdp_attach``: no link, no pin)
+
+XDP_PREAMBLE_NAME = "cali_xdp_preamb"  # the kernel's 15-character cut of cali_xdp_preamble
+XDP_FLAGS_SKB_MODE = 1 << 1
+XDP_FLAGS_DRV_MODE = 1 << 2
+XDP_FLAGS_HW_MODE = 1 << 3
+XDP_FLAGS_REPLACE = 1 << 4
+# Felix's order in BPF mode (bpf_ep_mgr.go: offload, driver, generic -- generic is always allowed there,
+# because untracked ingress policy has no other implementation in BPF mode).  Offload needs a program
+# loaded for the device, which ours never is, so it is not tried.
+XDP_MODES = (XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE)
+_XDP_ATTACHED_FLAGS = {"xdp": XDP_FLAGS_DRV_MODE, "xdpgeneric": XDP_FLAGS_SKB_MODE, "xdpoffload": XDP_FLAGS_HW_MODE}
+XDP_MODE_NAMES = {XDP_FLAGS_DRV_MODE: "driver", XDP_FLAGS_SKB_MODE: "generic", XDP_FLAGS_HW_MODE: "offload"}
+
+
+def xdp_attached(ifindex: int, *, nl: RouteSocket | None = None) -> tuple[int, int] | None:
+    """(program id, mode flag) of the XDP program on *ifindex*, or None when it has none (or the
+    interface is gone).  A multi-program attachment reports no single id and is returned as (0, 0)."""
+    with _route(nl) as ipr:
+        try:
+            links = ipr.link("get", index=ifindex)
+        except _netlink_error() as e:
+            if getattr(e, "code", None) == errno.ENODEV:
+                return None
+            raise
+    for link in links:
+        xdp = link.get_attr("IFLA_XDP")
+        if xdp is None:
+            return None
+        mode = xdp.get_attr("IFLA_XDP_ATTACHED")
+        if not mode:
+            return None
+        return int(xdp.get_attr("IFLA_XDP_PROG_ID") or 0), _XDP_ATTACHED_FLAGS.get(str(mode), 0)
+    return None
+
+
+def attach_xdp(ifindex: int, prog_fd: int, *, nl: RouteSocket | None = None,
+               modes: tuple[int, ...] = XDP_MODES) -> int:
+    """Attach *prog_fd* to *ifindex*'s XDP hook; returns the mode flag it runs in.
+
+    An XDP program already there is replaced atomically in its own mode (``XDP_FLAGS_REPLACE`` with
+    the expected program, so a concurrent change is refused rather than overwritten); otherwise each
+    of *modes* is tried in turn.  The caller decides whether the program there may be replaced."""
+    NetlinkError = _netlink_error()
+    have = xdp_attached(ifindex, nl=nl)
+    if have is not None and have[0] and have[1]:
+        old = sc.prog_get_fd_by_id(have[0])
+        try:
+            with _route(nl) as ipr:
+                ipr.link("set", index=ifindex, xdp={"attrs": [
+                    ("IFLA_XDP_FD", prog_fd), ("IFLA_XDP_FLAGS", have[1] | XDP_FLAGS_REPLACE),
+                    ("IFLA_XDP_EXPECTED_FD", old)]})
+        finally:
+            os.close(old)
+        return have[1]
+    errors: list[str] = []
+    for mode in modes:
+        try:
+            with _route(nl) as ipr:
+                ipr.link("set", index=ifindex, xdp={"attrs": [("IFLA_XDP_FD", prog_fd), ("IFLA_XDP_FLAGS", mode)]})
+            return mode
+        except NetlinkError as e:
+            errors.append(f"{XDP_MODE_NAMES.get(mode, mode)}: {e}")
+    raise OSError(errno.EOPNOTSUPP, f"XDP attach refused in every mode ({'; '.join(errors)})")
+
+
+def detach_xdp(ifindex: int, *, nl: RouteSocket | None = None) -> None:
+    """Remove the XDP program from *ifindex* (in the mode it runs in).  Absent: not an error."""
+    NetlinkError = _netlink_error()
+    have = xdp_attached(ifindex, nl=nl)
+    if have is None:
+        return
+    with _route(nl) as ipr:
+        try:
+            ipr.link("set", index=ifindex, xdp={"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", have[1])]})
+        except NetlinkError as e:
+            if getattr(e, "code", None) != errno.ENODEV:  # the interface went: so did its program
+                raise

@@ -31,7 +31,11 @@ in order (a rule's allow/deny ends the program, pass goes to the tier's end, the
 drops unless its default is pass; staged policies are skipped), profiles, default deny.  Not
 modelled: conntrack (a non-NEW packet is taken as an established flow, which skips policy; the
 to-HEP program's policy run on a mid-flow miss too), NAT (a host-stack DNAT after a HEP's program
-is not followed), XDP (felixpy attaches none), and the host stack beyond its rules.  Given the
+is not followed), and the host stack beyond its rules.  A packet arriving on a host endpoint with an
+XDP entry in ``cali_iface`` (untracked ingress policy) first meets that program (``bpf-gpl/xdp.c``):
+the failsafes pass it on to TC, then the untracked tiers -- deny drops it, allow takes it past the
+TC program (its policy and conntrack) with the ``BYPASS_XDP`` mark, no match goes on to TC -- for
+established packets too (untracked policy has no conntrack).  Given the
 *tables ruleset, :func:`explain_bpf` also evaluates the rules a packet meets in the host stack (the
 guards of :mod:`felixpy.rules.bpfmode` and any other rule), with the SEEN mark when a program passed
 it in; a packet a program forwards is FIB-redirected and meets none.
@@ -57,6 +61,7 @@ from felixpy.explain.ruleset import Ruleset
 _READY = {4: defs.IFACE_STATE_V4_READY, 6: defs.IFACE_STATE_V6_READY}
 _ND_MLD = frozenset({130, 131, 132, 133, 135, 136})
 _MARK_SEEN = 0x01000000   # CALI_SKB_MARK_SEEN (bpf-gpl/bpf.h; rules/bpfmode.MARK_SEEN)
+_MARK_BYPASS_XDP = 0x03500000   # CALI_SKB_MARK_BYPASS_XDP: the TC program's mark for what XDP accepted
 IFSTATE_PIN = "cali_iface"
 
 
@@ -75,6 +80,7 @@ class Iface:
     # entry (``egress_policy_v<n>``) holds its *ingress* policy.
     tc_ingress_entry: dict[int, int]   # in cali_jump_ing
     tc_egress_entry: dict[int, int]    # in cali_jump_egr
+    xdp_entry: dict[int, int] = field(default_factory=dict)  # in xdp_cali_jump (untracked ingress policy)
 
     @property
     def is_wep(self) -> bool:
@@ -120,8 +126,9 @@ def iface_from_value(ifindex: int, val: Any) -> Iface:
     name = bytes(val.name).split(b"\0", 1)[0].decode(errors="replace")
     tc_ing = {v: int(getattr(val, f"egress_policy_v{v}")) for v in (4, 6)}
     tc_egr = {v: int(getattr(val, f"ingress_policy_v{v}")) for v in (4, 6)}
+    xdp = {v: int(getattr(val, f"xdp_policy_v{v}")) for v in (4, 6)}
     return Iface(ifindex, name, int(val.flags), {v: e for v, e in tc_ing.items() if e >= 0},
-                 {v: e for v, e in tc_egr.items() if e >= 0})
+                 {v: e for v, e in tc_egr.items() if e >= 0}, {v: e for v, e in xdp.items() if e >= 0})
 
 
 def view_from_maps(pin_root: str, maps: Callable[[str], Any], prog_name: Callable[[int], str | None],
@@ -137,7 +144,8 @@ def view_from_maps(pin_root: str, maps: Callable[[str], Any], prog_name: Callabl
         ifaces[idx] = iface_from_value(idx, val)
 
     def slot_program(hook: int, entry: int) -> str | None:
-        jm = maps((bm.JUMP_ING if hook == defs.HOOK_TC_INGRESS else bm.JUMP_EGR).name)
+        jm = maps({defs.HOOK_TC_INGRESS: bm.JUMP_ING, defs.HOOK_TC_EGRESS: bm.JUMP_EGR,
+                   defs.HOOK_XDP: bm.XDP_JUMP}[hook].name)
         got = jm.get(ctypes.c_uint32(entry))
         if got is None:
             return None
@@ -425,7 +433,8 @@ def _is_local_host(view: BPFView, v: int, addr: str) -> bool:
     return r is not None and (r[0] & (defs.RT_LOCAL | defs.RT_HOST)) == (defs.RT_LOCAL | defs.RT_HOST)
 
 
-_JUMP_NAME = {defs.HOOK_TC_INGRESS: "cali_jump_ing", defs.HOOK_TC_EGRESS: "cali_jump_egr"}
+_JUMP_NAME = {defs.HOOK_TC_INGRESS: "cali_jump_ing", defs.HOOK_TC_EGRESS: "cali_jump_egr",
+              defs.HOOK_XDP: "xdp_cali_jump"}
 
 
 def _hook_name(iface: Iface, hook: int) -> str:
@@ -634,6 +643,51 @@ def _proto_name(proto: int) -> str:
     return {6: "tcp", 17: "udp", 132: "sctp", 1: "icmp", 58: "icmpv6"}.get(proto, str(proto))
 
 
+def _xdp_leg(view: BPFView, pkt: Packet, iface: Iface) -> _Leg | None:
+    """The host endpoint's XDP program (``bpf-gpl/xdp.c``), None when it has none for this family.
+    The leg's verdict is "deny" (dropped), "allow" (accepted: TC lets it through untouched), or
+    "pass" (failsafe, empty slot or no untracked rule matched: on to TC)."""
+    v = pkt.ip_version
+    entry = iface.xdp_entry.get(v)
+    if entry is None:
+        return None
+    leg = _Leg(iface.name, "xdp", verdict="pass")
+    if view.failsafe(v, pkt.proto, _port(pkt, False), pkt.src.compressed, False) or \
+            view.failsafe(v, pkt.proto, _port(pkt, True), pkt.src.compressed, True):
+        leg.reason = f"{iface.name} XDP: a failsafe port, passed on to TC"
+        leg.path.append({"iface": iface.name, "hook": "xdp", "action": "failsafe: pass to TC"})
+        return leg
+    name = view.slot_program(defs.HOOK_XDP, entry)
+    src = view.source(name) if name is not None else None
+    if src is None:
+        leg.reason = (f"{iface.name} XDP: xdp_cali_jump[{entry}] holds "
+                      f"{'nothing' if name is None else 'a program without a pinned source'}: passed on to TC")
+        if name is not None:
+            leg.uncertain.append(leg.reason)
+        return leg
+    leg.program = name
+    leg.path.append({"iface": iface.name, "hook": "xdp", "slot": f"xdp_cali_jump[{entry}]", "program": name})
+    env = _Env(view, pkt.src, pkt.dst, pkt, src.ip_set_ids, leg, True, False)
+    got = _run_tiers(env, src.policy_set.host_normal_tiers, "ingress")
+    if got is None:
+        leg.reason = f"{iface.name} XDP: no untracked policy matched: passed on to TC"
+        return leg
+    leg.verdict = got
+    if got == "allow":
+        leg.reason = (f"{iface.name} XDP: accepted by untracked policy: the TC program lets it through with "
+                      "the BYPASS_XDP mark (no TC policy, no conntrack; raw PREROUTING NOTRACKs it)")
+    else:
+        leg.reason = f"{iface.name} XDP: denied by untracked policy: dropped before the TC program"
+    return leg
+
+
+def _xdp_accepts(view: BPFView, pkt: Packet) -> bool:
+    by_name = {i.name: i for i in view.ifaces.values()}
+    i = by_name.get(pkt.iif or "")
+    leg = _xdp_leg(view, pkt, i) if i is not None and i.is_hep else None
+    return leg is not None and leg.verdict == "allow"
+
+
 def explain_bpf(view: BPFView, pkt: Packet, direction: str, mode: str,
                 ruleset: Ruleset | None = None) -> Explanation:
     """The packet's way through the programs of its in- and out-interface (either may be the host) and,
@@ -645,6 +699,22 @@ def explain_bpf(view: BPFView, pkt: Packet, direction: str, mode: str,
     i = by_name.get(pkt.iif or "")
     v = pkt.ip_version
     programmed = i is not None and ((i.is_wep and i.ready(v)) or (i.is_hep and v in i.tc_ingress_entry))
+    if _xdp_accepts(view, pkt):
+        # tc.c: what XDP accepted leaves the TC program at once, marked BYPASS_XDP, to the host stack.
+        from felixpy.explain.evaluate import evaluate
+        from felixpy.explain.path import explain as explain_tables
+
+        trace = evaluate(ruleset, pkt.with_mark(_MARK_BYPASS_XDP), direction)
+        tex = explain_tables(ruleset, trace)
+        ex.hook_chains += tex.hook_chains
+        ex.path += tex.path
+        ex.uncertain += [u for u in tex.uncertain if u not in ex.uncertain]
+        ex.notes.append(f"host stack ({direction}): the *tables rules evaluated with mark "
+                        f"{_MARK_BYPASS_XDP:#x} (BYPASS_XDP, set by {pkt.iif}'s TC program for what XDP accepted)")
+        if trace.verdict == "deny":
+            ex.verdict = "deny"
+            ex.decided_by = tex.decided_by
+        return ex
     if programmed and direction == "forward":
         # forward_or_drop: an approved packet heading elsewhere is FIB-redirected (bpf_redirect_neigh /
         # redirect_peer) straight to the out-interface; netfilter's hooks never see it.
@@ -675,6 +745,26 @@ def _through_programs(view: BPFView, pkt: Packet, direction: str, mode: str) -> 
     by_name = {i.name: i for i in view.ifaces.values()}
     ex = Explanation(pkt.describe(), mode, v, direction, "allow")
     ex.notes.append(f"BPF pins read from {view.pin_root}")
+    xdp_accepted = False
+    iif = by_name.get(pkt.iif or "")
+    xleg = _xdp_leg(view, pkt, iif) if iif is not None and iif.is_hep else None
+    if xleg is not None:
+        ex.hook_chains.append({"chain": f"{iif.name} xdp", "outcome": xleg.verdict})  # type: ignore[union-attr]
+        ex.policies += xleg.policies
+        ex.tiers += [t for t in xleg.tiers if t not in ex.tiers]
+        ex.ip_sets += xleg.ip_sets
+        ex.path += xleg.path
+        ex.uncertain += xleg.uncertain
+        ex.notes.append(xleg.reason)
+        if xleg.program:
+            ex.dispatch.append(f"{xleg.iface} xdp: {xleg.program}")
+        if xleg.verdict == "deny":
+            ex.verdict = "deny"
+            ex.decided_by = xleg.decided or {"by": "xdp", "iface": xleg.iface, "hook": "xdp", "reason": xleg.reason}
+            return ex
+        if xleg.verdict == "allow":
+            ex.decided_by = xleg.decided
+            xdp_accepted = True
     if pkt.ct_state != "NEW":
         ex.notes.append("not a NEW packet: taken as part of an established flow (conntrack skips policy; "
                         "the conntrack map is not read)")
@@ -690,6 +780,11 @@ def _through_programs(view: BPFView, pkt: Packet, direction: str, mode: str) -> 
     seen = False
     for name, hook in ((pkt.iif, defs.HOOK_TC_INGRESS), (pkt.oif, defs.HOOK_TC_EGRESS)):
         if name is None:
+            continue
+        if hook == defs.HOOK_TC_INGRESS and xdp_accepted:
+            # tc.c returns at once (TC_ACT_UNSPEC): the host stack routes it, no program redirects it.
+            ex.path.append({"iface": name, "hook": "from-host-endpoint",
+                            "action": "accepted by XDP: pass (BYPASS_XDP)"})
             continue
         i = by_name.get(name)
         ex.hook_chains.append({"chain": f"{name} tc {'ingress' if hook == defs.HOOK_TC_INGRESS else 'egress'}",

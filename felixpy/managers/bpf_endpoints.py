@@ -27,8 +27,11 @@ the *tables allow list (Felix's ``bpfEndpointManager``, the desired-state half).
   (the policy program's end-of-profiles drop); an interface that stops being a HEP goes back to
   :data:`NO_HOST_ENDPOINT` (traffic open again), one that stops being a data interface is detached.  The ``*`` HEP's pre-DNAT and forward tiers also go into every workload's
   programs, in the inverse direction, its normal tiers never (Felix's current ``applyPolicyToWeps``:
-  :func:`felixpy.bpf.from_proto.workload_policy_set`).  Untracked (XDP) policy and floating IPs are reported
-  unsupported by name (see docs/bpf.md for what Felix does with each).
+  :func:`felixpy.bpf.from_proto.workload_policy_set`).  A specific HEP's untracked (doNotTrack) tiers
+  in the ingress direction become its interface's XDP program (``HostEndpointPolicy.xdp``: deny drops
+  before conntrack, allow skips TC's policy and Linux conntrack); their egress direction is the raw
+  table's (the *tables host-endpoint and raw-egress policy managers, as Felix).  Floating IPs are
+  reported unsupported by name (see docs/bpf.md).
 * ``on_devices_applied`` (after the driver's apply) reads which interfaces are READY for this
   family and rewrites ``cali-to-wl-dispatch`` to accept exactly those, so the *tables admit an
   interface only once its programs are in place, and drop it again before they are detached.
@@ -120,7 +123,6 @@ class BPFEndpointManager:
         self._floating_ips = ctx.config.FloatingIPs == "Enabled"
         self._nat_endpoints: set[WlKey] = set()  # endpoints with floating IPs (reported, not programmed)
         self._dscp_endpoints: set[WlKey] = set()  # endpoints with DSCP QoS policies (reported, not programmed)
-        self._untracked_heps: set[str] = set()
         self._wildcard_seen: pb.HostEndpoint | None = None  # the '*' HEP the workload programs were built with
 
     # ----------------------------------------------------------------------- updates
@@ -233,13 +235,6 @@ class BPFEndpointManager:
 
     def _unsupported(self) -> list[UnsupportedFeature]:
         out = []
-        if self._untracked_heps:
-            out.append(UnsupportedFeature(
-                "untracked host-endpoint policy in BPF mode",
-                f"host endpoint(s) {sorted(self._untracked_heps)} have untracked (doNotTrack) tiers: Felix runs "
-                "their ingress side in an XDP program on the interface and their egress side in raw OUTPUT "
-                "chains with Linux IP sets, neither of which felixpy's BPF mode programs; their normal, "
-                "pre-DNAT and forward policy is enforced"))
         if self._floating_ips and self._nat_endpoints:
             out.append(UnsupportedFeature(
                 "floating IPs in BPF mode",
@@ -354,7 +349,6 @@ class BPFEndpointManager:
         for iface in self._host_addrs:
             if self._data_iface(iface):
                 want[iface] = winners.get(iface, wildcard)
-        self._untracked_heps = {hid for hid in want.values() if hid is not None and self._heps[hid].untracked_tiers}
         for iface in sorted(set(self._hep_programmed) - set(want)):
             log.info("Host interface is no longer a data interface; its programs go", iface=iface,
                      ip_version=self.ip_version)
@@ -367,7 +361,8 @@ class BPFEndpointManager:
                     self._hep_programmed[iface] = NO_HOST_ENDPOINT
                 continue
             try:
-                pol = self._host_policy(self._heps[hid])
+                # Untracked policy only on a specific host endpoint's interface: Felix ignores it on '*'.
+                pol = self._host_policy(self._heps[hid], untracked=iface in winners)
             except Exception:
                 log.exception("Host endpoint policy could not be built; interface left as it was",
                               host_endpoint=hid, iface=iface, ip_version=self.ip_version)
@@ -376,10 +371,11 @@ class BPFEndpointManager:
                 self._driver.set_host_endpoint(self.ip_version, iface, pol)
                 self._hep_programmed[iface] = pol
 
-    def _host_policy(self, hep: pb.HostEndpoint) -> HostEndpointPolicy:
+    def _host_policy(self, hep: pb.HostEndpoint, *, untracked: bool) -> HostEndpointPolicy:
         return HostEndpointPolicy(
             ingress=from_proto.host_policy_set(hep, self._policies, self._profiles, from_proto.INGRESS),
-            egress=from_proto.host_policy_set(hep, self._policies, self._profiles, from_proto.EGRESS))
+            egress=from_proto.host_policy_set(hep, self._policies, self._profiles, from_proto.EGRESS),
+            xdp=from_proto.xdp_policy_set(hep, self._policies) if untracked else None)
 
     @property
     def host_endpoint_interfaces(self) -> dict[str, HostEndpointPolicy]:

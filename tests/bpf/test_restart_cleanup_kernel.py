@@ -93,6 +93,11 @@ def test_cleanup_removes_every_attachment_and_pin_of_ours_and_nothing_foreign(wo
                classid=1, direct_action=True, prio=5, protocol=bpfattach.ETH_P_ALL)
     foreign_link = sc.link_create(foreign, foreign_if, sc.ATTACH_TCX_EGRESS)
     fmap = sc.map_create(sc.MAP_TYPE_HASH, 4, 4, 8, name="foreign_map")
+    # XDP: our preamble on eth9 (a host endpoint's untracked ingress policy), someone else's on pcalib.
+    bpfattach.attach_xdp(foreign_if, world.programs.preamble_fd(defs.HOOK_XDP))
+    foreign_xdp = sc.prog_load(sc.PROG_TYPE_XDP, bytes([0xB7, 0, 0, 0, 2, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0]),
+                               name="foreign_xdp", license="GPL")
+    bpfattach.attach_xdp(world.ifindex("pcalib"), foreign_xdp)
     sc.obj_pin(fmap, os.path.join(world.pin_root, "foreign_map"))
     assert tcx_ids(a) and all(bpfattach.is_preamble_filter(n) for n in tc_names(b)) and len(tc_names(b)) == 2
     assert {"felixpy-preamble/ingress/cali_tc_preambl", "felixpy-preamble/egress/cali_tc_preambl"} <= \
@@ -101,9 +106,11 @@ def test_cleanup_removes_every_attachment_and_pin_of_ours_and_nothing_foreign(wo
     cleanup = BPFCleanup(world.pin_root, world.tcx_dir)
     found = cleanup.find()
     assert len(found.tcx_pins) == 4 and [n for n, _i in found.tc] == ["calib"] and not found.tcx_unpinned
+    assert [n for n, _i in found.xdp] == ["eth9"]
     cleanup.apply()
     assert cleanup.done
-    assert cleanup.removed_by_kind == {"tcx_links": 4, "tc_ifaces": 1, "pins": len(maps.ALL_SPECS) + 2}
+    assert cleanup.removed_by_kind == {"tcx_links": 4, "tc_ifaces": 1, "xdp_ifaces": 1, "pins": len(maps.ALL_SPECS) + 2}
+    assert bpfattach.xdp_attached(foreign_if) is None
     assert tcx_ids(a) == [] and tc_names(a) == []
     assert tc_names(b) == [] and tcx_ids(b) == []
     assert owned_pins(world.pin_root) == [] and not os.path.exists(world.tcx_dir)
@@ -112,12 +119,15 @@ def test_cleanup_removes_every_attachment_and_pin_of_ours_and_nothing_foreign(wo
     assert tc_names(foreign_if) == ["foreign_filter"]
     assert bpfattach.tcx_programs(foreign_if, EGR) == [sc.prog_info(foreign).id]
     assert os.path.exists(os.path.join(world.pin_root, "foreign_map"))
+    assert bpfattach.xdp_attached(world.ifindex("pcalib")) == (sc.prog_info(foreign_xdp).id,
+                                                               bpfattach.XDP_FLAGS_DRV_MODE)
     # A second run (a restart in a *tables mode) finds nothing and is done at once.
     again = BPFCleanup(world.pin_root, world.tcx_dir)
     assert not again.find()
     again.apply()
     assert again.done
-    for fd in (foreign_link, foreign, fmap):
+    bpfattach.detach_xdp(world.ifindex("pcalib"))
+    for fd in (foreign_link, foreign, fmap, foreign_xdp):
         os.close(fd)
 
 

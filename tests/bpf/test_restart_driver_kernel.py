@@ -133,3 +133,49 @@ def test_a_restart_reclaims_reattaches_nothing_and_sweeps_what_is_no_longer_want
     assert d2.ready_interfaces(4) == frozenset({"calia"})
     for k in (first, second):
         k.maps.close()
+
+
+def test_an_untracked_host_endpoints_xdp_program_survives_a_restart_unchanged_and_goes_when_unwanted(
+        world: World) -> None:
+    """The XDP preamble of a host endpoint with untracked ingress policy: attached by name, kept by a
+    restart with the same feed (same program id, same slot), detached by one without the untracked tiers."""
+    from felixpy.bpf.policy_ir import Action, Policy, PolicySet, Rule, Tier
+    from felixpy.drivers.bpfendpoints.api import HostEndpointPolicy
+
+    nsutil.run_in(world.ns, "ip", "link", "add", "eth7", "type", "veth", "peer", "name", "peth7")
+    nsutil.run_in(world.ns, "ip", "link", "set", "eth7", "up")
+    idx = socket.if_nametoindex("eth7")
+    deny = Policy("ut", (Rule(Action.DENY, src_nets=("192.0.2.0/24",)),))
+    untracked = PolicySet(for_host_interface=True, for_xdp=True, suppress_normal_host_policy=False,
+                          host_normal_tiers=(Tier("default", (deny,), Action.PASS),))
+
+    def hep_driver(kernel: BPFKernel, xdp: PolicySet | None) -> BPFEndpoints:
+        d = BPFEndpoints(kernel)
+        d.on_iface_state("eth7", IfaceState.UP, idx)
+        d.set_host_endpoint(4, "eth7", HostEndpointPolicy(ingress=None, egress=None, xdp=xdp))
+        return d
+
+    first = world.process()
+    hep_driver(first, untracked).apply()
+    have = bpfattach.xdp_attached(idx)
+    assert have is not None
+    prog_id = have[0]
+    fd = sc.prog_get_fd_by_id(prog_id)
+    try:
+        assert sc.prog_info(fd).name == bpfattach.XDP_PREAMBLE_NAME
+    finally:
+        os.close(fd)
+    entry = int(first.maps.ifstate.get(ctypes.c_uint32(idx)).xdp_policy_v4)
+    assert entry >= 0 and slot_prog_id(first, defs.HOOK_XDP, entry) is not None
+
+    second = world.process()
+    hep_driver(second, untracked).apply()
+    assert bpfattach.xdp_attached(idx) == have  # not re-attached: the same program runs
+    assert int(second.maps.ifstate.get(ctypes.c_uint32(idx)).xdp_policy_v4) == entry
+    assert slot_prog_id(second, defs.HOOK_XDP, entry) is not None
+
+    third = world.process()
+    hep_driver(third, None).apply()
+    assert bpfattach.xdp_attached(idx) is None
+    assert int(third.maps.ifstate.get(ctypes.c_uint32(idx)).xdp_policy_v4) == -1
+    assert all(slot_prog_id(third, defs.HOOK_XDP, e) is None for e in range(defs.XDP_POLICY_STRIDE))

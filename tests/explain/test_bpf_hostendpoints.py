@@ -385,3 +385,51 @@ def test_hep_source_check_follows_bpf_enforce_rpf_and_the_hosts_routes() -> None
     vw.route_back = route_back
     routes.clear()
     assert ask(vw, fam(4, OUTSIDE["eth0"]), fam(4, HOST_ADDRS["eth0"]), iif="eth0", oif=None).verdict == "allow"
+
+
+UT_POLICIES: dict[from_proto.PolicyKey, Any] = {
+    **POLICIES,
+    ("GlobalNetworkPolicy", "", "ut"): pb.Policy(untracked=True, inbound_rules=[
+        pb.Rule(action="deny", src_net=["10.96.0.0/24", "fd00:96::/64"]), allow_tcp(9090)]),
+}
+UNTRACKED = [pb.TierInfo(name="default", ingress_policies=[pid("ut")])]
+
+
+def test_untracked_ingress_policy_is_explained_as_the_xdp_program_before_tc() -> None:
+    """The HEP's XDP program (untracked tiers) decides first: deny drops, allow skips the TC program
+    (whose tracked policy would have refused port 9090), no match goes on to TC."""
+    fb = fake_kernel()
+    drv = BPFEndpoints(fb.kernel)
+    for name, idx in IFACES.items():
+        drv.on_iface_state(name, IfaceState.UP, idx)
+    hep = pb.HostEndpoint(name="eth0", tiers=HOST_WEB, untracked_tiers=UNTRACKED)
+    for v in (4, 6):
+        drv.set_host_endpoint(v, "eth0", HostEndpointPolicy(
+            ingress=from_proto.host_policy_set(hep, UT_POLICIES, PROFILES, from_proto.INGRESS),
+            egress=from_proto.host_policy_set(hep, UT_POLICIES, PROFILES, from_proto.EGRESS),
+            xdp=from_proto.xdp_policy_set(hep, UT_POLICIES)))
+    drv.apply()
+    for v in (4, 6):
+        val = (mt.RouteValue6 if v == 6 else mt.RouteValue4)()
+        val.flags = defs.RT_LOCAL | defs.RT_HOST
+        fb.kernel.maps.routes(v == 6).set(mt.route_key(f"{fam(v, HOST_ADDRS['eth0'])}/{128 if v == 6 else 32}"), val)
+    vw = view(fb)
+    assert set(vw.ifaces[IFACES["eth0"]].xdp_entry) == {4, 6}
+    for v in (4, 6):
+        host = fam(v, HOST_ADDRS["eth0"])
+        denied = ask(vw, fam(v, STRANGER), host, iif="eth0", oif=None)
+        assert denied.verdict == "deny" and denied.decided_by is not None
+        assert (denied.decided_by["name"], denied.decided_by["hook"]) == ("GlobalNetworkPolicy ut", "xdp")
+        assert denied.endpoints == []  # dropped before the TC program
+        accepted = ask(vw, fam(v, OUTSIDE["eth0"]), host, iif="eth0", oif=None, dport=9090)
+        assert accepted.verdict == "allow" and accepted.decided_by is not None
+        assert accepted.decided_by["hook"] == "xdp"
+        # Established packets meet XDP too: untracked policy keeps no flow.
+        est = make_packet(fam(v, STRANGER), host, "tcp", dport=8080)
+        est = replace(est, iif="eth0", oif=None, ct_state="ESTABLISHED")
+        assert explain_bpf(vw, est, "input", "bpf-legacy").verdict == "deny"
+        # No untracked rule matches 8080 from outside: TC's tracked policy decides (host-web allows it).
+        tc = ask(vw, fam(v, OUTSIDE["eth0"]), host, iif="eth0", oif=None, dport=8080)
+        assert tc.verdict == "allow" and tc.decided_by is not None
+        assert tc.decided_by["hook"] == "from-host-endpoint"
+        assert ask(vw, fam(v, OUTSIDE["eth0"]), host, iif="eth0", oif=None, dport=8081).verdict == "deny"

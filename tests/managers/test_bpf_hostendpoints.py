@@ -257,11 +257,12 @@ def test_unsupported_features_are_reported_by_name_and_the_rest_is_programmed() 
     n.send(ut, w, hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS, untracked=[tier("default", ingress=["ut"])]),
            pb.GlobalBGPConfigUpdate(service_cluster_cidrs=["10.96.128.0/24"]))
     n.apply()
-    assert set(n.dp.unsupported) == {"untracked host-endpoint policy in BPF mode", "floating IPs in BPF mode"}
-    assert "eth0-hep" in n.dp.unsupported["untracked host-endpoint policy in BPF mode"]
+    # Untracked policy is programmed in BPF mode now (XDP + raw OUTPUT): only floating IPs are refused.
+    assert set(n.dp.unsupported) == {"floating IPs in BPF mode"}
     assert "projectcalico/calico#5251" in n.dp.unsupported["floating IPs in BPF mode"]
     assert hep_ifaces(fb) == {"eth0", "eth1"} and programmed(n, fb, "cali1")
     assert slot_policy(n, fb, "eth0", ING).host_normal_tiers  # normal policy still enforced
+    assert n.ifindex("eth0") in fb.xdp.attached
 
 
 @pytest.mark.parametrize("on", ["workload", "host endpoint"])

@@ -40,6 +40,9 @@ class HostEndpointPolicy:
 
     ingress: PolicySet | None
     egress: PolicySet | None
+    # The HEP's untracked (doNotTrack) ingress policy, run by an XDP program on the interface before
+    # TC (None: no XDP program).  Its egress side is *tables raw OUTPUT's, not the programs'.
+    xdp: PolicySet | None = None
 
 
 class BPFEndpointsAPI(Protocol):

@@ -12,6 +12,8 @@ What it owns
       filter whose program name is ours, :func:`felixpy.bpf.owned.is_owned_prog_name`, read
       through :func:`felixpy.bpf.attach.filter_prog_name` since ``tc`` and libbpf add a
       ``:[...]`` suffix): the clsact qdisc carrying it is deleted, as Felix does;
+    * on every interface, an XDP program named ``cali_xdp_preamb`` (a host endpoint's untracked
+      ingress policy): detached, in the mode it runs in;
     * TCX links pinned in the TCX pin directory (``<iface without dots>_<ingress|egress>``):
       detached, then unlinked;
     * every pin under the pin root (and its subdirectories) whose name has one of our map
@@ -21,11 +23,12 @@ What it owns
       with the last reference to those arrays.
 
     Foreign filters, links, pins and programs are never touched (a TCX program of ours attached
-    by a link nobody pinned cannot be reached and is reported, never guessed at).  XDP is not
-    attached by the daemon yet, so there is no XDP attachment to remove.
+    by a link nobody pinned cannot be reached and is reported, never guessed at; another XDP
+    program stays).
 
 How a fresh process recognises them
-    With no memory of the earlier run: filter and program names on each interface's hooks, the
+    With no memory of the earlier run: filter and program names on each interface's hooks (XDP's
+    included), the
     TCX pin directory's file names, and the pin root's file names.  No bpffs is mounted for the
     look-up: where none is mounted there can be no pins (clsact filters are still looked for).
 
@@ -64,15 +67,17 @@ class Leftovers:
     """What of BPF mode one look at the namespace found."""
 
     tc: list[tuple[str, int]] = field(default_factory=list)  # (iface, ifindex) with our clsact filter
+    xdp: list[tuple[str, int]] = field(default_factory=list)  # (iface, ifindex) running our XDP preamble
     tcx_pins: list[str] = field(default_factory=list)
     tcx_unpinned: list[str] = field(default_factory=list)  # "iface/hook": our program, no pin we know
     pins: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.tc or self.tcx_pins or self.tcx_unpinned or self.pins)
+        return bool(self.tc or self.xdp or self.tcx_pins or self.tcx_unpinned or self.pins)
 
     def summary(self) -> dict[str, int]:
-        return {"tc_ifaces": len(self.tc), "tcx_links": len(self.tcx_pins), "pins": len(self.pins),
+        return {"tc_ifaces": len(self.tc), "xdp_ifaces": len(self.xdp), "tcx_links": len(self.tcx_pins),
+                "pins": len(self.pins),
                 "unreachable_tcx": len(self.tcx_unpinned)}
 
 
@@ -124,6 +129,9 @@ class BPFCleanup:
             if any(is_owned_prog_name(bpfattach.filter_prog_name(f))
                    for hook in HOOKS for f in bpfattach.tc_filters(ifindex, hook)):
                 out.tc.append((name, ifindex))
+            xdp = bpfattach.xdp_attached(ifindex)
+            if xdp is not None and xdp[0] and _prog_name(xdp[0]).startswith(bpfattach.XDP_PREAMBLE_NAME):
+                out.xdp.append((name, ifindex))
             for hook in HOOKS:
                 mine = [p for p in bpfattach.tcx_programs(ifindex, hook) if is_owned_prog_name(_prog_name(p))]
                 pin = os.path.basename(bpfattach.tcx_pin_path(self.tcx_pin_dir, name, hook))
@@ -164,6 +172,8 @@ class BPFCleanup:
             bpfattach.detach_tcx(pin_path=pin)
         for _name, ifindex in found.tc:
             bpfattach.detach_tc(ifindex)
+        for _name, ifindex in found.xdp:
+            bpfattach.detach_xdp(ifindex)
         for pin in found.pins:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(pin)
@@ -172,6 +182,7 @@ class BPFCleanup:
                   *(os.path.join(preambles, h) for h in bpfattach.HOOK_NAMES.values()), preambles):
             with contextlib.suppress(OSError):
                 os.rmdir(d)
-        for k, v in (("tcx_links", len(found.tcx_pins)), ("tc_ifaces", len(found.tc)), ("pins", len(found.pins))):
+        for k, v in (("tcx_links", len(found.tcx_pins)), ("tc_ifaces", len(found.tc)), ("xdp_ifaces", len(found.xdp)),
+                     ("pins", len(found.pins))):
             self.removed_by_kind[k] = self.removed_by_kind.get(k, 0) + v
             self.removed += v

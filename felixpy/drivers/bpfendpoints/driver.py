@@ -93,6 +93,7 @@ from felixpy.bpf.build import EpType
 from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.policy_ir import DENY_ALL, PolicySet
 from felixpy.bpf.policyload import PolicyProgram
+from felixpy.bpf.polprog import XdpSlots
 from felixpy.drivers.bpfendpoints.api import HostEndpointPolicy, WorkloadPolicy
 from felixpy.drivers.bpfendpoints.attacher import HOOKS, AttachRequest
 from felixpy.drivers.bpfendpoints.kernel import BPFKernel
@@ -103,7 +104,10 @@ from felixpy.ifacemonitor.events import IfaceState
 log = structlog.get_logger(__name__)
 
 FAMILIES = (4, 6)
+XDP = defs.HOOK_XDP
 _READY = {4: defs.IFACE_STATE_V4_READY, 6: defs.IFACE_STATE_V6_READY}
+# cali_iface's policy-entry field per hook (TC egress runs the policy ingress direction, Felix's naming).
+_IFSTATE_FIELD = {defs.HOOK_TC_EGRESS: "ingress_policy", defs.HOOK_TC_INGRESS: "egress_policy", XDP: "xdp_policy"}
 
 
 class EndpointProgrammingFailed(Exception):
@@ -126,6 +130,7 @@ class _Programmed:
     ready: frozenset[int] = frozenset()
     pending_detach: bool = False
     reclaimed: set[tuple[int, int]] = field(default_factory=set)  # slots taken over from an earlier run
+    xdp_attached: bool = False  # the XDP preamble is on the interface (host endpoints with untracked policy)
 
 
 def _slots_for_log(done: _Programmed) -> dict[str, int]:
@@ -142,6 +147,11 @@ def _hook_policy(want: EndpointPolicy, hook: int) -> PolicySet | None:
         return want.ingress if hook == defs.HOOK_TC_INGRESS else want.egress
     # TC ingress of the host-side interface sees packets *from* the workload.
     return want.from_workload if hook == defs.HOOK_TC_INGRESS else want.to_workload
+
+
+def _xdp_policy(want: dict[int, EndpointPolicy] | None) -> dict[int, PolicySet]:
+    """The families of an interface that want an XDP program (untracked ingress policy)."""
+    return {v: p.xdp for v, p in (want or {}).items() if isinstance(p, HostEndpointPolicy) and p.xdp is not None}
 
 
 class BPFEndpoints:
@@ -239,7 +249,7 @@ class BPFEndpoints:
 
     def status_counts(self) -> dict[str, int]:
         """For ``felixpy status``: policy programs loaded, and TC hooks carrying our preamble."""
-        attached = sum(len(HOOKS) for p in self._done.values() if p.attached and not p.pending_detach)
+        attached = sum(len(HOOKS) + p.xdp_attached for p in self._done.values() if p.attached and not p.pending_detach)
         return {"bpf_programs": self.kernel.policies.num_loaded(), "bpf_attach_points": attached}
 
     # ------------------------------------------------------------------------------ apply
@@ -311,9 +321,12 @@ class BPFEndpoints:
         k = self.kernel
         ifstate = k.maps.ifstate
         by_index = {i: n for n, (i, _up) in self._ifaces.items()}
+        xdp_candidates: dict[str, int] = {}  # host endpoints of the earlier run: they may carry its XDP program
         for key, val in list(ifstate.items()):
             ifindex = int(key.value) if hasattr(key, "value") else int(key)
             name = bytes(val.name).split(b"\0", 1)[0].decode(errors="replace")
+            if val.flags & defs.IFACE_STATE_HEP and by_index.get(ifindex) == name:
+                xdp_candidates[name] = ifindex
             if by_index.get(ifindex) == name and name in self._want and name not in self._done:
                 self._reclaim(name, ifindex, val)
             elif by_index.get(ifindex) == name and self._is_host_iface(name) and \
@@ -338,14 +351,22 @@ class BPFEndpoints:
                 log.warning("Could not sweep BPF programs from an interface", iface=name, error=str(e),
                             error_type=type(e).__name__)
         k.attacher.sweep({n: i for n, (i, _up) in self._ifaces.items()})
+        for name, ifindex in xdp_candidates.items():
+            if not _xdp_policy(self._want.get(name)):
+                try:
+                    k.xdp.detach(name, ifindex)
+                except Exception as e:
+                    log.warning("Could not sweep the XDP program from an interface", iface=name, error=str(e),
+                                error_type=type(e).__name__)
         self._free_unowned_entries()
 
     def _reclaim(self, iface: str, ifindex: int, val: mt.IfStateValue) -> None:
         done = _Programmed(ifindex)
-        for hook in HOOKS:
+        xdp = _xdp_policy(self._want[iface])
+        for hook in (*HOOKS, XDP):
             for v in FAMILIES:
-                entry = int(getattr(val, f"{'ingress' if hook == defs.HOOK_TC_EGRESS else 'egress'}_policy_v{v}"))
-                if 0 <= entry < self.kernel.slots[hook].size and v in self._want[iface]:
+                entry = int(getattr(val, f"{_IFSTATE_FIELD[hook]}_v{v}"))
+                if 0 <= entry < self.kernel.slots[hook].size and v in (xdp if hook == XDP else self._want[iface]):
                     try:
                         self.kernel.slots[hook].assign(entry, f"{iface}/v{v}")
                     except ValueError:
@@ -363,7 +384,7 @@ class BPFEndpoints:
 
     def _free_unowned_entries(self) -> None:
         """Clear every policy entry (all its parts) that no interface of this run owns."""
-        for hook in HOOKS:
+        for hook in (*HOOKS, XDP):
             jm = self.kernel.maps.jumps(hook)
             alloc = self.kernel.slots[hook]
             owned = {e for p in self._done.values() for (h, _v), e in p.slots.items() if h == hook}
@@ -449,6 +470,7 @@ class BPFEndpoints:
                 self._globals.pop((ifindex, hook), None)  # unknown until written
                 configure(ap, k.programs, k.maps)
                 self._globals[(ifindex, hook)] = ap
+        self._reconcile_xdp(iface, done, want, verify=verify)                      # untracked ingress
         if self._hold_attach is not None and self._hold_attach(iface) and not done.attached:
             log.info("BPF attach held back (test hook)", iface=iface)
             self._dirty.add(iface)
@@ -550,6 +572,85 @@ class BPFEndpoints:
             self.kernel.policies.uninstall(hook, entry)
             self.kernel.slots[hook].put(entry)
 
+    # ------------------------------------------------------------------ XDP (untracked ingress)
+    def _reconcile_xdp(self, iface: str, done: _Programmed, want: dict[int, EndpointPolicy], *,
+                       verify: bool) -> None:
+        """A host endpoint's untracked ingress policy: the XDP program on its interface -- counters
+        entry, a policy entry per family in ``xdp_cali_jump``, the ``xdp_cali_glob`` globals, then the
+        preamble (Felix's order).  No default-deny step: an XDP slot that is empty, or whose policy
+        does not match, passes the packet on to TC, whose tracked policy still applies, so a new or
+        half-programmed XDP hook is never more open than no XDP at all."""
+        xdp = _xdp_policy(want)
+        if not xdp:
+            self._drop_xdp(iface, done, detach=True)
+            return
+        k = self.kernel
+        ifindex = done.ifindex
+        self._ensure_counters(ifindex, XDP)
+        for v in FAMILIES:
+            if v in xdp:
+                self._program_xdp_slot(iface, done, v, xdp[v], verify=verify)
+            else:
+                self._release_slot(done, XDP, v)
+        ap = self._attach_point(iface, done, XDP)
+        if self._globals.get((ifindex, XDP)) != ap:
+            self._globals.pop((ifindex, XDP), None)
+            configure(ap, k.programs, k.maps)
+            self._globals[(ifindex, XDP)] = ap
+        fd = k.programs.preamble_fd(XDP)
+        if done.xdp_attached and verify and not k.xdp.is_attached(iface, ifindex):
+            log.warning("XDP preamble found detached; re-attaching", iface=iface)
+            self._drift.found("bpf_attachment")
+            done.xdp_attached = False
+        if not done.xdp_attached:
+            if not k.xdp.is_current(iface, ifindex, fd):  # an earlier run's, same code over the same maps
+                k.xdp.attach(iface, ifindex, fd)
+            done.xdp_attached = True
+
+    def _program_xdp_slot(self, iface: str, done: _Programmed, v: int, ps: PolicySet, *, verify: bool) -> None:
+        pol = self.kernel.policies
+        entry = done.slots.get((XDP, v))
+        if entry is None:
+            entry = self.kernel.slots[XDP].get(f"{iface}/v{v}")
+            done.slots[(XDP, v)] = entry
+            done.policy.pop((XDP, v), None)
+        elif verify and done.policy.get((XDP, v)) is not None and \
+                self.kernel.maps.jumps(XDP).get(ctypes.c_uint32(entry)) is None:
+            log.warning("XDP policy slot found empty; reinstalling", iface=iface, ip_version=v, entry=entry)
+            self._drift.found("bpf_policy")
+            done.policy.pop((XDP, v), None)
+        if done.policy.get((XDP, v)) == ps:
+            return
+        # The policy program tail-calls the XDP main program's "allowed" or "drop" sub-program.
+        allow, deny = self.kernel.programs.xdp_continuations(v == 6, False)
+        prog = pol.acquire(ps, hook=XDP, v6=(v == 6), xdp=XdpSlots(allow, deny, entry))
+        try:
+            pol.install(XDP, entry, prog)
+        except Exception:
+            pol.release(prog)
+            raise
+        done.policy[(XDP, v)] = ps
+        if (XDP, v) in done.reclaimed:  # the previous run's program may have had more parts
+            jm = self.kernel.maps.jumps(XDP)
+            for part in range(len(prog.fds), defs.MAX_POLICY_SUBPROGS):
+                jm.delete(ctypes.c_uint32(entry + part * pol.stride(XDP)))
+
+    def _drop_xdp(self, iface: str, done: _Programmed, *, detach: bool) -> None:
+        """The interface no longer wants XDP (or goes): preamble off first, then slots and globals."""
+        slots = [v for (hook, v) in done.slots if hook == XDP]
+        if not (done.xdp_attached or slots or (done.ifindex, XDP) in self._globals):
+            return
+        k = self.kernel
+        if detach and done.xdp_attached:
+            k.xdp.detach(iface, done.ifindex)
+        done.xdp_attached = False
+        for v in slots:
+            self._release_slot(done, XDP, v)
+        self._globals.pop((done.ifindex, XDP), None)
+        self._counted.discard((done.ifindex, XDP))
+        unconfigure(AttachPoint(iface, done.ifindex, XDP), k.maps)
+        k.maps.counters.delete(mt.CountersKey(done.ifindex, XDP))
+
     def _attach_point(self, iface: str, done: _Programmed, hook: int) -> AttachPoint:
         return AttachPoint(iface, done.ifindex, hook, self._ep_type(iface),
                            ipv4=(hook, 4) in done.slots, ipv6=(hook, 6) in done.slots,
@@ -560,8 +661,7 @@ class BPFEndpoints:
         flags = defs.IFACE_STATE_HEP if self._is_host_iface(iface) else defs.IFACE_STATE_WEP
         for v in ready:
             flags |= _READY[v]
-        idx = {f"{'ingress' if hook == defs.HOOK_TC_EGRESS else 'egress'}_policy_v{v}": e
-               for (hook, v), e in done.slots.items()}
+        idx = {f"{_IFSTATE_FIELD[hook]}_v{v}": e for (hook, v), e in done.slots.items()}
         written = (done.ifindex, flags, tuple(sorted(idx.items())))
         if self._ifstate_written.get(iface) == written:
             return
@@ -592,6 +692,7 @@ class BPFEndpoints:
 
     def _forget(self, iface: str, done: _Programmed, *, detach: bool) -> None:
         k = self.kernel
+        self._drop_xdp(iface, done, detach=detach)
         if detach and done.attached:
             k.attacher.detach(iface, done.ifindex)
         for hook, v in list(done.slots):

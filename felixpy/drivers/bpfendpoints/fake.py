@@ -19,9 +19,10 @@ from felixpy.bpf.hook import ProgramsMap
 from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.fake import FakeMap
 from felixpy.bpf.maps import ALL_SPECS, Map, MapSet, MapSpec
-from felixpy.bpf.policyload import JumpMapAllocator, PolicyPrograms
+from felixpy.bpf.policyload import PolicyPrograms
 from felixpy.drivers.bpfendpoints.attacher import HOOKS, NETKIT_FEATURE, AttachRequest
-from felixpy.drivers.bpfendpoints.kernel import BPFKernel
+from felixpy.drivers.bpfendpoints.kernel import BPFKernel, slot_allocators
+from felixpy.drivers.bpfendpoints.xdp import ForeignXdpProgram
 from felixpy.errors import UnsupportedFeature
 
 
@@ -144,10 +145,41 @@ class FakeAttacher:
 
 
 @dataclass
+class FakeXdpAttacher:
+    """Which preamble fd is on each interface's XDP hook; ``foreign`` interfaces run someone else's
+    XDP program (never replaced), ``fail_ifaces`` make attach raise.  Outlives a simulated restart."""
+
+    progs: FakePrograms
+    attached: dict[int, int] = field(default_factory=dict)  # ifindex -> preamble fd
+    foreign: set[int] = field(default_factory=set)
+    fail_ifaces: set[str] = field(default_factory=set)
+    attach_calls: int = 0
+
+    def attach(self, iface: str, ifindex: int, prog_fd: int) -> None:
+        self.attach_calls += 1
+        if ifindex in self.foreign:
+            raise ForeignXdpProgram(errno.EBUSY, f"{iface} runs an XDP program felixpy did not attach")
+        if iface in self.fail_ifaces:
+            raise OSError(errno.EOPNOTSUPP, f"injected XDP attach failure on {iface}")
+        self.attached[ifindex] = prog_fd
+
+    def detach(self, iface: str, ifindex: int) -> None:
+        self.attached.pop(ifindex, None)
+
+    def is_attached(self, iface: str, ifindex: int) -> bool:
+        return ifindex in self.attached
+
+    def is_current(self, iface: str, ifindex: int, prog_fd: int) -> bool:
+        have = self.attached.get(ifindex)
+        return have is not None and self.progs.tags.get(have) == self.progs.tags.get(prog_fd)
+
+
+@dataclass
 class FakeBPF:
     kernel: BPFKernel
     progs: FakePrograms
     attacher: FakeAttacher
+    xdp: FakeXdpAttacher
 
     def map(self, name: str) -> FakeKernelMap:
         return cast(FakeKernelMap, self.kernel.maps[name])
@@ -156,7 +188,7 @@ class FakeBPF:
         """A new process's bundle over the same kernel: the pinned maps, the loaded programs and the
         attachments stay; the process state (generic-program layout, policy program cache, slot
         allocators) starts empty, and every program is loaded again with a new fd and id."""
-        return _bundle(self.kernel.maps, self.progs, self.attacher)
+        return _bundle(self.kernel.maps, self.progs, self.attacher, self.xdp)
 
 
 def fake_kernel(sizes: dict[str, int] | None = None) -> FakeBPF:
@@ -166,10 +198,10 @@ def fake_kernel(sizes: dict[str, int] | None = None) -> FakeBPF:
                  for s in ALL_SPECS}
     maps = MapSet("fake", maps=cast(dict[str, Map], fake_maps))
     progs = FakePrograms()
-    return _bundle(maps, progs, FakeAttacher(progs))
+    return _bundle(maps, progs, FakeAttacher(progs), FakeXdpAttacher(progs))
 
 
-def _bundle(maps: MapSet, progs: FakePrograms, attacher: FakeAttacher) -> FakeBPF:
+def _bundle(maps: MapSet, progs: FakePrograms, attacher: FakeAttacher, xdp: FakeXdpAttacher) -> FakeBPF:
 
     def loader(variant: Variant, _pin_root: str) -> _FakeLoaded:
         funcs = ([PREAMBLE_FUNC[variant.program]] if variant.program in PREAMBLE_FUNC
@@ -179,5 +211,5 @@ def _bundle(maps: MapSet, progs: FakePrograms, attacher: FakeAttacher) -> FakeBP
     ids = IPSetIDAllocator()
     kernel = BPFKernel(maps=maps, programs=ProgramsMap(maps, "fake", loader=loader),
                        policies=PolicyPrograms(maps, ids, prog_load=progs.load, close_fd=progs.close),
-                       attacher=attacher, ipset_ids=ids, slots={hook: JumpMapAllocator() for hook in HOOKS})
-    return FakeBPF(kernel, progs, attacher)
+                       attacher=attacher, ipset_ids=ids, slots=slot_allocators(), xdp=xdp)
+    return FakeBPF(kernel, progs, attacher, xdp)

@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from felixpy.bpf import defs
 from felixpy.bpf.attach import PREAMBLE_PIN_DIR
 from felixpy.bpf.hook import ProgramsMap
 from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.maps import MapSet, ensure_pin_root
 from felixpy.bpf.policyload import JumpMapAllocator, PinnedSources, PolicyPrograms
 from felixpy.drivers.bpfendpoints.attacher import HOOKS, Attacher, KernelAttacher
+from felixpy.drivers.bpfendpoints.xdp import KernelXdpAttacher, XdpAttacher
 
 
 @dataclass
@@ -31,7 +33,15 @@ class BPFKernel:
     policies: PolicyPrograms
     attacher: Attacher
     ipset_ids: IPSetIDAllocator
-    slots: dict[int, JumpMapAllocator]  # per TC hook: policy entry allocator
+    slots: dict[int, JumpMapAllocator]  # per hook (TC ingress/egress, XDP): policy entry allocator
+    xdp: XdpAttacher  # host interfaces' XDP hook (untracked ingress policy)
+
+
+def slot_allocators() -> dict[int, JumpMapAllocator]:
+    """One policy-entry allocator per hook: TC entries 0..9999, XDP 0..99 (Felix's sizes)."""
+    out = {hook: JumpMapAllocator() for hook in HOOKS}
+    out[defs.HOOK_XDP] = JumpMapAllocator(size=defs.XDP_POLICY_STRIDE)
+    return out
 
 
 PIN_ROOT_ENV = "FELIXPY_BPF_PIN_ROOT"
@@ -65,8 +75,8 @@ def open_kernel(pin_root: str, attach_type: str, *, tcx_pin_dir: str | None = No
     maps = MapSet(pin_root, sizes=sizes or {}).ensure()
     ids = IPSetIDAllocator()
     tcx_dir = tcx_pin_dir or default_tcx_pin_dir(pin_root)
+    attacher = KernelAttacher(attach_type, tcx_dir, preamble_pin_dir=os.path.join(pin_root, PREAMBLE_PIN_DIR))
     return BPFKernel(maps=maps, programs=ProgramsMap(maps, pin_root, loader=WorkerLoader(pin_root)),
                      policies=PolicyPrograms(maps, ids, sources=PinnedSources(pin_root)),
-                     attacher=KernelAttacher(attach_type, tcx_dir,
-                                             preamble_pin_dir=os.path.join(pin_root, PREAMBLE_PIN_DIR)),
-                     ipset_ids=ids, slots={hook: JumpMapAllocator() for hook in HOOKS})
+                     attacher=attacher, ipset_ids=ids, slots=slot_allocators(),
+                     xdp=KernelXdpAttacher(attacher.nl))
