@@ -13,6 +13,10 @@ WireGuard ``0x200000`` (only when WireGuard is on for either family) and the
 rest as the endpoint-mark block used by the IPVS chains.  The non-Calico
 endpoint mark is the lowest bit of that block.
 
+In BPF mode the programs' own marks (``0x1FF00000``) come out of the mask first, as
+Felix does: the default then gives accept ``0x10000``, pass ``0x20000``, drop
+``0x40000``, scratch0 ``0x80000``, scratch1 ``0x20000000``, WireGuard ``0x40000000``.
+
 :class:`MarkBitsManager` mirrors Felix's ``markbits.MarkBitsManager`` (bit
 allocation plus the number↔mark mapping the endpoint-mark mapper uses).
 :func:`allocate` is the startup entry point; a mask too small for the bits the
@@ -29,7 +33,11 @@ from felixpy.errors import ConfigError
 if TYPE_CHECKING:
     from felixpy.config import Config
 
-__all__ = ["MarkBits", "MarkBitsManager", "allocate", "from_config"]
+__all__ = ["BPF_PROGRAM_MARKS", "MarkBits", "MarkBitsManager", "allocate", "bpf_allowed_mask", "from_config"]
+
+#: The mark bits the BPF programs use whatever the configuration (Felix's ``tcdefs.MarksMask``;
+#: ``felixpy.bpf.defs`` has the values).  BPF mode allocates around them.
+BPF_PROGRAM_MARKS = 0x1FF00000
 
 
 class MarkBitsManager:
@@ -164,6 +172,24 @@ def allocate(mask: int, *, wireguard: bool = False, need_endpoint_bits: bool = F
 
 
 def from_config(config: Config, *, need_endpoint_bits: bool = False) -> MarkBits:
-    """Allocate from the active backend's mask; WireGuard bit if WG is on for either family."""
-    return allocate(config.mark_mask, wireguard=config.WireguardEnabled or config.WireguardEnabledV6,
+    """Allocate from the active backend's mask; WireGuard bit if WG is on for either family.
+
+    In BPF mode the programs own ``BPF_PROGRAM_MARKS`` unconditionally (their SEEN/BYPASS/NAT_OUT/...
+    values are compiled in): the mask must cover them (Felix panics otherwise; a ConfigError here) and
+    they are taken out of it before anything is allocated, so no *tables bit can alias a program mark.
+    """
+    mask = config.mark_mask
+    if config.BPFEnabled:
+        mask = bpf_allowed_mask(mask)
+    return allocate(mask, wireguard=config.WireguardEnabled or config.WireguardEnabledV6,
                     need_endpoint_bits=need_endpoint_bits)
+
+
+def bpf_allowed_mask(mask: int) -> int:
+    """The bits left for *tables in BPF mode: ``mask`` less the programs' marks, which it must cover."""
+    if mask & BPF_PROGRAM_MARKS != BPF_PROGRAM_MARKS:
+        raise ConfigError(
+            f"mark mask {mask:#010x} does not cover {BPF_PROGRAM_MARKS:#010x}, the bits the BPF programs "
+            f"use unconditionally (missing {BPF_PROGRAM_MARKS & ~mask:#010x}); widen "
+            "IptablesMarkMask/NftablesMarkMask or turn BPFEnabled off.")
+    return mask & ~BPF_PROGRAM_MARKS

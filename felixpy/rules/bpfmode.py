@@ -35,7 +35,8 @@ All policy runs in the BPF programs; *tables only guard the gaps (reference feli
   and the tunnel-source MASQUERADE rules of the *tables modes.
 
 Mark values are the programs' (``felixpy.bpf.defs`` mirrors ``bpf.h``); they sit inside
-``0x1FF00000``, which ``IptablesMarkMask`` must cover.
+``0x1FF00000``, which the mark mask must cover; BPF mode allocates the *tables bits around them
+(:func:`felixpy.markbits.bpf_allowed_mask`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from felixpy.drivers.generictables.model import (
     Rule,
     SetMaskedMark,
 )
+from felixpy.markbits import BPF_PROGRAM_MARKS
 from felixpy.rules.context import RenderContext
 from felixpy.rules.names import (
     CHAIN_FILTER_FORWARD,
@@ -85,7 +87,7 @@ MARK_NAT_OUT = 0x03800000  # BYPASS | 0x00800000: a workload flow to outside the
 MARK_MASQ = 0x03600000  # BYPASS | 0x00600000: Felix's "BPF loopback SNAT"
 MARK_SKIP_FIB = 0x01100000  # SEEN | 0x00100000: to a local address, the host stack must see the flow
 MARK_CT_ESTABLISHED = 0x08000000
-MARK_CALICO_BPF_MASK = 0x1FF00000  # Felix's tcdefs.MarksMask
+MARK_CALICO_BPF_MASK = BPF_PROGRAM_MARKS  # Felix's tcdefs.MarksMask
 
 
 def _wl_in(ctx: RenderContext) -> list[Match]:

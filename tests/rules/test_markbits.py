@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from felixpy import markbits
+from felixpy.bpf import defs
 from felixpy.config import Config
 from felixpy.errors import ConfigError
 from felixpy.markbits import MarkBitsManager, allocate
@@ -64,6 +65,32 @@ def test_from_config_uses_the_active_backend_mask() -> None:
     nft = Config(NFTablesMode="Enabled", NftablesMarkMask=0xFF00, IptablesMarkMask=0xFF)
     assert markbits.from_config(nft).accept == 0x100
     assert markbits.from_config(Config(WireguardEnabledV6=True)).wireguard == 0x200000
+
+
+def test_bpf_mode_allocates_around_the_programs_marks() -> None:
+    m = markbits.from_config(Config(BPFEnabled=True, WireguardEnabled=True))
+    assert (m.accept, m.pass_, m.drop, m.scratch0, m.scratch1, m.wireguard) == (
+        0x10000, 0x20000, 0x40000, 0x80000, 0x20000000, 0x40000000)
+    assert m.endpoint == 0x80000000
+    used = m.accept | m.pass_ | m.drop | m.scratch0 | m.scratch1 | m.wireguard | m.endpoint
+    assert used & markbits.BPF_PROGRAM_MARKS == 0
+    # Every mark the programs set is inside the reserved bits.
+    for mark in (defs.MARK_SEEN, defs.MARK_BYPASS_MASK, defs.MARK_BYPASS_XDP, defs.MARK_FALLTHROUGH,
+                 defs.MARK_NAT_OUT, defs.MARK_MASQ, defs.MARK_SKIP_FIB, defs.MARK_CT_ESTABLISHED_MASK):
+        assert mark & ~markbits.BPF_PROGRAM_MARKS == 0, hex(mark)
+    # Outside BPF mode the same mask allocates as before.
+    assert markbits.from_config(Config(WireguardEnabled=True)).scratch1 == 0x100000
+
+
+@pytest.mark.parametrize("nft", [False, True])
+def test_bpf_mode_needs_the_mask_to_cover_the_programs_marks(nft: bool) -> None:
+    def config(bpf: bool) -> Config:
+        if nft:
+            return Config(BPFEnabled=bpf, NFTablesMode="Enabled", NftablesMarkMask=0xFFF0000)
+        return Config(BPFEnabled=bpf, IptablesMarkMask=0xFFF0000)
+    with pytest.raises(ConfigError, match=r"does not cover 0x1ff00000.*missing 0x10000000"):
+        markbits.from_config(config(True))
+    assert markbits.from_config(config(False)).scratch1 == 0x100000  # fine without BPF
 
 
 def test_number_mark_mapping() -> None:
