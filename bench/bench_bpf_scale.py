@@ -211,21 +211,20 @@ def raw_tools_run(names: list[str], snap: dict[str, list[tuple[bytes, bytes]]], 
                 "tc_commands": float(len(tc_lines))}
 
 
-def profile_sets(n: int) -> list[object]:
+def profile_set(i: int) -> object:
+    """Policy set *i* (new objects on every call)."""
     from felixpy.bpf.policy_ir import Action, Policy, PolicySet, PortRange, Profile, Rule, Tier
     from felixpy.drivers.bpfendpoints import WorkloadPolicy
 
-    out: list[object] = []
-    for i in range(n):
+    def one() -> PolicySet:
         rules = tuple(Rule(Action.ALLOW, protocol=6, src_nets=(f"10.{i}.{j}.0/24",),
                            dst_ports=(PortRange(8000 + j, 8000 + j),)) for j in range(10))
-        ps = PolicySet(tiers=(Tier("default", (Policy(f"pol{i}", rules),)),),
-                       profiles=(Profile(f"kns.ns{i}", (Rule(Action.ALLOW),)),))
-        out.append(WorkloadPolicy(to_workload=ps, from_workload=ps))
-    return out
+        return PolicySet(tiers=(Tier("default", (Policy(f"pol{i}", rules),)),),
+                         profiles=(Profile(f"kns.ns{i}", (Rule(Action.ALLOW),)),))
+    return WorkloadPolicy(to_workload=one(), from_workload=one())
 
 
-def profile_driver(names: list[str], n_sets: int, attach: str, top: int) -> None:
+def profile_driver(names: list[str], n_sets: int, attach: str, top: int, out: str | None = None) -> None:
     """cProfile of one BPFEndpoints.apply() over every interface (see the module doc)."""
     import cProfile
     import pstats
@@ -233,7 +232,6 @@ def profile_driver(names: list[str], n_sets: int, attach: str, top: int) -> None
     from felixpy.drivers.bpfendpoints import BPFEndpoints, open_kernel
     from felixpy.ifacemonitor.events import IfaceState
 
-    sets = profile_sets(n_sets)
     with tempfile.TemporaryDirectory(prefix="felixpy-bpfcache-") as cache:
         os.environ["FELIXPY_BPF_CACHE_DIR"] = cache
         for run, run_names in (("warm-up", names[:1]), ("profiled", names)):
@@ -244,10 +242,13 @@ def profile_driver(names: list[str], n_sets: int, attach: str, top: int) -> None
                     kernel = open_kernel(os.path.join(bpffs, "globals"), attach,
                                          sizes={"cali_iface4": ifstate_size(len(run_names))})
                     driver = BPFEndpoints(kernel)
+                    # One shared value per distinct policy, as the manager's policy memo hands them out.
+                    sets = [profile_set(i) for i in range(n_sets)]
                     for i, n in enumerate(run_names):
+                        driver.on_iface_kind(n, idx[n], "veth")  # the daemon's monitor reports the kind
                         driver.on_iface_state(n, IfaceState.UP, idx[n])
                         for v in (4, 6):
-                            driver.set_workload(v, n, sets[i % len(sets)])  # type: ignore[arg-type]
+                            driver.set_workload(v, n, sets[i % n_sets])  # type: ignore[arg-type]
                     prof = cProfile.Profile()
                     t0 = time.perf_counter()
                     prof.enable()
@@ -259,6 +260,8 @@ def profile_driver(names: list[str], n_sets: int, attach: str, top: int) -> None
                     kernel.maps.close()
             print(f"{run}: apply over {len(run_names)} interfaces ({attach}) {dt:.2f} s under cProfile, "
                   f"{sockets} netlink socket(s) opened", flush=True)
+    if out:
+        prof.dump_stats(out)
     stats = pstats.Stats(prof)
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(top)
@@ -273,13 +276,14 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--profile", action="store_true", help="cProfile the endpoint driver's apply alone")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--profile-out", help="with --profile: also write the cProfile stats to this file")
     ap.add_argument("--daemon-env", action="append", default=[], metavar="K=V",
                     help="extra environment for the daemon (e.g. a PYTHONPATH with a profiling sitecustomize)")
     args = ap.parse_args()
     os.environ["BCC_KERNEL_SOURCE"] = headers_dir()
     names = iface_names(args.workloads)
     if args.profile:
-        profile_driver(names, args.policies, args.attach, args.top)
+        profile_driver(names, args.policies, args.attach, args.top, args.profile_out)
         return
     out: dict[str, object] = {"workloads": args.workloads, "policies": args.policies, "attach": args.attach}
     with tempfile.TemporaryDirectory(prefix="felixpy-bpfcache-") as cache:

@@ -31,6 +31,7 @@ class FakeMap(MapCodec):
             for i in range(spec.max_entries):
                 self._d[i.to_bytes(4, "little")] = zero
         self.fail_next_update: int | None = None  # failure injection: errno for the next set()
+        self.created_empty = False  # as a reopened pin: sweeps look (Map sets it for a map it made)
 
     def _lpm_lookup(self, key: bytes) -> bytes | None:
         want_bits = int.from_bytes(key[:4], "little")

@@ -204,6 +204,9 @@ class Map(MapCodec):
         self.spec = spec
         self.fd = fd
         self.path = path
+        # Made by this process with nothing copied in (no pin to reuse, resize or upgrade from): it
+        # holds no entry a start-of-day sweep would have to look for.
+        self.created_empty = False
 
     def get(self, key: Any) -> Any:
         raw = sc.map_lookup(self.fd, self._key(key), self._raw_value_size())
@@ -290,7 +293,7 @@ class Map(MapCodec):
                 return cls.open_or_create(spec, pin_root)
             raise
         m.path = path
-        m._upgrade_from_old_versions(pin_root)
+        m.created_empty = m._upgrade_from_old_versions(pin_root) == 0
         return m
 
     @classmethod
@@ -319,10 +322,12 @@ class Map(MapCodec):
                  wanted=spec.max_entries, copied=copied, dropped=dropped)
         return new
 
-    def _upgrade_from_old_versions(self, pin_root: str) -> None:
-        """Convert the newest older version's entries into this (new) map; unlink older pins."""
+    def _upgrade_from_old_versions(self, pin_root: str) -> int:
+        """Convert the newest older version's entries into this (new) map; unlink older pins.
+        Returns how many entries were converted."""
         spec = self.spec
         newest = True
+        total = 0
         for old_version in range(spec.version - 1, 0, -1):
             old_path = os.path.join(pin_root, _pinned_name(spec.base, old_version))
             if not os.path.exists(old_path):
@@ -351,6 +356,8 @@ class Map(MapCodec):
             log.info("bpf map layout upgraded from an older version", map=spec.name,
                      old=_pinned_name(spec.base, old_version), converted=converted, migrated=migrate)
             os.unlink(old_path)
+            total += converted
+        return total
 
 
 # ---------------------------------------------------------------------------------------------

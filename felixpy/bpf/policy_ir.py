@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import functools
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PROTOCOL_NUMBERS = {"tcp": 6, "udp": 17, "icmp": 1, "icmpv6": 58, "sctp": 132, "udplite": 136}
 
@@ -170,21 +170,40 @@ class PolicySet:
     host_profiles: tuple[Profile, ...] = ()
     suppress_normal_host_policy: bool = True
     for_xdp: bool = False
+    # Computed once per object (the value is immutable): the endpoint driver keys its loaded
+    # programs by the set, once per policy slot, and the manager hands one shared object to every
+    # endpoint with the same policy, so a deep hash or walk per slot was most of the slot's cost.
+    # Not part of the value: no init, repr (the program names hash the repr) or comparison.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+    _ip_sets: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if not h:
+            h = hash((self.tiers, self.profiles, self.for_host_interface, self.host_pre_dnat_tiers,
+                      self.host_forward_tiers, self.host_normal_tiers, self.host_profiles,
+                      self.suppress_normal_host_policy, self.for_xdp)) or 1
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def all_tiers(self) -> tuple[Tier, ...]:
         return (*self.host_pre_dnat_tiers, *self.host_forward_tiers, *self.host_normal_tiers,
                 *self.tiers)
 
-    def ip_sets(self) -> set[str]:
-        out: set[str] = set()
-        for t in self.all_tiers():
-            for p in t.policies:
-                for r in p.rules:
+    def ip_sets(self) -> frozenset[str]:
+        got = self._ip_sets
+        if got is None:
+            out: set[str] = set()
+            for t in self.all_tiers():
+                for p in t.policies:
+                    for r in p.rules:
+                        out |= r.ip_sets()
+            for pr in (*self.profiles, *self.host_profiles):
+                for r in pr.rules:
                     out |= r.ip_sets()
-        for pr in (*self.profiles, *self.host_profiles):
-            for r in pr.rules:
-                out |= r.ip_sets()
-        return out
+            got = frozenset(out)
+            object.__setattr__(self, "_ip_sets", got)
+        return got
 
     def num_rules(self) -> int:
         return (sum(len(p.rules) for t in self.all_tiers() for p in t.policies)

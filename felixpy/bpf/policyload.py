@@ -81,7 +81,7 @@ def _plain(v: Any) -> Any:
     names = _FIELD_NAMES.get(cls)
     if names is None:
         if is_dataclass(v) and not isinstance(v, type):
-            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(v))
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(v) if f.init)  # the value, not caches
         elif isinstance(v, enum.Enum):
             return v.value
         elif isinstance(v, tuple):
@@ -100,7 +100,7 @@ _PORT_FIELDS = frozenset({"src_ports", "not_src_ports", "dst_ports", "not_dst_po
 def _build(cls: type, d: Mapping[str, Any]) -> Any:
     kw: dict[str, Any] = {}
     for f in fields(cls):
-        if f.name not in d:
+        if f.name not in d or not f.init:
             continue
         v = d[f.name]
         if f.name in _IR_CLASSES:

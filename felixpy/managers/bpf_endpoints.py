@@ -124,6 +124,10 @@ class BPFEndpointManager:
         self._nat_endpoints: set[WlKey] = set()  # endpoints with floating IPs (reported, not programmed)
         self._dscp_endpoints: set[WlKey] = set()  # endpoints with DSCP QoS policies (reported, not programmed)
         self._wildcard_seen: pb.HostEndpoint | None = None  # the '*' HEP the workload programs were built with
+        # Endpoints with the same tiers and profiles get the same policy: built once, one shared object
+        # (whose hash and IP-set walk are then computed once, not per endpoint and slot).  Valid while
+        # no policy, profile or '*' HEP changes; emptied when one does.
+        self._policy_memo: dict[tuple[tuple[bytes, ...], tuple[str, ...]], WorkloadPolicy] = {}
 
     # ----------------------------------------------------------------------- updates
     def on_update(self, msg: Any) -> None:
@@ -219,6 +223,9 @@ class BPFEndpointManager:
         if self._dirty_policies or self._dirty_profiles:
             self._heps_dirty = self._heps_dirty or bool(self._heps)
         wildcard = self._wildcard()
+        if self._dirty_policies or self._dirty_profiles or wildcard is not self._wildcard_seen or \
+                len(self._policy_memo) > 2 * len(self._endpoints) + 64:
+            self._policy_memo.clear()
         if wildcard is not self._wildcard_seen or (wildcard is not None and self._uses_dirty_policy(
                 (*wildcard.pre_dnat_tiers, *wildcard.forward_tiers))):
             # The '*' HEP's pre-DNAT and forward tiers are part of every workload's programs.
@@ -328,12 +335,20 @@ class BPFEndpointManager:
             self._programmed[iface] = want
 
     def _workload_policy(self, ep: pb.WorkloadEndpoint) -> WorkloadPolicy:
+        # Everything of the endpoint the policy depends on (the rest is the policies, profiles and '*'
+        # HEP, whose changes empty the memo): equal bytes, equal tiers.
+        key = (tuple(ti.SerializeToString() for ti in ep.tiers), tuple(ep.profile_ids))
+        got = self._policy_memo.get(key)
+        if got is not None:
+            return got
         wildcard = self._wildcard_seen
-        return WorkloadPolicy(
+        got = WorkloadPolicy(
             to_workload=from_proto.workload_policy_set(ep, self._policies, self._profiles, from_proto.INGRESS,
                                                        host_ep=wildcard, rules_of=self._rules),
             from_workload=from_proto.workload_policy_set(ep, self._policies, self._profiles, from_proto.EGRESS,
                                                          host_ep=wildcard, rules_of=self._rules))
+        self._policy_memo[key] = got
+        return got
 
     # ----------------------------------------------------------------- host endpoints
     def _program_host_endpoints(self) -> None:

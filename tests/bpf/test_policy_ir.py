@@ -40,7 +40,23 @@ def _reference_plain(ps: PolicySet) -> object:
     def enc(o: object) -> object:
         assert isinstance(o, enum.Enum)
         return o.value
-    return json.loads(json.dumps(dataclasses.asdict(ps), default=enc))
+    caches = {f.name for f in dataclasses.fields(ps) if not f.init}
+    plain = {k: v for k, v in dataclasses.asdict(ps).items() if k not in caches}
+    return json.loads(json.dumps(plain, default=enc))
+
+
+def test_policy_set_caches_are_not_part_of_the_value() -> None:
+    def make() -> PolicySet:
+        return PolicySet(profiles=(Profile("p", (Rule(Action.ALLOW, src_ip_sets=("s:a",), dst_ip_sets=("s:b",)),)),))
+    a, b = make(), make()
+    assert repr(a) == repr(b) and "_hash" not in repr(a)  # program names hash the repr
+    fresh = hash(b)
+    a.ip_sets()
+    assert hash(a) == fresh and a == b  # a's caches filled, b's hash only: still equal
+    assert a.ip_sets() == frozenset({"s:a", "s:b"}) and a.ip_sets() is a.ip_sets()
+    c = dataclasses.replace(a, for_host_interface=True)  # a changed copy computes its own
+    assert c != a and c.ip_sets() == a.ip_sets()
+    assert {a: 1}[b] == 1 and len({a, b, c}) == 2
 
 
 def test_source_document_holds_every_field_of_the_policy_set_and_parses_back() -> None:

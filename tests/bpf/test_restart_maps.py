@@ -131,3 +131,29 @@ def test_a_changed_layout_under_the_same_name_is_replaced(root: str) -> None:
     info = sc.map_info(ms.ifstate.fd)
     assert info.value_size == ctypes.sizeof(mt.IfStateValue) and list(ms.ifstate.keys()) == []
     ms.close()
+
+
+def test_only_a_map_this_process_made_with_nothing_copied_in_counts_as_created_empty(
+        root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The endpoint driver skips its start-of-day sweep of a jump map made empty by this process; a
+    reopened pin, a resized copy or an upgraded map may hold an earlier run's entries."""
+    ms = maps.MapSet(root, sizes=SMALL_SIZES).ensure()
+    assert ms.ct(False).created_empty and ms.ifstate.created_empty
+    fill_ct(ms, 3)
+    ms.close()
+    again = maps.MapSet(root, sizes=SMALL_SIZES).ensure()
+    assert not again.ct(False).created_empty and not again.ifstate.created_empty
+    again.close()
+    resized = maps.MapSet(root, sizes={**SMALL_SIZES, "cali_v4_ct4": 16384}).ensure()
+    assert not resized.ct(False).created_empty
+    resized.close()
+
+
+def test_a_map_upgraded_from_an_older_version_is_not_created_empty(root: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    size = ctypes.sizeof(mt.CtValue4)
+    monkeypatch.setitem(maps.UPGRADES, ("cali_v4_ct", 3), lambda k, v: (k, v + bytes(size - len(v))))
+    _pin_old_ct(root, 3, 2)
+    ms = maps.MapSet(root, sizes=SMALL_SIZES).ensure()
+    assert len(ct_values(ms)) == 2 and not ms.ct(False).created_empty
+    ms.close()

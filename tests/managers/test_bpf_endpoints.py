@@ -675,3 +675,42 @@ def test_the_monitors_link_kind_reaches_the_attacher_and_a_netkit_workload_is_re
     assert not fb.attacher.is_attached("cali1", n.ifindex("cali1"), ING) and "cali1" not in allowed(n)
     n.link_gone("cali1")
     assert fb.attacher.kinds == {"cali2": "veth"}
+
+
+def test_endpoints_with_the_same_policy_share_one_value_until_a_policy_changes() -> None:
+    """The manager's policy memo: equal tiers and profiles give the very same object (its hash and
+    IP-set walk are then done once for all of them); a policy change, or an endpoint moving to other
+    tiers, is never answered from it."""
+    from felixpy.managers.bpf_endpoints import BPFEndpointManager
+
+    n, fb = node()
+    for i in range(4):
+        n.link_up(f"cali{i}")
+    n.send(profile("allow"), policy("p", inbound=[rule("allow", protocol="tcp")], outbound=[rule("allow")]),
+           policy("q", inbound=[rule("allow", protocol="udp")], outbound=[rule("allow")]))
+    names = ["p", "p", "p", "q"]
+    for i, name in enumerate(names):
+        n.send(wep(f"w{i}", f"cali{i}", ipv4=[f"10.65.0.{i + 2}/32"], profiles=["allow"],
+                   tiers=[tier(ingress=[name], egress=[name])]))
+    n.apply()
+    (mgr,) = [m for m in n.dp.managers if isinstance(m, BPFEndpointManager) and m.ip_version == 4]
+    got = mgr._programmed
+    assert got["cali0"] is got["cali1"] is got["cali2"] and got["cali3"] != got["cali0"]
+    e0 = entries(fb, n.ifindex("cali0"))
+    before = slot_fd(fb, EGR, e0[1])
+    assert before is not None and before != slot_fd(fb, EGR, entries(fb, n.ifindex("cali3"))[1])
+    # A policy change: the users of p see the new rules (a different program), q's user is untouched.
+    n.send(policy("p", inbound=[rule("deny", protocol="tcp")], outbound=[rule("allow")]))
+    n.apply()
+    got = mgr._programmed
+    assert got["cali0"] is got["cali1"] is got["cali2"]
+    assert got["cali0"].to_workload.tiers[0].policies[0].rules[0].action.name == "DENY"
+    assert slot_fd(fb, EGR, entries(fb, n.ifindex("cali0"))[1]) != before
+    # An endpoint moving to q's tiers gets q's policy; moving back, p's current one.
+    n.send(wep("w1", "cali1", ipv4=["10.65.0.3/32"], profiles=["allow"], tiers=[tier(ingress=["q"], egress=["q"])]))
+    n.apply()
+    assert mgr._programmed["cali1"] == mgr._programmed["cali3"]
+    n.send(wep("w1", "cali1", ipv4=["10.65.0.3/32"], profiles=["allow"], tiers=[tier(ingress=["p"], egress=["p"])]))
+    n.apply()
+    assert mgr._programmed["cali1"] is mgr._programmed["cali0"]
+    assert all(programmed(n, fb, f"cali{i}") for i in range(4))
