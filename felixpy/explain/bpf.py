@@ -62,6 +62,7 @@ _READY = {4: defs.IFACE_STATE_V4_READY, 6: defs.IFACE_STATE_V6_READY}
 _ND_MLD = frozenset({130, 131, 132, 133, 135, 136})
 _MARK_SEEN = 0x01000000   # CALI_SKB_MARK_SEEN (bpf-gpl/bpf.h; rules/bpfmode.MARK_SEEN)
 _MARK_BYPASS_XDP = 0x03500000   # CALI_SKB_MARK_BYPASS_XDP: the TC program's mark for what XDP accepted
+_MARK_BYPASS, _MARK_BYPASS_MASK = defs.MARK_BYPASS, defs.MARK_BYPASS_MASK  # raw OUTPUT's untracked allow
 IFSTATE_PIN = "cali_iface"
 
 
@@ -692,6 +693,8 @@ def explain_bpf(view: BPFView, pkt: Packet, direction: str, mode: str,
                 ruleset: Ruleset | None = None) -> Explanation:
     """The packet's way through the programs of its in- and out-interface (either may be the host) and,
     given the *tables ``ruleset``, through the host stack's rules where the packet meets them."""
+    if ruleset is not None and direction == "output":
+        return _host_then_programs(view, pkt, mode, ruleset)
     ex = _through_programs(view, pkt, direction, mode)
     if ruleset is None or ex.verdict == "deny":
         return ex
@@ -740,7 +743,41 @@ def explain_bpf(view: BPFView, pkt: Packet, direction: str, mode: str,
     return ex
 
 
-def _through_programs(view: BPFView, pkt: Packet, direction: str, mode: str) -> Explanation:
+def _host_then_programs(view: BPFView, pkt: Packet, mode: str, ruleset: Ruleset) -> Explanation:
+    """From the host: netfilter's OUTPUT and POSTROUTING hooks come first, then the out-interface's TC
+    egress program.  Untracked (doNotTrack) egress policy lives in raw OUTPUT in BPF mode
+    (rules/bpfmode.py): what it accepted carries exactly BYPASS, and the TC program lets it go without
+    policy or conntrack; what it denied never reaches the program."""
+    from felixpy.explain.evaluate import evaluate
+    from felixpy.explain.path import explain as explain_tables
+
+    trace = evaluate(ruleset, pkt.with_mark(0), "output")
+    tex = explain_tables(ruleset, trace)
+    steps = [st for h in trace.hooks for st in h.steps]
+    mark = steps[-1].mark if steps else 0
+    bypass = trace.verdict != "deny" and (mark & _MARK_BYPASS_MASK) == _MARK_BYPASS
+    if trace.verdict == "deny":  # dropped in the host stack: no program sees it
+        ex = Explanation(pkt.describe(), mode, pkt.ip_version, "output", "deny")
+        ex.notes.append(f"BPF pins read from {view.pin_root}")
+    else:
+        ex = _through_programs(view, pkt, "output", mode, bypass_egress=bypass)
+    ex.hook_chains = tex.hook_chains + ex.hook_chains
+    ex.path = tex.path + ex.path
+    ex.uncertain += [u for u in tex.uncertain if u not in ex.uncertain]
+    ex.notes.append("host stack (output): the *tables rules evaluated first (no mark), then the programs")
+    if trace.verdict == "deny":
+        ex.verdict = "deny"
+        ex.decided_by = tex.decided_by
+    elif bypass:
+        ex.verdict = "allow"
+        ex.decided_by = tex.decided_by
+        ex.notes.append(f"accepted by untracked egress policy in raw OUTPUT: mark {_MARK_BYPASS:#x} (BYPASS), "
+                        f"so {pkt.oif}'s TC egress program passes it without policy or conntrack")
+    return ex
+
+
+def _through_programs(view: BPFView, pkt: Packet, direction: str, mode: str, *,
+                     bypass_egress: bool = False) -> Explanation:
     v = pkt.ip_version
     by_name = {i.name: i for i in view.ifaces.values()}
     ex = Explanation(pkt.describe(), mode, v, direction, "allow")
@@ -785,6 +822,10 @@ def _through_programs(view: BPFView, pkt: Packet, direction: str, mode: str) -> 
             # tc.c returns at once (TC_ACT_UNSPEC): the host stack routes it, no program redirects it.
             ex.path.append({"iface": name, "hook": "from-host-endpoint",
                             "action": "accepted by XDP: pass (BYPASS_XDP)"})
+            continue
+        if hook == defs.HOOK_TC_EGRESS and bypass_egress:
+            ex.path.append({"iface": name, "hook": "to-host-endpoint",
+                            "action": "carries BYPASS (raw OUTPUT's untracked allow): pass"})
             continue
         i = by_name.get(name)
         ex.hook_chains.append({"chain": f"{name} tc {'ingress' if hook == defs.HOOK_TC_INGRESS else 'egress'}",

@@ -261,7 +261,8 @@ def test_hep_without_the_familys_entry_passes_and_an_empty_slot_allows() -> None
 
 
 # ------------------------------------------------------------------ the host stack after the programs
-def bpf_mode_ruleset(v: int, action: str, ready: tuple[str, ...]) -> Ruleset:
+def bpf_mode_ruleset(v: int, action: str, ready: tuple[str, ...],
+                     raw_extra: dict[str, list[str]] | None = None) -> Ruleset:
     """BPF mode's *tables (felixpy.rules.bpfmode: filter and raw chains and their kernel hooks), rendered
     as iptables-legacy-save text and parsed back as explain reads it."""
     from felixpy.config import Config
@@ -287,6 +288,12 @@ def bpf_mode_ruleset(v: int, action: str, ready: tuple[str, ...]) -> Ruleset:
                     text += [f"-A {b} {render_body(r, Features())}" for r in hook.rules]
         for name, ch in chains.items():
             text += [f"-A {name} {render_body(r, Features())}" for r in ch.rules]
+        extra = (raw_extra or {}) if table == "raw" else {}  # e.g. the HEP manager's untracked egress chains
+        first_rule = next((k for k in range(len(text) - 1, -1, -1) if text[k].startswith("*")), 0) + 1
+        first_rule += sum(1 for line in text[first_rule:] if line.startswith(":"))
+        text[first_rule:first_rule] = [f":{name} - [0:0]" for name in extra]  # declared after the rest,
+        for name, rules in extra.items():                                     # listed in that order
+            text += [f"-A {name} {r}" for r in rules]
         text.append("COMMIT")
     rs = from_iptables_text("\n".join(text) + "\n", "", v, "iptables-legacy")
     rs.local_addrs = frozenset(ips[v == 6] for ips in HOST_ADDRS.values())
@@ -433,3 +440,39 @@ def test_untracked_ingress_policy_is_explained_as_the_xdp_program_before_tc() ->
         assert tc.verdict == "allow" and tc.decided_by is not None
         assert tc.decided_by["hook"] == "from-host-endpoint"
         assert ask(vw, fam(v, OUTSIDE["eth0"]), host, iif="eth0", oif=None, dport=8081).verdict == "deny"
+
+
+def test_untracked_egress_policy_in_raw_output_is_met_before_the_tc_egress_program() -> None:
+    """From the host: raw OUTPUT's untracked chains come first.  Their allow marks BYPASS and the TC
+    egress program (whose tracked policy allows only 8080) passes it; their deny drops before any
+    program; no untracked match leaves the decision to the program."""
+    fb = fake_kernel()
+    drv = BPFEndpoints(fb.kernel)
+    for name, idx in IFACES.items():
+        drv.on_iface_state(name, IfaceState.UP, idx)
+    out_web = {("GlobalNetworkPolicy", "", "out-web"): pb.Policy(outbound_rules=[allow_tcp(8080)])}
+    hep = pb.HostEndpoint(name="eth0", tiers=[pb.TierInfo(name="default", egress_policies=[pid("out-web")])])
+    for v in (4, 6):
+        drv.set_host_endpoint(v, "eth0", HostEndpointPolicy(
+            ingress=from_proto.host_policy_set(hep, out_web, PROFILES, from_proto.INGRESS),
+            egress=from_proto.host_policy_set(hep, out_web, PROFILES, from_proto.EGRESS)))
+    drv.apply()
+    vw = view(fb)
+    raw = {"cali-to-host-endpoint": ["--out-interface eth0 --goto cali-th-eth0"],
+           "cali-th-eth0": ["-p tcp -m multiport --destination-ports 9090 --jump MARK --set-mark 0x10000/0x10000",
+                            "-m mark --mark 0x10000/0x10000 --jump RETURN",
+                            "-p tcp -m multiport --destination-ports 7070 --jump DROP"]}
+    for v in (4, 6):
+        rs = bpf_mode_ruleset(v, "ACCEPT", (), raw_extra=raw)
+        host, out = fam(v, HOST_ADDRS["eth0"]), fam(v, OUTSIDE["eth0"])
+        passed = ask_with(vw, rs, host, out, iif=None, oif="eth0", dport=9090)
+        assert passed.verdict == "allow" and passed.endpoints == [], passed
+        assert any("BYPASS" in n for n in passed.notes)
+        dropped = ask_with(vw, rs, host, out, iif=None, oif="eth0", dport=7070)
+        assert dropped.verdict == "deny" and dropped.decided_by is not None and dropped.endpoints == []
+        assert dropped.decided_by["chain"] == "raw cali-th-eth0", dropped.decided_by
+        tracked = ask_with(vw, rs, host, out, iif=None, oif="eth0", dport=8080)
+        assert tracked.verdict == "allow" and tracked.endpoints == ["eth0 (to-host-endpoint)"]
+        refused = ask_with(vw, rs, host, out, iif=None, oif="eth0", dport=8081)
+        assert refused.verdict == "deny" and refused.decided_by is not None
+        assert refused.decided_by["hook"] == "to-host-endpoint", refused.decided_by
