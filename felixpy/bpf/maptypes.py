@@ -266,7 +266,11 @@ _check(RouteValue6, 20)
 
 
 def route_key(cidr: str) -> ctypes.Structure:
-    net = ipaddress.ip_network(cidr, strict=False)
+    return route_key_of(ipaddress.ip_network(cidr, strict=False))
+
+
+def route_key_of(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> ctypes.Structure:
+    """:func:`route_key` of a network already parsed."""
     v6 = net.version == 6
     k = (RouteKey6 if v6 else RouteKey4)()
     k.prefixlen = net.prefixlen

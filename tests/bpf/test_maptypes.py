@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 
+import pytest
+
 from felixpy.bpf import defs
 from felixpy.bpf import maptypes as mt
 
@@ -55,3 +57,14 @@ def test_globals_defaults() -> None:
     g.jumps[0], g.flags = 7, 1  # each call is its own copy of the template
     fresh = mt.empty_tc_globals()
     assert fresh.jumps[0] == defs.JUMP_UNUSED and fresh.flags == 0
+
+
+@pytest.mark.parametrize("cidr", ["10.65.0.7/32", "10.65.0.7/24", "0.0.0.0/0", "fd00:65::9/128", "fd00:65::9/64"])
+def test_a_route_key_from_a_parsed_network_is_the_same_bytes(cidr: str) -> None:
+    import ipaddress
+
+    from felixpy.drivers.bpfroutes.driver import _norm
+
+    net = ipaddress.ip_network(cidr, strict=False)
+    assert bytes(mt.route_key_of(net)) == bytes(mt.route_key(cidr)) == _norm(cidr)[2]
+    assert _norm(cidr)[:2] == (str(net), net.version)

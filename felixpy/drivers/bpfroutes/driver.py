@@ -48,7 +48,7 @@ def _norm(cidr: str) -> tuple[str, int, bytes]:
     """(canonical CIDR, IP version, routes-map key) of *cidr*; ValueError if it is not one (memoised:
     the route manager hands over the same CIDRs apply after apply)."""
     net = ipaddress.ip_network(cidr, strict=False)
-    return str(net), net.version, bytes(mt.route_key(str(net)))
+    return str(net), net.version, bytes(mt.route_key_of(net))  # (parsed once: 2,000 endpoints' CIDRs at a start)
 
 
 class BPFRoutes:
