@@ -195,8 +195,9 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     # Driver selection and modes.
     UseInternalDataplaneDriver: bool = _ignored(True, _bool, _WHICH_DRIVER, warn=False)
     DataplaneDriver: str = _ignored("calico-iptables-plugin", _str, _WHICH_DRIVER, warn=False)
-    BPFEnabled: bool = _p(False, _bool, HONOURED, "workload policy in BPF programs (docs/bpf.md); host "
-                          "endpoints are not attached in BPF mode yet")
+    BPFEnabled: bool = _p(False, _bool, HONOURED, "workload and host-endpoint policy in BPF programs, untracked "
+                          "policy in XDP and raw OUTPUT (docs/bpf.md); not yet: services/NAT, DSCP; floating "
+                          "IPs unsupported, as in Felix")
     NFTablesMode: str = _p("Auto", _choice("Enabled", "Disabled", "Auto"))
     IptablesBackend: str = _p("auto", _choice("auto", "legacy", "nft"))
     Ipv6Support: bool = _p(True, _bool)
@@ -205,8 +206,9 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     IptablesRefreshInterval: float = _p(180.0, _float)
     IptablesPostWriteCheckIntervalSecs: float = _p(5.0, _float)
     IptablesLockProbeIntervalMillis: float = _p(50.0, _float)
-    IptablesMarkMask: int = _p(0xFFFF0000, _mark_mask)
-    NftablesMarkMask: int = _p(0xFFFF0000, _mark_mask)
+    IptablesMarkMask: int = _p(0xFFFF0000, _mark_mask, HONOURED, "BPF mode: must cover 0x1ff00000, the "
+                               "programs' own marks, which are taken out before allocating (as Felix)")
+    NftablesMarkMask: int = _p(0xFFFF0000, _mark_mask, HONOURED, "BPF mode: as IptablesMarkMask")
     IptablesFilterAllowAction: str = _p("ACCEPT", _ALLOW)
     IptablesMangleAllowAction: str = _p("ACCEPT", _ALLOW)
     IptablesFilterDenyAction: str = _p("DROP", _DENY)
