@@ -65,6 +65,16 @@ def _netlink_error() -> type[Exception]:
     return NetlinkError  # type: ignore[no-any-return]
 
 
+def _link_get(ipr: Any, **key: Any) -> list[Any]:
+    """``RTM_GETLINK`` of one interface (by ``index`` or ``ifname``); [] when it does not exist."""
+    try:
+        return list(ipr.link("get", **key))
+    except _netlink_error() as e:
+        if getattr(e, "code", None) == errno.ENODEV:
+            return []
+        raise
+
+
 def _netns_id() -> tuple[int, int]:
     """Identity of the calling thread's network namespace (device and inode of its nsfs file)."""
     st = os.stat("/proc/thread-self/ns/net")
@@ -116,12 +126,7 @@ class RouteSocket:
         """IFLA_INFO_KIND of *ifname* (None: no kind, or no such interface).  pyroute2 decodes the
         whole link (~1.3 ms); callers ask once per interface (the attacher caches the mode)."""
         with self.use() as ipr:
-            try:
-                links = ipr.link("get", ifname=ifname)
-            except _netlink_error() as e:
-                if getattr(e, "code", None) == errno.ENODEV:
-                    return None
-                raise
+            links = _link_get(ipr, ifname=ifname)
         for link in links:
             info = link.get_attr("IFLA_LINKINFO")
             if info is not None:
@@ -400,12 +405,7 @@ def xdp_attached(ifindex: int, *, nl: RouteSocket | None = None) -> tuple[int, i
     """(program id, mode flag) of the XDP program on *ifindex*, or None when it has none (or the
     interface is gone).  A multi-program attachment reports no single id and is returned as (0, 0)."""
     with _route(nl) as ipr:
-        try:
-            links = ipr.link("get", index=ifindex)
-        except _netlink_error() as e:
-            if getattr(e, "code", None) == errno.ENODEV:
-                return None
-            raise
+        links = _link_get(ipr, index=ifindex)
     for link in links:
         xdp = link.get_attr("IFLA_XDP")
         if xdp is None:

@@ -412,6 +412,23 @@ def prog_get_fd_by_id(prog_id: int) -> int:
     return _check("PROG_GET_FD_BY_ID", _bpf_prog_get_fd_by_id(prog_id))
 
 
+def prog_info_by_id(prog_id: int) -> ProgInfo | None:
+    """The info of loaded program *prog_id*, or None when it is gone (ids are read racily)."""
+    try:
+        fd = prog_get_fd_by_id(prog_id)
+    except BPFSyscallError:
+        return None
+    try:
+        return prog_info(fd)
+    finally:
+        os.close(fd)
+
+
+def same_program(a: ProgInfo, b: ProgInfo) -> bool:
+    """The same code over the same maps (name, tag, map ids): one need not replace the other."""
+    return (a.name, a.tag, sorted(a.map_ids)) == (b.name, b.tag, sorted(b.map_ids))
+
+
 # ---------------------------------------------------------------------------------------------
 # Links (TCX)
 

@@ -275,15 +275,11 @@ class KernelAttacher:
                     os.close(link)
                 if prog_id not in bpfattach.tcx_programs(ifindex, hook):
                     return False  # a defunct link (the interface was re-created)
-            fd = sc.prog_get_fd_by_id(prog_id)
-            try:
-                have = sc.prog_info(fd)
-            finally:
-                os.close(fd)
+            have = sc.prog_info_by_id(prog_id)
             mine = sc.prog_info(prog_fd)
         except (OSError, BPFSyscallError):
             return False
-        return (have.name, have.tag, sorted(have.map_ids)) == (mine.name, mine.tag, sorted(mine.map_ids))
+        return have is not None and sc.same_program(have, mine)
 
     def sweep(self, existing: dict[str, int]) -> None:
         keep = {n.replace(".", "") for n in existing}

@@ -52,7 +52,6 @@ import structlog
 
 from felixpy.bpf import attach as bpfattach
 from felixpy.bpf import syscall as sc
-from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.maps import OWNED_PREFIXES, is_bpffs
 from felixpy.bpf.owned import is_owned_prog_name
 from felixpy.bpf.policyload import SOURCE_DIR
@@ -88,14 +87,8 @@ def _links() -> list[tuple[str, int]]:
 
 
 def _prog_name(prog_id: int) -> str:
-    try:
-        fd = sc.prog_get_fd_by_id(prog_id)
-    except BPFSyscallError:
-        return ""
-    try:
-        return sc.prog_info(fd).name
-    finally:
-        os.close(fd)
+    info = sc.prog_info_by_id(prog_id)
+    return info.name if info is not None else ""
 
 
 class BPFCleanup:

@@ -467,11 +467,7 @@ class BPFEndpoints:
                 else:
                     self._release_slot(done, hook, v)
         for hook in HOOKS:                                                          # 4
-            ap = self._attach_point(iface, done, hook)
-            if self._globals.get((ifindex, hook)) != ap:
-                self._globals.pop((ifindex, hook), None)  # unknown until written
-                configure(ap, k.programs, k.maps)
-                self._globals[(ifindex, hook)] = ap
+            self._ensure_globals(iface, done, hook)
         self._reconcile_xdp(iface, done, want, verify=verify)                      # untracked ingress
         if self._hold_attach is not None and self._hold_attach(iface) and not done.attached:
             log.info("BPF attach held back (test hook)", iface=iface)
@@ -539,9 +535,7 @@ class BPFEndpoints:
             if done.policy.get((hook, v)) is not None or (hook, v) not in done.policy:
                 pol.uninstall(hook, entry)
                 if reclaimed:
-                    jm = self.kernel.maps.jumps(hook)
-                    for part in range(1, defs.MAX_POLICY_SUBPROGS):
-                        jm.delete(ctypes.c_uint32(entry + part * pol.stride(hook)))
+                    self._clear_parts_after(hook, entry, 1)
                 done.policy[(hook, v)] = None
             return
         if (hook, v) not in done.policy and ps != DENY_ALL and not reclaimed:
@@ -553,19 +547,24 @@ class BPFEndpoints:
             done.policy[(hook, v)] = ps
             if reclaimed:  # the previous run's program may have had more parts
                 prog = pol.installed(hook, entry)
-                jm = self.kernel.maps.jumps(hook)
-                for part in range(len(prog.fds) if prog else 1, defs.MAX_POLICY_SUBPROGS):
-                    jm.delete(ctypes.c_uint32(entry + part * pol.stride(hook)))
+                self._clear_parts_after(hook, entry, len(prog.fds) if prog else 1)
         assert pol.installed(hook, entry) is not None
 
-    def _install(self, hook: int, entry: int, v: int, ps: PolicySet) -> None:
+    def _install(self, hook: int, entry: int, v: int, ps: PolicySet, xdp: XdpSlots | None = None) -> None:
         pol = self.kernel.policies
-        prog = pol.acquire(ps, hook=hook, v6=(v == 6))
+        prog = pol.acquire(ps, hook=hook, v6=(v == 6), xdp=xdp)
         try:
             pol.install(hook, entry, prog)
         except Exception:
             pol.release(prog)
             raise
+
+    def _clear_parts_after(self, hook: int, entry: int, first: int) -> None:
+        """Delete the policy entry's parts from *first* on (a previous run's program may have had more)."""
+        jm = self.kernel.maps.jumps(hook)
+        stride = self.kernel.policies.stride(hook)
+        for part in range(first, defs.MAX_POLICY_SUBPROGS):
+            jm.delete(ctypes.c_uint32(entry + part * stride))
 
     def _release_slot(self, done: _Programmed, hook: int, v: int) -> None:
         entry = done.slots.pop((hook, v), None)
@@ -594,11 +593,7 @@ class BPFEndpoints:
                 self._program_xdp_slot(iface, done, v, xdp[v], verify=verify)
             else:
                 self._release_slot(done, XDP, v)
-        ap = self._attach_point(iface, done, XDP)
-        if self._globals.get((ifindex, XDP)) != ap:
-            self._globals.pop((ifindex, XDP), None)
-            configure(ap, k.programs, k.maps)
-            self._globals[(ifindex, XDP)] = ap
+        self._ensure_globals(iface, done, XDP)
         fd = k.programs.preamble_fd(XDP)
         if done.xdp_attached and verify and not k.xdp.is_attached(iface, ifindex):
             log.warning("XDP preamble found detached; re-attaching", iface=iface)
@@ -625,17 +620,11 @@ class BPFEndpoints:
             return
         # The policy program tail-calls the XDP main program's "allowed" or "drop" sub-program.
         allow, deny = self.kernel.programs.xdp_continuations(v == 6, False)
-        prog = pol.acquire(ps, hook=XDP, v6=(v == 6), xdp=XdpSlots(allow, deny, entry))
-        try:
-            pol.install(XDP, entry, prog)
-        except Exception:
-            pol.release(prog)
-            raise
+        self._install(XDP, entry, v, ps, XdpSlots(allow, deny, entry))
         done.policy[(XDP, v)] = ps
         if (XDP, v) in done.reclaimed:  # the previous run's program may have had more parts
-            jm = self.kernel.maps.jumps(XDP)
-            for part in range(len(prog.fds), defs.MAX_POLICY_SUBPROGS):
-                jm.delete(ctypes.c_uint32(entry + part * pol.stride(XDP)))
+            prog = pol.installed(XDP, entry)
+            self._clear_parts_after(XDP, entry, len(prog.fds) if prog else 1)
 
     def _drop_xdp(self, iface: str, done: _Programmed, *, detach: bool) -> None:
         """The interface no longer wants XDP (or goes): preamble off first, then slots and globals."""
@@ -652,6 +641,14 @@ class BPFEndpoints:
         self._counted.discard((done.ifindex, XDP))
         unconfigure(AttachPoint(iface, done.ifindex, XDP), k.maps)
         k.maps.counters.delete(mt.CountersKey(done.ifindex, XDP))
+
+    def _ensure_globals(self, iface: str, done: _Programmed, hook: int) -> None:
+        """The hook's preamble globals for this interface, written when they differ from the last write."""
+        ap = self._attach_point(iface, done, hook)
+        if self._globals.get((done.ifindex, hook)) != ap:
+            self._globals.pop((done.ifindex, hook), None)  # unknown until written
+            configure(ap, self.kernel.programs, self.kernel.maps)
+            self._globals[(done.ifindex, hook)] = ap
 
     def _attach_point(self, iface: str, done: _Programmed, hook: int) -> AttachPoint:
         return AttachPoint(iface, done.ifindex, hook, self._ep_type(iface),

@@ -28,7 +28,6 @@ driver's one rtnetlink socket (:class:`felixpy.bpf.attach.RouteSocket`).
 from __future__ import annotations
 
 import errno
-import os
 from typing import Protocol
 
 import structlog
@@ -58,17 +57,6 @@ class XdpAttacher(Protocol):
         """Whether the interface's XDP hook runs a program equivalent to *prog_fd*."""
 
 
-def _prog(prog_id: int) -> sc.ProgInfo | None:
-    try:
-        fd = sc.prog_get_fd_by_id(prog_id)
-    except BPFSyscallError:
-        return None  # gone since the link was read
-    try:
-        return sc.prog_info(fd)
-    finally:
-        os.close(fd)
-
-
 class KernelXdpAttacher:
     """XDP through :mod:`felixpy.bpf.attach` (pyroute2 ``IFLA_XDP``)."""
 
@@ -79,7 +67,7 @@ class KernelXdpAttacher:
         have = bpfattach.xdp_attached(ifindex, nl=self.nl)
         if have is None:
             return None
-        return have[0], (_prog(have[0]) if have[0] else None)
+        return have[0], (sc.prog_info_by_id(have[0]) if have[0] else None)
 
     @staticmethod
     def _ours(info: sc.ProgInfo | None) -> bool:
@@ -114,5 +102,4 @@ class KernelXdpAttacher:
             mine = sc.prog_info(prog_fd)
         except (OSError, BPFSyscallError):
             return False
-        info = have[1]
-        return (info.name, info.tag, sorted(info.map_ids)) == (mine.name, mine.tag, sorted(mine.map_ids))
+        return sc.same_program(have[1], mine)
