@@ -24,7 +24,7 @@ from felixpy.drivers.cmdshim import CommandResult, CommandRunner
 from felixpy.explain.host import HostView, host_view
 
 if TYPE_CHECKING:
-    from felixpy.explain.bpf import BPFView
+    from felixpy.explain.bpf_view import BPFView
     from felixpy.explain.nft_netlink import NftNetlink
     from felixpy.explain.ruleset import IPSetContents, Ruleset
 
@@ -261,7 +261,7 @@ class BPFReader:
         self.pin_root = pin_root or os.environ.get(PIN_ROOT_ENV, DEFAULT_PIN_ROOT)
 
     def read(self, runner: CommandRunner) -> BPFView:
-        from felixpy.explain.bpf import read_pins
+        from felixpy.explain.bpf_view import read_pins
 
         links = runner.run(["ip", "-j", "link"])
         ifindex_of = {str(ln["ifname"]): int(ln["ifindex"]) for ln in json.loads(links.stdout or "[]")} \
@@ -313,7 +313,7 @@ def read_kernel(runner: CommandRunner, ip_version: int, readers: Sequence[Reader
         found.local_addrs = host.local_addrs
     state = KernelState(ip_version, found, host)
     if is_bpf_mode(state):
-        from felixpy.explain.bpf import NotFelixpyPins
+        from felixpy.explain.bpf_view import NotFelixpyPins
 
         bpf_reader = BPFReader(bpf_pin_root)
         try:
