@@ -87,6 +87,18 @@ def _str_list(raw: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
 
+_IFACE_FILTER = re.compile(r"[A-Za-z0-9_.:@-]{1,15}\+?")
+
+
+def _iface_filters(raw: str) -> tuple[str, ...]:
+    """Felix's ``iface-filter-slice``: interface names, each optionally ending in ``+`` (a prefix)."""
+    names = _str_list(raw)
+    bad = [n for n in names if not _IFACE_FILTER.fullmatch(n)]
+    if bad:
+        raise ValueError(f"not interface names (optionally ending in +): {', '.join(bad)}")
+    return names
+
+
 def _port(raw: str) -> int:
     p = int(raw)
     if not 0 <= p <= 65535:
@@ -344,6 +356,14 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     BPFEnforceRPF: str = _p("Loose", _choice("Disabled", "Strict", "Loose"), HONOURED,
                             _BPF_OPT_IN + "; host endpoints: a new flow's source must route back out of the "
                             "interface it came in on (Strict) or out of any interface (Loose)")
+    BPFHostConntrackBypass: bool = _p(False, _bool, HONOURED,
+                                      _BPF_OPT_IN + "; raw cali-PREROUTING sends forwarded traffic to "
+                                      "cali-untracked-flows, which NOTRACKs it unless it must stay in Linux "
+                                      "conntrack (BPFForceTrackPacketsFromIfaces, link-local, the programs' "
+                                      "SKIP_FIB, fall-through, MASQ and NAT-outgoing marks)")
+    BPFForceTrackPacketsFromIfaces: tuple[str, ...] = _p(("docker+",), _iface_filters, HONOURED,
+                                                         "with BPFHostConntrackBypass: traffic from these "
+                                                         "interfaces (a trailing + is a prefix) stays tracked")
     BPFConntrackTimeouts: tuple[tuple[str, str], ...] = _p(
         _ct_timeouts(CT_TIMEOUTS_DEFAULT), _ct_timeouts, HONOURED,
         _BPF_OPT_IN + "; the userspace scanner (every 10 s); Auto reads net.netfilter's conntrack timeouts; "
@@ -424,7 +444,7 @@ FELIX_UNMODELLED_PARAMS = frozenset({
     "BPFDSROptoutCIDRs", "BPFKubeProxyIptablesCleanupEnabled", "BPFKubeProxyMinSyncPeriod",
     "BPFKubeProxyHealthzPort", "BPFExtToServiceConnmark", "BPFPSNATPorts", "BPFMapSizeNATFrontend",
     "BPFMapSizeNATBackend", "BPFMapSizeNATAffinity", "BPFMapSizePerCPUConntrack", "BPFMapSizeConntrackScaling",
-    "BPFMapSizeConntrackCleanupQueue", "BPFHostConntrackBypass", "BPFForceTrackPacketsFromIfaces",
+    "BPFMapSizeConntrackCleanupQueue",
     "BPFDisableGROForIfaces", "BPFExcludeCIDRsFromNAT", "BPFExportBufferSizeMB", "BPFProfiling",
     "BPFMaglevMaxEndpointsPerService", "BPFMaglevMaxServices",
 })

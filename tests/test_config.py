@@ -102,3 +102,17 @@ def test_none_means_the_zero_value_and_empty_is_ignored_as_felix_does() -> None:
     assert c.HealthPort == 9099 and c.LogPrefix == "calico-packet"  # empty: not set at all
     c, problems = config.load({"ChainInsertMode": "none"}, environ={})
     assert [p.param for p in problems] == ["ChainInsertMode"] and c.ChainInsertMode == "insert"
+
+
+def test_bpf_host_conntrack_bypass_defaults_and_force_track_interface_filters() -> None:
+    c = Config()
+    assert c.BPFHostConntrackBypass is False  # config_params.go's default (the API doc says true)
+    assert c.BPFForceTrackPacketsFromIfaces == ("docker+",)
+    c, problems = config.load({"BPFHostConntrackBypass": "true",
+                               "BPFForceTrackPacketsFromIfaces": "docker0, br-+"}, environ={})
+    assert not problems
+    assert c.BPFHostConntrackBypass and c.BPFForceTrackPacketsFromIfaces == ("docker0", "br-+")
+    c, problems = config.load({"BPFForceTrackPacketsFromIfaces": "docker0,not an iface,+x"}, environ={})
+    assert [p.param for p in problems] == ["BPFForceTrackPacketsFromIfaces"]
+    assert "not an iface" in str(problems[0]) and "+x" in str(problems[0])
+    assert c.BPFForceTrackPacketsFromIfaces == ("docker+",)  # a bad list falls back whole, as Felix's

@@ -20,7 +20,8 @@ All policy runs in the BPF programs; *tables only guard the gaps (reference feli
 * raw ``cali-PREROUTING``: packets untracked (XDP) policy accepted (``BYPASS_XDP``) go to
   ``cali-untracked-policy`` (clear the programs' marks, NOTRACK); packets to a local address get
   Felix's ``SKIP_FIB`` mark -- except from a workload interface no program has seen (see
-  :func:`raw_prerouting_chain`: that would open the attach gap).
+  :func:`raw_prerouting_chain`: that would open the attach gap); with ``BPFHostConntrackBypass``,
+  forwarded packets go to ``cali-untracked-flows`` and are NOTRACKed unless Linux must track them.
 * raw ``cali-OUTPUT`` (Felix's ``StaticRawOutputChain`` with the programs' BYPASS mark): untracked
   host-endpoint *egress* policy stays in *tables in BPF mode, as Felix keeps it.  Clear Calico's
   mark bits, jump to ``cali-to-host-endpoint`` (the host-endpoint manager's raw dispatch to the
@@ -88,6 +89,7 @@ MARK_MASQ = 0x03600000  # BYPASS | 0x00600000: Felix's "BPF loopback SNAT"
 MARK_SKIP_FIB = 0x01100000  # SEEN | 0x00100000: to a local address, the host stack must see the flow
 MARK_CT_ESTABLISHED = 0x08000000
 MARK_CALICO_BPF_MASK = BPF_PROGRAM_MARKS  # Felix's tcdefs.MarksMask
+LINK_LOCAL = {4: "169.254.0.0/16", 6: "fe80::/10"}
 
 
 def _wl_in(ctx: RenderContext) -> list[Match]:
@@ -153,8 +155,9 @@ def nat_postrouting_chain(ctx: RenderContext) -> Chain:
 
 
 def raw_prerouting_chain(ctx: RenderContext) -> Chain:
-    """Felix's ``StaticBPFModeRawChains`` with ``BPFHostConntrackBypass`` off (accepted and ignored by
-    felixpy; without it the untracked-flows chain is empty and unreferenced).
+    """Felix's ``StaticBPFModeRawChains``' PREROUTING; with ``BPFHostConntrackBypass`` a last rule
+    sends forwarded traffic (not to a local address) to ``cali-untracked-flows``
+    (:func:`raw_untracked_flows_chain`).
 
     Felix's second rule, ``--dst-type LOCAL`` → set ``SKIP_FIB`` ("traffic towards the host - it
     is TRACKed"): a to-WEP program that creates a flow carrying it flags the conntrack entry
@@ -165,13 +168,41 @@ def raw_prerouting_chain(ctx: RenderContext) -> Chain:
     workload whose programs are not attached yet look SEEN to filter INPUT's fail-closed check
     (the FV attach-gap test caught the workload reaching the host).
     """
-    return Chain(CHAIN_RAW_PREROUTING, (
+    rules = [
         Rule(Match().mark_matches_with_mask(MARK_BYPASS_XDP, 0xFFFFFFFF), Goto(CHAIN_RAW_BPF_UNTRACKED_POLICY),
              ("Jump to target for packets with Bypass mark",)),
         *(Rule(m.mark_clear(MARK_SEEN), Return(), ("From workload without BPF seen mark",)) for m in _wl_in(ctx)),
         Rule(Match().dest_addr_type("LOCAL"), SetMaskedMark(MARK_SKIP_FIB, MARK_SKIP_FIB),
              ("Traffic towards the host - it is TRACKed",)),
-    ))
+    ]
+    if ctx.config.BPFHostConntrackBypass:
+        rules.append(Rule(Match().not_dest_addr_type("LOCAL"), Goto(CHAIN_RAW_UNTRACKED_FLOWS),
+                          ("Check if forwarded traffic needs to be TRACKed",)))
+    return Chain(CHAIN_RAW_PREROUTING, tuple(rules))
+
+
+def raw_untracked_flows_chain(ctx: RenderContext) -> Chain:
+    """``cali-untracked-flows``: empty unless ``BPFHostConntrackBypass``; then forwarded traffic is
+    NOTRACKed (the programs' own conntrack holds the flow) except what Linux must track -- traffic
+    from ``BPFForceTrackPacketsFromIfaces`` (a docker bridge beside Calico), link-local destinations,
+    and what the programs handed to the host stack on purpose: ``SKIP_FIB`` (reply through the host),
+    fall-through (Linux conntrack decides), ``MASQ`` and ``NAT_OUT`` (the nat table's MASQUERADE needs
+    a conntrack entry)."""
+    if not ctx.config.BPFHostConntrackBypass:
+        return Chain(CHAIN_RAW_UNTRACKED_FLOWS)
+    rules = [Rule(Match().in_interface(name), Return(), (f"Track interface {name}",))
+             for name in ctx.config.BPFForceTrackPacketsFromIfaces if name]
+    rules += [
+        Rule(Match().dest_net(LINK_LOCAL[ctx.ip_version]), Return(), ("link-local",)),
+        Rule(Match().mark_matches_with_mask(MARK_SKIP_FIB, MARK_SKIP_FIB), Return(), ("MarkSeenSkipFIB Mark",)),
+        Rule(Match().mark_matches_with_mask(MARK_FALLTHROUGH, MARK_FALLTHROUGH), Return(),
+             ("MarkSeenFallThrough Mark",)),
+        Rule(Match().mark_matches_with_mask(MARK_MASQ, MARK_BYPASS_MASK), Return(), ("MarkSeenMASQ Mark",)),
+        Rule(Match().mark_matches_with_mask(MARK_NAT_OUT, MARK_BYPASS_MASK), Return(),
+             ("MarkSeenNATOutgoing Mark",)),
+        Rule(Match(), NoTrack()),
+    ]
+    return Chain(CHAIN_RAW_UNTRACKED_FLOWS, tuple(rules))
 
 
 def raw_untracked_policy_chain() -> Chain:
@@ -193,7 +224,7 @@ def static_chains(ctx: RenderContext, table: str) -> list[Chain]:
     if table == "nat":
         return [nat_postrouting_chain(ctx), Chain(CHAIN_FIP_SNAT)]
     if table == "raw":
-        return [raw_prerouting_chain(ctx), raw_untracked_policy_chain(), Chain(CHAIN_RAW_UNTRACKED_FLOWS),
+        return [raw_prerouting_chain(ctx), raw_untracked_policy_chain(), raw_untracked_flows_chain(ctx),
                 static.failsafe_out_chain(ctx, "raw"), raw_output_chain(ctx)]
     return []
 

@@ -183,3 +183,114 @@ def test_bpf_mode_raw_output_renders_for_both_backends(v: int) -> None:
     assert [rule_text(r, v) for r in rules[-2:]] == [
         "meta mark & 0x10000 == 0x10000 counter meta mark set mark & 0x0 ^ 0x3000000",
         "meta mark & 0xffffffff == 0x3000000 counter accept"]
+
+
+# ------------------------------------------------------------------ BPFHostConntrackBypass (raw untracked flows)
+def _bypass_ctx(v: int, bypass: bool, **changes: object):  # type: ignore[no-untyped-def]
+    c = replace(Config(), BPFEnabled=True, BPFHostConntrackBypass=bypass, **changes)
+    return RuleRenderer(c, v, options=renderer_options(c)).ctx
+
+
+def _untracked_walk(v: int, *, iface: str, dst_local: bool, dst: str, mark: int, **changes: object) -> str:
+    """What raw cali-PREROUTING (and the cali-untracked-flows it may go to) does with one packet:
+    "notrack", or "tracked" when it leaves raw without NOTRACK."""
+    import ipaddress
+
+    from felixpy.drivers.generictables.model import (
+        DestAddrType, DestNet, Goto, InInterface, MarkClear, MarkMatchesWithMask, NoTrack, SetMaskedMark,
+    )
+
+    ctx = _bypass_ctx(v, True, **changes)
+    chains = {ch.name: ch for ch in bpfmode.static_chains(ctx, "raw")}
+    chain = chains["cali-PREROUTING"]
+    while True:
+        for r in chain.rules:
+            ok = True
+            for crit in r.match.criteria:
+                if isinstance(crit, InInterface):
+                    name = crit.iface
+                    ok &= (iface.startswith(name[:-1]) if name.endswith("+") else iface == name) != crit.negate
+                elif isinstance(crit, MarkClear):
+                    ok &= mark & crit.mark == 0
+                elif isinstance(crit, MarkMatchesWithMask):
+                    ok &= mark & crit.mask == crit.mark
+                elif isinstance(crit, DestAddrType):
+                    ok &= (crit.addr_type == "LOCAL" and dst_local) != crit.negate
+                elif isinstance(crit, DestNet):
+                    ok &= ipaddress.ip_address(dst) in ipaddress.ip_network(crit.net)
+                else:
+                    raise AssertionError(f"unexpected criterion {crit!r}")
+            if not ok:
+                continue
+            a = r.action
+            if isinstance(a, SetMaskedMark):
+                mark = (mark & ~a.mask) | a.mark
+                continue
+            if isinstance(a, Goto):
+                chain = chains[a.target]
+                break
+            if isinstance(a, NoTrack):
+                return "notrack"
+            return "tracked"  # Return
+        else:
+            return "tracked"
+
+
+@pytest.mark.parametrize("v", [4, 6])
+def test_without_host_conntrack_bypass_untracked_flows_is_empty_and_unreferenced(v: int) -> None:
+    from felixpy.drivers.generictables.model import Goto
+
+    ctx = _bypass_ctx(v, False)
+    raw = {ch.name: ch for ch in bpfmode.static_chains(ctx, "raw")}
+    assert raw["cali-untracked-flows"].rules == ()
+    assert not any(isinstance(r.action, Goto) and r.action.target == "cali-untracked-flows"
+                   for r in raw["cali-PREROUTING"].rules)
+
+
+@pytest.mark.parametrize("v", [4, 6])
+def test_host_conntrack_bypass_notracks_forwarded_traffic_but_what_linux_must_track(v: int) -> None:
+    peer, link_local = ("10.96.0.2", "169.254.1.1") if v == 4 else ("fd00:96::2", "fe80::1")
+    walk = _untracked_walk
+    # Forwarded traffic the programs handle: out of Linux conntrack, from a workload or from the uplink.
+    assert walk(v, iface="cali1", dst_local=False, dst=peer, mark=bpfmode.MARK_BYPASS) == "notrack"
+    assert walk(v, iface="eth0", dst_local=False, dst=peer, mark=bpfmode.MARK_SEEN) == "notrack"
+    assert walk(v, iface="eth0", dst_local=False, dst=peer, mark=0) == "notrack"
+    # Kept in Linux conntrack: to the host itself, link-local, docker (the default force-track filter),
+    # and what the programs handed to the host stack on purpose.
+    assert walk(v, iface="eth0", dst_local=True, dst=peer, mark=0) == "tracked"
+    assert walk(v, iface="eth0", dst_local=False, dst=link_local, mark=0) == "tracked"
+    assert walk(v, iface="docker0", dst_local=False, dst=peer, mark=0) == "tracked"
+    for m in (bpfmode.MARK_SKIP_FIB, bpfmode.MARK_FALLTHROUGH, bpfmode.MARK_MASQ, bpfmode.MARK_NAT_OUT):
+        assert walk(v, iface="cali1", dst_local=False, dst=peer, mark=m) == "tracked", hex(m)
+    # An unseen workload's packets are not touched (they are dropped in filter, tracked or not).
+    assert walk(v, iface="cali1", dst_local=False, dst=peer, mark=0) == "tracked"
+    # A custom force-track list replaces the default one.
+    custom = {"BPFForceTrackPacketsFromIfaces": ("br0", "vm+")}
+    assert walk(v, iface="docker0", dst_local=False, dst=peer, mark=0, **custom) == "notrack"
+    assert walk(v, iface="br0", dst_local=False, dst=peer, mark=0, **custom) == "tracked"
+    assert walk(v, iface="vm12", dst_local=False, dst=peer, mark=0, **custom) == "tracked"
+    assert walk(v, iface="br01", dst_local=False, dst=peer, mark=0, **custom) == "notrack"
+
+
+@pytest.mark.parametrize("v", [4, 6])
+def test_host_conntrack_bypass_chains_render_as_felix_in_both_backends(v: int) -> None:
+    from felixpy.drivers.iptables.detect import Features
+    from felixpy.drivers.iptables.render import render_body
+    from felixpy.drivers.nftables.render import rule_text
+
+    ctx = _bypass_ctx(v, True)
+    raw = {ch.name: ch for ch in bpfmode.static_chains(ctx, "raw")}
+    link_local = "169.254.0.0/16" if v == 4 else "fe80::/10"
+    assert [render_body(r, Features()) for r in raw["cali-untracked-flows"].rules] == [
+        '-m comment --comment "Track interface docker+" --in-interface docker+ --jump RETURN',
+        f'-m comment --comment "link-local" --destination {link_local} --jump RETURN',
+        '-m comment --comment "MarkSeenSkipFIB Mark" -m mark --mark 0x1100000/0x1100000 --jump RETURN',
+        '-m comment --comment "MarkSeenFallThrough Mark" -m mark --mark 0x5000000/0x5000000 --jump RETURN',
+        '-m comment --comment "MarkSeenMASQ Mark" -m mark --mark 0x3600000/0x3f00000 --jump RETURN',
+        '-m comment --comment "MarkSeenNATOutgoing Mark" -m mark --mark 0x3800000/0x3f00000 --jump RETURN',
+        "--jump NOTRACK"]
+    assert render_body(raw["cali-PREROUTING"].rules[-1], Features()) == (
+        '-m comment --comment "Check if forwarded traffic needs to be TRACKed" -m addrtype ! --dst-type LOCAL '
+        '--goto cali-untracked-flows')
+    nft = [rule_text(r, v) for r in raw["cali-untracked-flows"].rules]
+    assert nft[0] == "iifname docker* counter return" and nft[-1].endswith("notrack")
