@@ -289,6 +289,8 @@ static CALI_BPF_INLINE int conntrack_create(struct cali_tc_ctx *ctx)
 	}
 	if (s->flags & CALI_ST_NAT_OUTGOING)
 		ct_value_set_flags(&v, CALI_CT_FLAG_NAT_OUT);
+	if (s->flags & CALI_ST_SET_DSCP)
+		ct_value_set_flags(&v, CALI_CT_FLAG_SET_DSCP);
 	/* The host stack took this flow in for a local address and handed it to
 	 * this workload (its DNAT: a node port of the host's own): the replies must
 	 * go back through the host stack to be translated back, never straight

@@ -32,6 +32,7 @@ enum cali_ct_type {
 #define CALI_CT_FLAG_VIA_NAT_IF		0x80
 #define CALI_CT_FLAG_BA			0x100
 #define CALI_CT_FLAG_SKIP_REDIR_PEER	0x4000
+#define CALI_CT_FLAG_SET_DSCP		0x8000
 
 struct calico_ct_leg {
 	__u64 bytes;

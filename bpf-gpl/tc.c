@@ -319,6 +319,62 @@ static CALI_BPF_INLINE bool wants_nat_outgoing(struct cali_tc_ctx *ctx)
 	return true;
 }
 
+/* Egress DSCP (a workload's QoS DSCP policy): the packets a workload sends on a
+ * flow to a destination outside the cluster -- in no IP pool, not a workload,
+ * not this host -- leave with its DSCP, as the *tables modes' mangle
+ * cali-egress-dscp sets it.  The decision is the flow's: made on its first
+ * packet and kept in the conntrack entry (SET_DSCP). */
+static CALI_BPF_INLINE bool wants_dscp(struct cali_tc_ctx *ctx)
+{
+	struct cali_tc_state *s = ctx->state;
+
+	if (EGRESS_DSCP(ctx) < 0)
+		return false;
+	if (ct_result_rc(s->ct_result.rc) != CALI_CT_NEW)
+		return s->ct_result.flags & CALI_CT_FLAG_SET_DSCP;
+
+	__u32 dst = cali_rt_lookup_flags(&s->ip_dst);
+
+	return !(dst & (CALI_RT_IN_POOL | CALI_RT_WORKLOAD)) && !cali_rt_flags_local_host(dst);
+}
+
+/* Rewrite the DSCP bits of the IP header, keeping the ECN bits. */
+#ifndef IPVER6
+static CALI_BPF_INLINE int ip_set_dscp(struct __sk_buff *skb, __u8 dscp)
+{
+	__u8 word[2];	/* version/ihl and TOS: the 16-bit word the header checksum covers */
+
+	if (bpf_skb_load_bytes(skb, CALI_ETH_HLEN, word, 2))
+		return -1;
+	__u8 tos = (word[1] & 0x03) | (__u8)(dscp << 2);
+
+	if (tos == word[1])
+		return 0;
+	__be16 old = bpf_htons(((__u16)word[0] << 8) | word[1]);
+	__be16 new = bpf_htons(((__u16)word[0] << 8) | tos);
+
+	if (bpf_l3_csum_replace(skb, CALI_ETH_HLEN + __builtin_offsetof(struct iphdr, check), old, new, 2))
+		return -1;
+	return bpf_skb_store_bytes(skb, CALI_ETH_HLEN + 1, &tos, 1, 0);
+}
+#else
+static CALI_BPF_INLINE int ip_set_dscp(struct __sk_buff *skb, __u8 dscp)
+{
+	__u8 word[2];	/* version(4) | traffic class(8) | flow label's top 4 bits */
+
+	if (bpf_skb_load_bytes(skb, CALI_ETH_HLEN, word, 2))
+		return -1;
+	__u8 tc = ((word[0] & 0x0f) << 4) | (word[1] >> 4);
+	__u8 ntc = (tc & 0x03) | (__u8)(dscp << 2);
+
+	if (ntc == tc)
+		return 0;
+	word[0] = (word[0] & 0xf0) | (ntc >> 4);
+	word[1] = (word[1] & 0x0f) | (__u8)(ntc << 4);
+	return bpf_skb_store_bytes(skb, CALI_ETH_HLEN, word, 2, 0);
+}
+#endif
+
 int calico_tc_skb_accepted_entrypoint(struct __sk_buff *skb)
 {
 	DECLARE_TC_CTX(_ctx, skb);
@@ -339,6 +395,15 @@ int calico_tc_skb_accepted_entrypoint(struct __sk_buff *skb)
 	if (CALI_F_FROM_WEP && wants_nat_outgoing(ctx)) {
 		CALI_DEBUG("NAT outgoing: via the host stack");
 		s->flags |= CALI_ST_NAT_OUTGOING;
+	}
+
+	if (CALI_F_FROM_WEP && wants_dscp(ctx)) {
+		CALI_DEBUG("egress DSCP %d", EGRESS_DSCP(ctx));
+		s->flags |= CALI_ST_SET_DSCP;
+		if (ip_set_dscp(skb, (__u8)EGRESS_DSCP(ctx))) {
+			deny_reason(ctx, CALI_REASON_CSUM_FAIL);
+			return forward_or_drop(ctx);
+		}
 	}
 
 	if (ct_result_rc(s->ct_result.rc) == CALI_CT_NEW && !(s->flags & CALI_ST_SUPPRESS_CT_STATE)) {

@@ -81,6 +81,7 @@ enum cali_state_flags {
 	CALI_ST_SRC_IS_HOST		= 0x08,
 	CALI_ST_SUPPRESS_CT_STATE	= 0x10,
 	CALI_ST_SKIP_POLICY		= 0x20,
+	CALI_ST_SET_DSCP		= 0x40,
 	CALI_ST_LOG_PACKET		= 0x400,
 };
 

@@ -63,6 +63,7 @@ class AttachPoint:
     flags: int = 0  # enum cali_globals_flags
     vxlan_port: int = 4789
     tunnel_mtu: int = 1410
+    dscp: int = -1  # egress DSCP the programs set (a workload's, on its from-WEP hook), -1 = none
 
 
 def _fill_ip(dst: ctypes.Array[ctypes.c_uint8], ip: str | None, v6: bool) -> None:
@@ -87,6 +88,7 @@ def tc_global_data(ap: AttachPoint, layout: Layout | None, v6: bool) -> mt.TcGlo
     g.flags = ap.flags
     g.vxlan_port = ap.vxlan_port
     g.tunnel_mtu = ap.tunnel_mtu
+    g.dscp = ap.dscp
     g.iface_name = ap.iface.encode()[:15].ljust(15, b"-")
     return g
 

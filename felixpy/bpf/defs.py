@@ -155,6 +155,7 @@ CT_FLAG_NAT_OUT = 0x1
 CT_FLAG_SKIP_FIB = 0x8
 CT_FLAG_BA = 0x100
 CT_FLAG_SKIP_REDIR_PEER = 0x4000
+CT_FLAG_SET_DSCP = 0x8000
 
 # --- types.h: state flags (enum cali_state_flags) ---------------------------------------------
 ST_NAT_OUTGOING = 0x01
@@ -163,6 +164,7 @@ ST_DEST_IS_HOST = 0x04
 ST_SRC_IS_HOST = 0x08
 ST_SUPPRESS_CT_STATE = 0x10
 ST_SKIP_POLICY = 0x20
+ST_SET_DSCP = 0x40
 ST_LOG_PACKET = 0x400
 
 # --- ifstate.h ------------------------------------------------------------------------------------

@@ -71,14 +71,14 @@ def _l4_csum(proto: int, src: bytes, dst: bytes, l4: bytes) -> bytes:
 
 def ipv4(src: str, dst: str, l4: tuple[int, bytes], *, ttl: int = 64, ident: int = 1,
          frag_off: int = 0, options: bytes = b"", tot_len: int | None = None,
-         ihl: int | None = None, version: int = 4) -> bytes:
+         ihl: int | None = None, version: int = 4, tos: int = 0) -> bytes:
     proto, body = l4
     s, d = socket.inet_aton(src), socket.inet_aton(dst)
     body = _l4_csum(proto, s, d, body)
     hl = 20 + len(options)
     vihl = (version << 4) | (ihl if ihl is not None else hl // 4)
     total = tot_len if tot_len is not None else hl + len(body)
-    hdr = struct.pack("!BBHHHBBH4s4s", vihl, 0, total, ident, frag_off, ttl, proto, 0, s, d)
+    hdr = struct.pack("!BBHHHBBH4s4s", vihl, tos, total, ident, frag_off, ttl, proto, 0, s, d)
     hdr += options
     c = csum(hdr)
     hdr = hdr[:10] + struct.pack("!H", c) + hdr[12:]
@@ -87,7 +87,7 @@ def ipv4(src: str, dst: str, l4: tuple[int, bytes], *, ttl: int = 64, ident: int
 
 def ipv6(src: str, dst: str, l4: tuple[int, bytes], *, hop_limit: int = 64,
          ext_headers: list[tuple[int, bytes]] | None = None,
-         payload_len: int | None = None) -> bytes:
+         payload_len: int | None = None, tclass: int = 0, flow: int = 0) -> bytes:
     """``ext_headers``: list of (header type, body) where body excludes the next-header byte;
     e.g. (0, b"\\x00" + 5 pad bytes) for hop-by-hop."""
     proto, body = l4
@@ -103,7 +103,7 @@ def ipv6(src: str, dst: str, l4: tuple[int, bytes], *, hop_limit: int = 64,
         for (_t, b), nh in zip(ext_headers, nexts, strict=True):
             ext += bytes([nh]) + b
     plen = payload_len if payload_len is not None else len(ext) + len(body)
-    hdr = struct.pack("!IHBB16s16s", 6 << 28, plen, first, hop_limit, s, d)
+    hdr = struct.pack("!IHBB16s16s", (6 << 28) | (tclass << 20) | flow, plen, first, hop_limit, s, d)
     return hdr + ext + body
 
 
@@ -133,6 +133,14 @@ def arp_pkt() -> bytes:
     body = struct.pack("!HHBBH6s4s6s4s", 1, ETH_P_IP, 6, 4, 1, SRC_MAC, socket.inet_aton("10.0.0.1"),
                        b"\0" * 6, socket.inet_aton("10.0.0.2"))
     return eth(ETH_P_ARP, body, dst=b"\xff" * 6)
+
+
+def traffic_class_of(frame: bytes) -> int:
+    """The IPv4 TOS byte or the IPv6 traffic class (DSCP << 2 | ECN)."""
+    ethertype = struct.unpack_from("!H", frame, 12)[0]
+    if ethertype == ETH_P_IP:
+        return frame[14 + 1]
+    return (int(struct.unpack_from("!I", frame, 14)[0]) >> 20) & 0xFF
 
 
 def ttl_of(frame: bytes) -> int:

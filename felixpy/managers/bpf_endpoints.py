@@ -32,6 +32,10 @@ the *tables allow list (Felix's ``bpfEndpointManager``, the desired-state half).
   before conntrack, allow skips TC's policy and Linux conntrack); their egress direction is the raw
   table's (the *tables host-endpoint and raw-egress policy managers, as Felix).  Floating IPs are
   reported unsupported by name (see docs/bpf.md).
+* A workload's QoS DSCP goes with its policy to the driver (``WorkloadPolicy.dscp``), which writes it
+  into the from-workload hook's globals: the programs set it on the workload's flows out of the
+  cluster (Felix's BPF DSCP; the *tables modes' ``cali-egress-dscp``).  A host endpoint's DSCP is
+  reported unsupported by name.
 * ``on_devices_applied`` (after the driver's apply) reads which interfaces are READY for this
   family and rewrites ``cali-to-wl-dispatch`` to accept exactly those, so the *tables admit an
   interface only once its programs are in place, and drop it again before they are detached.
@@ -43,6 +47,7 @@ This manager never touches the kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, TypeVar
 
@@ -53,6 +58,7 @@ from felixpy.drivers.bpfendpoints.api import BPFEndpointsAPI, HostEndpointPolicy
 from felixpy.drivers.generictables.table import Table
 from felixpy.errors import UnsupportedFeature
 from felixpy.ifacemonitor.events import IfaceAddrsUpdate
+from felixpy.managers.dscp import endpoint_dscp
 from felixpy.managers.hostendpoints import ResolvedHEP, record_host_addrs, resolution_input, resolve_host_endpoints
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import bpfmode
@@ -122,7 +128,6 @@ class BPFEndpointManager:
         self._data_iface = _data_iface_regex(ctx.config.BPFDataIfacePattern)
         self._floating_ips = ctx.config.FloatingIPs == "Enabled"
         self._nat_endpoints: set[WlKey] = set()  # endpoints with floating IPs (reported, not programmed)
-        self._dscp_endpoints: set[WlKey] = set()  # endpoints with DSCP QoS policies (reported, not programmed)
         self._wildcard_seen: pb.HostEndpoint | None = None  # the '*' HEP the workload programs were built with
         # Endpoints with the same tiers and profiles get the same policy: built once, one shared object
         # (whose hash and IP-set walk are then computed once, not per endpoint and slot).  Valid while
@@ -173,19 +178,16 @@ class BPFEndpointManager:
                 self._unindex(key)
                 self._endpoints.pop(key, None)
                 self._nat_endpoints.discard(key)
-                self._dscp_endpoints.discard(key)
             else:
                 old = self._endpoints.get(key)
                 if old is None or old.name != ep.name or old.tiers != ep.tiers or old.profile_ids != ep.profile_ids:
                     self._unindex(key)
                     self._index(key, self._uses(ep))
                 self._endpoints[key] = ep
-                for flagged, has in ((self._nat_endpoints, ep.ipv4_nat or ep.ipv6_nat),
-                                     (self._dscp_endpoints, ep.qos_policies)):
-                    if has:
-                        flagged.add(key)
-                    else:
-                        flagged.discard(key)
+                if ep.ipv4_nat or ep.ipv6_nat:
+                    self._nat_endpoints.add(key)
+                else:
+                    self._nat_endpoints.discard(key)
             self._dirty_keys.add(key)
         self._pending_eps.clear()
 
@@ -248,14 +250,12 @@ class BPFEndpointManager:
                 "Felix's eBPF dataplane does not support floating IPs (Calico docs, 'Enable the eBPF "
                 "dataplane', not supported: floating IPs; projectcalico/calico#5251): their NAT is not programmed"))
         dscp_heps = sorted(hid for hid, h in self._heps.items() if h.qos_policies)
-        if self._dscp_endpoints or dscp_heps:
-            names = sorted(self._endpoints[k].name for k in self._dscp_endpoints)
+        if dscp_heps:
             out.append(UnsupportedFeature(
-                "DSCP in BPF mode",
-                f"workload interface(s) {names[:5]}{' ...' if len(names) > 5 else ''} and host endpoint(s) "
-                f"{dscp_heps[:5]} carry QoS DSCP policies: the iptables and nftables modes set them in the "
-                "mangle table (cali-egress-dscp); felixpy's BPF programs do not set DSCP and BPF "
-                "mode's mangle table is not programmed, so their traffic leaves unmarked"))
+                "host endpoint DSCP in BPF mode",
+                f"host endpoint(s) {dscp_heps[:5]}{' ...' if len(dscp_heps) > 5 else ''} carry QoS DSCP "
+                "policies: felixpy sets DSCP for workloads only (in every mode), so their traffic leaves "
+                "unmarked"))
         return out
 
     def _uses_dirty_policy(self, tiers: Any) -> bool:
@@ -330,6 +330,9 @@ class BPFEndpointManager:
                 self._unbuilt.add(key)  # retried on every pass, as an unprogrammed winner always was
             return
         self._unbuilt.discard(key)
+        dscp = endpoint_dscp(ep, iface)
+        if dscp is not None:
+            want = dataclasses.replace(want, dscp=dscp)
         if self._programmed.get(iface) != want:
             self._driver.set_workload(self.ip_version, iface, want)
             self._programmed[iface] = want

@@ -25,6 +25,17 @@ log = structlog.get_logger(__name__)
 
 
 
+def endpoint_dscp(ep: pb.WorkloadEndpoint, endpoint: object) -> int | None:
+    """A workload's QoS DSCP as Felix takes it (the first non-zero one), None for none.  A value outside
+    0-63 is bad input: logged and ignored (the endpoint is programmed without it), never handed to the
+    kernel, which would refuse the whole mangle table (or, in BPF mode, set the wrong bits)."""
+    dscp = next((q.dscp for q in ep.qos_policies if q.dscp), None)
+    if dscp is not None and not 0 <= dscp <= 63:
+        log.error("Workload QoS DSCP out of range (0-63); not set", endpoint=endpoint, dscp=dscp)
+        return None
+    return dscp
+
+
 class DSCPManager:
     def __init__(self, ip_version: int, ipsets: IPSetsDataplane, mangle: Table, renderer: RuleRenderer,
                  max_size: int) -> None:
@@ -39,7 +50,7 @@ class DSCPManager:
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.WorkloadEndpointUpdate):
             key = (msg.id.orchestrator_id, msg.id.workload_id, msg.id.endpoint_id)
-            dscp = next((q.dscp for q in msg.endpoint.qos_policies if q.dscp), None)
+            dscp = endpoint_dscp(msg.endpoint, key)
             nets = msg.endpoint.ipv4_nets if self.ip_version == 4 else msg.endpoint.ipv6_nets
             new = {n: dscp for n in nets if self._valid(n, key)} if dscp is not None else {}
             if self._by_endpoint.get(key, {}) != new:

@@ -112,12 +112,12 @@ class BPFTestEnv:
     def attach_point(self, hook: int, ep: EpType = EpType.WEP, *, v6: bool = False,
                      debug: bool = False, ifindex: int = LO, flags: int = 0,
                      policy: PolicySet | None = None, log_filter: bool | None = None,
-                     both_families: bool = False) -> TestAP:
+                     both_families: bool = False, dscp: int = -1) -> TestAP:
         ap = AttachPoint("lo", ifindex, hook, ep, ipv4=(not v6) or both_families,
                          ipv6=v6 or both_families, debug=debug,
                          policy_idx_v4=POLICY_ENTRY[(hook, False)],
                          policy_idx_v6=POLICY_ENTRY[(hook, True)], flags=flags,
-                         host_ip_v4="10.10.0.1", host_ip_v6="fd00:10::1")
+                         host_ip_v4="10.10.0.1", host_ip_v6="fd00:10::1", dscp=dscp)
         if log_filter is None:
             log_filter = debug  # Felix: debug level installs a (match-all) log filter
         if log_filter and hook != defs.HOOK_XDP:

@@ -77,7 +77,7 @@ def test_conntrack_constants() -> None:
     for k, v in d.items():
         assert getattr(defs, k) == v
     f = _defines(t, "CALI_CT_FLAG_")
-    for k in ("NAT_OUT", "SKIP_FIB", "BA", "SKIP_REDIR_PEER"):
+    for k in ("NAT_OUT", "SKIP_FIB", "BA", "SKIP_REDIR_PEER", "SET_DSCP"):
         assert f["CALI_CT_FLAG_" + k] == getattr(defs, "CT_FLAG_" + k)
 
 

@@ -714,3 +714,46 @@ def test_endpoints_with_the_same_policy_share_one_value_until_a_policy_changes()
     n.apply()
     assert mgr._programmed["cali1"] is mgr._programmed["cali0"]
     assert all(programmed(n, fb, f"cali{i}") for i in range(4))
+
+
+def _dscp_globals(fb: FakeBPF, idx: int) -> dict[int, tuple[int, int]]:
+    """(v4, v6) DSCP in each TC hook's globals."""
+    out = {}
+    for hook in (ING, EGR):
+        g = fb.kernel.maps.ap_globals.get(mt.ApKey(idx, hook))
+        out[hook] = (g.v4.dscp, g.v6.dscp)
+    return out
+
+
+def test_workload_dscp_reaches_the_from_workload_globals_and_changes_without_reattach() -> None:
+    from structlog.testing import capture_logs
+
+    n, fb = node(families=(4, 6))
+    n.link_up("cali1")
+    n.link_up("cali2")
+    addrs = {"ipv4": ["10.65.0.2/32"], "ipv6": ["fd00:65::2/128"]}
+    n.send(profile("allow"), wep("a", "cali1", profiles=["allow"], dscp=46, **addrs),
+           wep("b", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"]))
+    n.apply()
+    i1, i2 = n.ifindex("cali1"), n.ifindex("cali2")
+    assert programmed(n, fb, "cali1") and programmed(n, fb, "cali1", 6) and "DSCP" not in str(n.dp.unsupported)
+    # The from-workload hook (TC ingress) sets it, both families; the to-workload hook never does.
+    assert _dscp_globals(fb, i1) == {ING: (46, 46), EGR: (-1, -1)}
+    assert _dscp_globals(fb, i2) == {ING: (-1, -1), EGR: (-1, -1)}
+    slots = {h: slot_fd(fb, h, e) for h, e in zip((ING, EGR), entries(fb, i1), strict=True)}
+    attaches, loads = fb.attacher.attach_calls, fb.progs.loads
+    # A changed DSCP is a globals rewrite: no re-attach, no program load, the same policy programs.
+    n.send(wep("a", "cali1", profiles=["allow"], dscp=10, **addrs))
+    n.apply()
+    assert _dscp_globals(fb, i1)[ING] == (10, 10)
+    assert fb.attacher.attach_calls == attaches and fb.progs.loads == loads
+    assert {h: slot_fd(fb, h, e) for h, e in zip((ING, EGR), entries(fb, i1), strict=True)} == slots
+    # Removed: back to none.  Out of range (bad input): logged, not set, the endpoint still programmed.
+    n.send(wep("a", "cali1", profiles=["allow"], **addrs))
+    n.apply()
+    assert _dscp_globals(fb, i1)[ING] == (-1, -1)
+    with capture_logs() as logs:
+        n.send(wep("a", "cali1", profiles=["allow"], dscp=64, **addrs))
+        n.apply()
+    assert _dscp_globals(fb, i1)[ING] == (-1, -1) and programmed(n, fb, "cali1")
+    assert any(e["event"].startswith("Workload QoS DSCP out of range") and e["dscp"] == 64 for e in logs)

@@ -265,25 +265,19 @@ def test_unsupported_features_are_reported_by_name_and_the_rest_is_programmed() 
     assert n.ifindex("eth0") in fb.xdp.attached
 
 
-@pytest.mark.parametrize("on", ["workload", "host endpoint"])
-def test_dscp_in_bpf_mode_is_reported_unsupported_and_the_endpoint_still_programmed(on: str) -> None:
-    """BPF mode sets no DSCP (its programs do not, its mangle table is discarded): said by name, once,
-    naming who asked; the endpoint's policy is programmed as without it."""
+def test_host_endpoint_dscp_in_bpf_mode_is_reported_unsupported_and_the_hep_still_programmed() -> None:
+    """felixpy sets DSCP for workloads only: a HEP's is said by name, once; its policy is programmed
+    as without it (a workload's DSCP is programmed: tests/managers/test_bpf_endpoints.py)."""
     n, fb = node(families=(4, 6))
     n.apply()
-    assert "DSCP in BPF mode" not in n.dp.unsupported
-    if on == "workload":
-        n.send(wep("a", "cali1", ipv4=["10.65.0.2/32"], ipv6=["fd00:65::2/128"], profiles=["allow"], dscp=46))
-    else:
-        h = hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS)
-        h.endpoint.qos_policies.append(pb.QoSPolicy(destination="external", dscp=46))
-        n.send(h)
+    h = hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS)
+    h.endpoint.qos_policies.append(pb.QoSPolicy(destination="external", dscp=46))
+    n.send(h, wep("a", "cali1", ipv4=["10.65.0.2/32"], ipv6=["fd00:65::2/128"], profiles=["allow"], dscp=46))
     n.apply()
-    said = n.dp.unsupported.get("DSCP in BPF mode", "")
-    assert ("cali1" if on == "workload" else "eth0-hep") in said, n.dp.unsupported
+    assert set(n.dp.unsupported) == {"host endpoint DSCP in BPF mode"}
+    assert "eth0-hep" in n.dp.unsupported["host endpoint DSCP in BPF mode"]
     assert programmed(n, fb, "cali1")
-    if on == "host endpoint":
-        assert hep_ifaces(fb) == {"eth0", "eth1"} and slot_policy(n, fb, "eth0", ING).host_normal_tiers
+    assert hep_ifaces(fb) == {"eth0", "eth1"} and slot_policy(n, fb, "eth0", ING).host_normal_tiers
 
 
 def test_hep_status_is_reported_in_bpf_mode() -> None:

@@ -113,3 +113,19 @@ def test_dscp_with_a_bad_address_does_not_break_the_table(node: Node, v: int) ->
     want = {4: {(SourceNet("10.65.0.1/32"), DSCP(18)), (SourceNet("10.65.0.2/32"), DSCP(20))},
             6: {(SourceNet("fd00:65::1/128"), DSCP(18)), (SourceNet("fd00:65::2/128"), DSCP(20))}}
     assert got == want[v]
+
+
+def test_dscp_out_of_range_is_skipped_and_the_rest_programmed(node: Node, v: int) -> None:
+    """DSCP is six bits: 64 would make iptables-restore (and nft) refuse the whole mangle table, so the
+    endpoint's DSCP is dropped with a logged error and every other endpoint's is still programmed."""
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        node.send(profile("prof"),
+                  wep("a", profiles=["prof"], ipv4=["10.65.0.1/32"], ipv6=["fd00:65::1/128"], dscp=64),
+                  wep("b", profiles=["prof"], ipv4=["10.65.0.2/32"], ipv6=["fd00:65::2/128"], dscp=63))
+        node.apply()
+    b = {4: "10.65.0.2/32", 6: "fd00:65::2/128"}[v]
+    assert [(r.match.criteria, r.action) for r in node.f(v).mangle.rules("cali-egress-dscp")] == [
+        ((SourceNet(b),), DSCP(63))]
+    assert any(e["event"].startswith("Workload QoS DSCP out of range") and e["dscp"] == 64 for e in logs)

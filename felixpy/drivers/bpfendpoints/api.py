@@ -26,6 +26,9 @@ class WorkloadPolicy:
 
     to_workload: PolicySet
     from_workload: PolicySet
+    # The endpoint's QoS DSCP (0-63) for what it sends out of the cluster, -1 for none: the programs
+    # set it on the packets of such flows (the *tables modes' mangle cali-egress-dscp).
+    dscp: int = -1
 
 
 @dataclass(frozen=True, slots=True)

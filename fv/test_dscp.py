@@ -1,0 +1,118 @@
+"""A workload's QoS DSCP, in every mode, IPv4 and IPv6: its packets to a destination outside the
+cluster leave with the DSCP, its packets to another workload in the pool do not.
+
+The *tables modes set it in mangle ``cali-egress-dscp`` (source in ``dscp-src-net``, destination in no
+pool and not this host); BPF mode's from-workload program sets it from the hook's globals for flows to
+a destination in no pool, not a workload and not this host (the decision kept in the flow's conntrack
+entry).  Counted where the packets arrive: rules in the receiver's own namespace (the outside's, b's)
+count the probe packets that carry DSCP 46 and all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from felixpy.proto import felixbackend_pb2 as pb
+from felixpy.testing import conncheck as cc
+from felixpy.testing import netns as nsmod
+from felixpy.testing.topology import Outside
+from fv.datastore import WORKLOADS, addr, datastore, nets, workload
+from fv.harness import FamilyView, FvNode
+
+pytestmark = [pytest.mark.fv]
+
+WEB = 8080
+EF = 46
+POOLS = {4: "10.65.0.0/24", 6: "fd00:65::/64"}
+
+
+@pytest.fixture(scope="module")
+def outside(fvnode: FvNode) -> Iterator[Outside]:
+    assert fvnode.node is not None
+    out = fvnode.node.add_outside("eth3", "10.98.0", "fd00:98")
+    servers = cc.Servers()
+    try:
+        servers.start(out.netns, tcp_ports=(WEB,), udp_ports=())
+        yield out
+    finally:
+        servers.stop()
+        fvnode.node.remove_outside(out)
+
+
+def _pool(v: int) -> list[pb.ToDataplane]:
+    """The workloads' pool and routes, as the calc graph sends them: inside it is inside the cluster."""
+    msgs = [pb.ToDataplane(ipam_pool_update=pb.IPAMPoolUpdate(id="fv-pool", pool=pb.IPAMPool(cidr=POOLS[v])))]
+    for name in WORKLOADS:
+        (dst,) = nets(name, v=v)
+        msgs.append(pb.ToDataplane(route_update=pb.RouteUpdate(
+            types=pb.RouteType.LOCAL_WORKLOAD, ip_pool_type=pb.IPPoolType.NO_ENCAP, dst=dst, local_workload=True)))
+    return msgs
+
+
+def _no_pool(v: int) -> list[pb.ToDataplane]:
+    msgs = [pb.ToDataplane(ipam_pool_remove=pb.IPAMPoolRemove(id="fv-pool"))]
+    msgs += [pb.ToDataplane(route_remove=pb.RouteRemove(dst=nets(n, v=v)[0])) for n in WORKLOADS]
+    return msgs
+
+
+def _tool(v: int) -> str:
+    return "iptables-legacy" if v == 4 else "ip6tables-legacy"
+
+
+def _count_rules(netns: str, v: int) -> None:
+    """Two counting rules (no target: each packet walks both) at the front of the receiver's INPUT:
+    probes carrying EF, and all probes."""
+    for extra in (["-m", "dscp", "--dscp", str(EF)], []):
+        nsmod.run_in(netns, _tool(v), "-w", "-I", "INPUT", "-p", "tcp", "--dport", str(WEB), *extra)
+
+
+def _counts(netns: str, v: int) -> tuple[int, int]:
+    """(probe packets with EF, all probe packets) since the rules were made; then the rules go."""
+    out = nsmod.run_in(netns, _tool(v), "-w", "-L", "INPUT", "-v", "-n", "-x").stdout
+    marked = total = 0
+    for line in out.splitlines()[2:]:
+        if f"dpt:{WEB}" not in line:
+            continue
+        packets = int(line.split()[0])
+        if "DSCP match" in line:
+            marked = packets
+        else:
+            total = packets
+    nsmod.run_in(netns, _tool(v), "-w", "-F", "INPUT")
+    return marked, total
+
+
+def _connect(fv: FamilyView, dst: str) -> bool:
+    src = fv.node.endpoints["a"].netns
+    return any(cc.probe_all({0: (src, dst, cc.Probe("tcp", WEB))}, 1.0)[0] for _ in range(3))
+
+
+def test_workload_dscp_marks_its_traffic_out_of_the_cluster_only(fv: FamilyView, outside: Outside) -> None:
+    v = fv.v
+    a = dict(workload("a"), qos_policies=[{"dscp": EF}])
+    fv.apply(datastore(workloads=[a, workload("b"), workload("c")]))
+    fv.node.send_payloads(_pool(v))
+    b_ns = fv.node.endpoints["b"].netns
+    try:
+        for ns in (outside.netns, b_ns):
+            _count_rules(ns, v)
+        assert _connect(fv, outside.ip(v)), f"[{fv.mode} v{v}] a -> outside must connect"
+        assert _connect(fv, addr("b", v)), f"[{fv.mode} v{v}] a -> b must connect"
+        out_marked, out_total = _counts(outside.netns, v)
+        b_marked, b_total = _counts(b_ns, v)
+        assert out_total > 0 and out_marked == out_total, \
+            f"[{fv.mode} v{v}] every packet a sent out of the cluster must carry DSCP {EF}: {out_marked}/{out_total}"
+        assert b_total > 0 and b_marked == 0, \
+            f"[{fv.mode} v{v}] a's packets to b (in the pool) must keep their DSCP: {b_marked}/{b_total} marked"
+
+        # The DSCP taken away: new connections leave unmarked.
+        fv.apply(datastore())
+        _count_rules(outside.netns, v)
+        assert _connect(fv, outside.ip(v))
+        marked, total = _counts(outside.netns, v)
+        assert total > 0 and marked == 0, f"[{fv.mode} v{v}] DSCP removed, yet {marked}/{total} marked"
+    finally:
+        fv.node.send_payloads(_no_pool(v))
+        fv.apply(datastore())
