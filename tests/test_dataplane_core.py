@@ -635,3 +635,44 @@ def test_collector_pauses_nest_and_overlap_across_threads() -> None:
         assert seen == [False, True]
     finally:
         (gc.enable if was else gc.disable)()
+
+
+class ChildSyncer(FakeSyncer):
+    """A device syncer that waits on a child (BPF mode's attach): *calls* says when it runs *during*."""
+
+    def __init__(self, tl: Timeline, calls: str, fail_before: bool = False) -> None:
+        super().__init__(tl, "attach")
+        self.calls, self.fail_before = calls, fail_before
+
+    def apply_during(self, during: Any) -> None:
+        self.tl.append("attach:start")
+        if self.fail_before:
+            raise DataplaneError("restart sync failed")
+        if self.calls == "during":
+            self.tl.append("child:running")
+            during()
+            during()  # a second call runs nothing again
+        self.tl.append("attach:ready-marks")
+
+
+@pytest.mark.parametrize("calls,fail_before,want", [
+    # The device steps after it run while its child runs, before its READY marks, exactly once.
+    ("during", False, ["devices", "attach:start", "child:running", "sysctls", "mtu", "attach:ready-marks"]),
+    # It never calls them (no child this apply): they run after it.
+    ("never", False, ["devices", "attach:start", "attach:ready-marks", "sysctls", "mtu"]),
+    # It failed before its child: they still run (independent steps), and its failure is recorded.
+    ("during", True, ["devices", "attach:start", "sysctls", "mtu"]),
+])
+def test_a_device_syncer_waiting_on_a_child_runs_the_later_device_steps_during_the_wait(
+        calls: str, fail_before: bool, want: list[str]) -> None:
+    dp, _clock, tl = make()
+    for s in (FakeSyncer(tl, "devices"), ChildSyncer(tl, calls, fail_before), FakeSyncer(tl, "sysctls"),
+              FakeSyncer(tl, "mtu")):
+        dp.register_device_syncer(s)
+    dp.register_manager(FakeManager(tl, "mgr"))
+    dp.on_datastore_message(Update("k"))
+    ready(dp)
+    report = dp.maybe_apply()
+    assert report is not None
+    assert [e for e in tl if "mgr" not in e] == want
+    assert report.failed_steps == (["devices:ChildSyncer"] if fail_before else [])

@@ -18,7 +18,8 @@ this object comes from the runner's one thread.
     the other managers' renders and steps 4-7 (joined before step 4 when an IP-set dataplane is
     also a device syncer: BPF mode's maps);
  4. devices: tunnel devices and interface sysctls, then ``on_devices_applied()``
-    on the managers that build on them (MTU, ifindex, keys, status);
+    on the managers that build on them (MTU, ifindex, keys, status); a device syncer that waits on a
+    child process (``WaitsOnChild``: BPF mode's attach) runs the device steps after it during the wait;
  5. popped refresh timers queue resyncs (devices/routes/rules/FDB);
  6. VXLAN FDB, before the routes that use it;
  7. routes and rules start in the background (they never depend on IP sets);
@@ -76,6 +77,7 @@ from felixpy.managers.base import (
     PrefetchesReadBack,
     Syncer,
     UpdateBatchResolver,
+    WaitsOnChild,
     WatchesIfaces,
     WatchesLinkKinds,
 )
@@ -405,8 +407,25 @@ class InternalDataplane:
         return write.ok
 
     def _apply_devices(self, report: ApplyReport) -> None:
-        for syncer in self.devices:
-            self._step(report, f"devices:{type(syncer).__name__}{_family(syncer)}", syncer.apply)
+        devices = list(self.devices)
+        for i, syncer in enumerate(devices):
+            name = f"devices:{type(syncer).__name__}{_family(syncer)}"
+            if _conforms(syncer, WaitsOnChild) and i + 1 < len(devices):
+                # The device steps after it run while its child does (BPF mode: the interface sysctls
+                # and host MTU during the tc -batch attach), each still its own step; exactly once.
+                rest, ran = devices[i + 1:], False
+
+                def during() -> None:
+                    nonlocal ran
+                    if not ran:
+                        ran = True
+                        for s in rest:
+                            self._step(report, f"devices:{type(s).__name__}{_family(s)}", s.apply)
+
+                self._step(report, name, lambda: syncer.apply_during(during))
+                during()
+                break
+            self._step(report, name, syncer.apply)
         for mgr in self.managers:
             if _conforms(mgr, DevicesConsumer):
                 self._step(report, f"after-devices:{type(mgr).__name__}", mgr.on_devices_applied)

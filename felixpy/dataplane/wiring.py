@@ -430,10 +430,11 @@ def _announce_devices(devices: TunnelDevices, route_table: RouteTableAPI) -> Non
     devices.add_creation_listener(on_created)
 
 
-def _family_drivers(dp: InternalDataplane, config: Config, v: int,
-                    deps: KernelDeps) -> tuple[RouteTableAPI, TunnelDevices, InterfaceSysctls]:
+def _family_drivers(dp: InternalDataplane, config: Config, v: int, deps: KernelDeps, *,
+                    register_sysctls: bool = True) -> tuple[RouteTableAPI, TunnelDevices, InterfaceSysctls]:
     """What every mode has per family: the main route table (shared with the routing managers), the
-    tunnel devices (announced to it) and the interface sysctls; the two syncers are registered."""
+    tunnel devices (announced to it) and the interface sysctls; the two syncers are registered (the
+    sysctls by the caller instead when *register_sysctls* is false: BPF mode, after the programs)."""
     main_rt = _main_route_table(config, v, deps)
     devices = _tunnel_devices(config, v, deps)
     _announce_devices(devices, main_rt)
@@ -441,7 +442,8 @@ def _family_drivers(dp: InternalDataplane, config: Config, v: int,
     if config.IPForwarding == "Enabled":
         sysctls.set_global("net/ipv4/ip_forward" if v == 4 else "net/ipv6/conf/all/forwarding", "1")
     dp.register_device_syncer(devices)
-    dp.register_device_syncer(sysctls)
+    if register_sysctls:
+        dp.register_device_syncer(sysctls)
     return main_rt, devices, sysctls
 
 
@@ -660,6 +662,7 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
                           hold_attach=_attach_hold_hook(), workload_prefixes=tuple(config.InterfacePrefix),
                           enforce_rpf=config.BPFEnforceRPF)
     parts: dict[int, FamilyParts] = {}
+    sysctls: list[InterfaceSysctls] = []
     for v in families:
         ft = tables_factory(config, v)
         renderer = RuleRenderer(config, v, options=renderer_options(config))
@@ -673,7 +676,8 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
         linux_ipsets = FilteredIPSets(ft.ipsets, bpf_ipsets.get_desired_members)
         ft = FamilyTables(tables, bpf_ipsets, ft.maps, ft.to_apply, ft.backend)
         discard = {name: DiscardTable(name, v) for name in TABLE_NAMES}
-        drivers = _family_drivers(dp, config, v, deps)
+        drivers = _family_drivers(dp, config, v, deps, register_sysctls=False)
+        sysctls.append(drivers[2])
         dp.register_device_syncer(bpf_ipsets)  # members before the programs that use them
         routes = BPFRoutes(v, kernel.maps.routes(v == 6))  # before the programs (source check)
         failsafes = BPFFailsafes(v, kernel.maps.failsafes(v == 6))
@@ -709,5 +713,9 @@ def _build_bpf(dp: InternalDataplane, config: Config, families: list[int], table
             dp.register_table(table)
         parts[v] = fam
     dp.register_device_syncer(driver)  # after every family's IP sets
+    # After the programs, as Felix's endpoint manager configures interfaces after its BPF endpoint
+    # manager's attach; the driver runs them while its tc -batch child attaches (WaitsOnChild).
+    for s in sysctls:
+        dp.register_device_syncer(s)
     log.info("BPF mode", families=families, attach_type=config.BPFAttachType)
     return parts

@@ -50,7 +50,7 @@ before the state of the same update).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -133,6 +133,16 @@ class PrefetchesReadBack(Protocol):
     a driver with nothing to read does nothing."""
 
     def prefetch(self) -> None: ...
+
+
+@runtime_checkable
+class WaitsOnChild(Protocol):
+    """A device syncer whose apply waits on a child process (BPF mode's ``tc -batch`` attach) and can
+    let *during* -- the device steps registered after it -- run on this thread while it waits.
+    *during* runs its work once however often it is called; ``apply_during`` calls it before anything it
+    does after the wait, and the loop calls it afterwards in case it did not (a failure before then)."""
+
+    def apply_during(self, during: Callable[[], None]) -> None: ...
 
 
 @runtime_checkable

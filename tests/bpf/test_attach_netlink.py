@@ -373,7 +373,10 @@ def test_the_tc_batch_makes_the_filter_the_per_call_attach_made_and_a_restart_re
             for hook in HOOKS:
                 attach.attach_tc(old, hook, prog)  # what earlier versions left
             a = KernelAttacher("TC", os.path.join(root, "tcx"))
-            assert a.attach_many([AttachRequest("cali2", new, hook, prog) for hook in HOOKS]) == {}
+            during: list[int] = []  # the loop's later device steps run while the child attaches: once
+            assert a.attach_many([AttachRequest("cali2", new, hook, prog) for hook in HOOKS],
+                                 while_running=lambda: during.append(1)) == {}
+            assert during == [1]
             for hook in HOOKS:
                 got_old, got_new = _filters_json("cali1", hook), _filters_json("cali2", hook)
                 names = [f["options"].pop("bpf_name") for f in (*got_old, *got_new) if "options" in f]

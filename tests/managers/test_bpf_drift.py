@@ -125,11 +125,11 @@ def test_a_failed_reattach_is_counted_once_when_it_finally_succeeds() -> None:
     real = fb.attacher.attach_many
     calls = {"n": 0}
 
-    def failing(reqs: Any) -> Any:
+    def failing(reqs: Any, **kw: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 1:
             return {r.iface: OSError("EBUSY") for r in reqs}
-        return real(reqs)
+        return real(reqs, **kw)
 
     fb.attacher.attach_many = failing  # type: ignore[method-assign]
     with pytest.raises(Exception):

@@ -647,11 +647,11 @@ def test_an_attach_batch_failing_as_a_whole_retries_every_interface_in_it(monkey
     real = fb.attacher.attach_many
     calls = {"n": 0}
 
-    def broken_once(requests):  # type: ignore[no-untyped-def]
+    def broken_once(requests, **kw):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 1:
             raise OSError(errno.ENOBUFS, "socket overrun")
-        return real(requests)
+        return real(requests, **kw)
     monkeypatch.setattr(fb.attacher, "attach_many", broken_once)
     report = n.apply(expect_ok=False)
     assert not report.ok
@@ -757,3 +757,31 @@ def test_workload_dscp_reaches_the_from_workload_globals_and_changes_without_rea
         n.apply()
     assert _dscp_globals(fb, i1)[ING] == (-1, -1) and programmed(n, fb, "cali1")
     assert any(e["event"].startswith("Workload QoS DSCP out of range") and e["dscp"] == 64 for e in logs)
+
+
+def test_interface_sysctls_are_written_while_the_attach_runs_and_before_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interface sysctls come after the BPF driver in BPF mode (as Felix's endpoint manager
+    configures interfaces after its BPF endpoint manager attached) and run while its attach child
+    does: a new interface's sysctls are written before its cali_iface READY flag, in one apply."""
+    n, fb = node(families=(4, 6))
+    n.link_up("cali1")
+    real = fb.attacher.attach_many
+    seen: dict[str, object] = {}
+
+    def attach_many(requests, *, while_running=None):  # type: ignore[no-untyped-def]
+        def during() -> None:
+            seen["sysctls_before"] = n.sysctls.values.get("net/ipv4/conf/cali1/proxy_arp")
+            assert while_running is not None
+            while_running()
+            seen["sysctls_after"] = n.sysctls.values.get("net/ipv4/conf/cali1/proxy_arp")
+            seen["ready_then"] = ifstate(fb, n.ifindex("cali1"))
+        return real(requests, while_running=during)
+
+    monkeypatch.setattr(fb.attacher, "attach_many", attach_many)
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], ipv6=["fd00:65::2/128"], profiles=["allow"]))
+    n.apply()
+    assert seen["sysctls_before"] != "1" and seen["sysctls_after"] == "1"
+    st = seen["ready_then"]
+    assert st is None or not st.flags & (defs.IFACE_STATE_V4_READY | defs.IFACE_STATE_V6_READY)  # type: ignore[attr-defined]
+    assert programmed(n, fb, "cali1") and programmed(n, fb, "cali1", 6)
+    assert n.sysctls.values["net/ipv6/conf/cali1/proxy_ndp"] == "1"

@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -69,9 +69,11 @@ class AttachRequest:
 class Attacher(Protocol):
     def attach(self, iface: str, ifindex: int, hook: int, prog_fd: int) -> None: ...
 
-    def attach_many(self, requests: Sequence[AttachRequest]) -> dict[str, Exception]:
+    def attach_many(self, requests: Sequence[AttachRequest], *,
+                    while_running: Callable[[], None] | None = None) -> dict[str, Exception]:
         """:meth:`attach` for each request (per interface, in order); returns the interfaces whose
-        attach failed, with the error (an interface that failed is not attached further)."""
+        attach failed, with the error (an interface that failed is not attached further).
+        *while_running*, if given, may be called once while a child process does the attaching."""
         ...
 
     def detach(self, iface: str, ifindex: int) -> None: ...
@@ -162,9 +164,10 @@ class KernelAttacher:
         if link is not None:
             os.close(link)  # the pin holds the link
 
-    def attach_many(self, requests: Sequence[AttachRequest]) -> dict[str, Exception]:
-        """TC-mode interfaces: all of their lines in one ``tc -batch`` run (:meth:`_attach_tc`);
-        every other interface: :meth:`attach` per request."""
+    def attach_many(self, requests: Sequence[AttachRequest], *,
+                    while_running: Callable[[], None] | None = None) -> dict[str, Exception]:
+        """TC-mode interfaces: all of their lines in one ``tc -batch`` run (:meth:`_attach_tc`), with
+        *while_running* called while the child runs; every other interface: :meth:`attach` per request."""
         failed: dict[str, Exception] = {}
         tc: list[AttachRequest] = []
         for r in requests:
@@ -178,10 +181,11 @@ class KernelAttacher:
             except Exception as e:
                 failed[r.iface] = e
         if tc:
-            failed.update(self._attach_tc([r for r in tc if r.iface not in failed]))
+            failed.update(self._attach_tc([r for r in tc if r.iface not in failed], while_running))
         return failed
 
-    def _attach_tc(self, requests: Sequence[AttachRequest]) -> dict[str, Exception]:
+    def _attach_tc(self, requests: Sequence[AttachRequest],
+                   while_running: Callable[[], None] | None = None) -> dict[str, Exception]:
         """One ``tc -force -batch`` run: per interface a clsact line, then its filter lines (an
         atomic replace of the preamble at our priority and handle); then what :meth:`attach` does
         after the filter (a TCX link left by a previous mode would run first: removed after the
@@ -205,7 +209,7 @@ class KernelAttacher:
                 lines.append(_TcLine(r.ifindex, None, ""))
             lines.append(_TcLine(r.ifindex, r.hook, pins[r.hook]))
         try:
-            results = self._tc.tc_batch(lines, _tc_line)
+            results = self._tc.tc_batch(lines, _tc_line, while_running=while_running)
         except Exception as e:  # the child could not run: nothing is known about this batch
             return dict.fromkeys((r.iface for r in now), e)
         by_line = dict(zip(((ln.ifindex, ln.hook) for ln in lines), results))

@@ -254,6 +254,11 @@ class BPFEndpoints:
 
     # ------------------------------------------------------------------------------ apply
     def apply(self) -> None:
+        self.apply_during(lambda: None)
+
+    def apply_during(self, during: Callable[[], None]) -> None:
+        """:meth:`apply`, running *during* (the loop's device steps after this one) while the ``tc
+        -batch`` child attaches, or after step 5 when no child runs -- always before step 6."""
         if self._start_of_day:
             self._restart_sync()
             self._start_of_day = False
@@ -291,9 +296,11 @@ class BPFEndpoints:
             refused: dict[str, Exception] = {}
             if attaching:
                 try:
-                    refused = self.kernel.attacher.attach_many([r for reqs in attaching.values() for r in reqs])
+                    refused = self.kernel.attacher.attach_many([r for reqs in attaching.values() for r in reqs],
+                                                               while_running=during)
                 except Exception as e:  # nothing is known about any of them: all are retried
                     refused = dict.fromkeys(attaching, e)
+            during()
             for iface in attaching:
                 try:
                     err = refused.get(iface)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -105,7 +105,10 @@ class FakeAttacher:
         self.attached[(ifindex, hook)] = prog_fd
         self.names[ifindex] = iface
 
-    def attach_many(self, requests: Sequence[AttachRequest]) -> dict[str, Exception]:
+    def attach_many(self, requests: Sequence[AttachRequest], *,
+                    while_running: Callable[[], None] | None = None) -> dict[str, Exception]:
+        if while_running is not None:
+            while_running()  # as the tc -batch child: the caller's work runs while the attach does
         failed: dict[str, Exception] = {}
         for r in requests:
             if r.iface not in failed:

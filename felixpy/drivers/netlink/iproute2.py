@@ -467,18 +467,21 @@ class IpTool:
         return self._write("fdb replace", entries, fdb_replace_line, lambda e: e.ifindex, dev_required=True,
                            locate=self._locate_fdb_abort, tool=self.bridge)
 
-    def tc_batch(self, items: Sequence[Any], line_of: Callable[[Any, str], str]) -> list[int]:
+    def tc_batch(self, items: Sequence[Any], line_of: Callable[[Any, str], str], *,
+                 while_running: Callable[[], None] | None = None) -> list[int]:
         """``tc -force -batch -``: one line per item (``line_of(item, dev)``; each item names its
         interface by ``ifindex``), one errno per item.  ``tc`` keeps going after a failed line and
         reports it as ``ip`` does; it has no abort to locate, so a run that stops early marks every
         unreported line failed."""
-        return self._write("tc", items, line_of, lambda item: int(item.ifindex), dev_required=True, tool=self.tc)
+        return self._write("tc", items, line_of, lambda item: int(item.ifindex), dev_required=True, tool=self.tc,
+                           while_running=while_running)
 
     def _write(self, op: str, items: Sequence[Any], line_of: Callable[[Any, Any], str],
                oif_of: Callable[[Any], int], *, dev_required: bool = False,
                locate: Callable[[Sequence[Any], Sequence[int]], int | None] | None = None,
-               tool: str | None = None) -> list[int]:
-        """One batch per family (``tool``: ``bridge``, whose lines carry no family, instead of ``ip``)."""
+               tool: str | None = None, while_running: Callable[[], None] | None = None) -> list[int]:
+        """One batch per family (``tool``: ``bridge``, whose lines carry no family, instead of ``ip``);
+        *while_running* is called while the first child runs."""
         results = [0] * len(items)
         oifs = [oif_of(item) for item in items]
         before = self._names_for(oifs) if any(oifs) else {}
@@ -510,7 +513,8 @@ class IpTool:
             lines.append(line)
         for family, (idxs, lines) in groups.items():
             argv = [tool] if tool is not None else [self.ip, FAMILY_FLAG[family]]
-            self._run_batch(op, argv, [items[i] for i in idxs], idxs, lines, results, locate)
+            self._run_batch(op, argv, [items[i] for i in idxs], idxs, lines, results, locate, while_running)
+            while_running = None
         if used:
             after = self._names_for(oifs[i] for i in used)
             for i, name in used.items():
@@ -519,10 +523,13 @@ class IpTool:
         return results
 
     def _run_batch(self, op: str, argv: list[str], batch: Sequence[Any], idxs: list[int], lines: list[str],
-                   results: list[int], locate: Callable[[Sequence[Any], Sequence[int]], int | None] | None) -> None:
+                   results: list[int], locate: Callable[[Sequence[Any], Sequence[int]], int | None] | None,
+                   while_running: Callable[[], None] | None = None) -> None:
         start = 0
         while start < len(lines):
-            res = self.runner.run([*argv, "-force", "-batch", "-"], "\n".join(lines[start:]) + "\n")
+            res = self.runner.run([*argv, "-force", "-batch", "-"], "\n".join(lines[start:]) + "\n",
+                                  while_running=while_running)
+            while_running = None
             report = parse_batch_stderr(res.stderr, res.returncode)
             for n, failure in report.failed.items():
                 pos = start + n - 1
