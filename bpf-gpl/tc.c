@@ -319,17 +319,20 @@ static CALI_BPF_INLINE bool wants_nat_outgoing(struct cali_tc_ctx *ctx)
 	return true;
 }
 
-/* Egress DSCP (a workload's QoS DSCP policy): the packets a workload sends on a
- * flow to a destination outside the cluster -- in no IP pool, not a workload,
- * not this host -- leave with its DSCP, as the *tables modes' mangle
- * cali-egress-dscp sets it.  The decision is the flow's: made on its first
- * packet and kept in the conntrack entry (SET_DSCP). */
+/* Egress DSCP (an endpoint's QoS DSCP policy): the packets a workload sends --
+ * or, on a host endpoint, the host itself sends -- on a flow to a destination
+ * outside the cluster (in no IP pool, not a workload, not this host) leave with
+ * the endpoint's DSCP, as the *tables modes' mangle cali-egress-dscp sets it.
+ * The decision is the flow's: made on its first packet and kept in the
+ * conntrack entry (SET_DSCP). */
 static CALI_BPF_INLINE bool wants_dscp(struct cali_tc_ctx *ctx)
 {
 	struct cali_tc_state *s = ctx->state;
 
 	if (EGRESS_DSCP(ctx) < 0)
 		return false;
+	if (CALI_F_TO_HEP && !cali_rt_flags_local_host(cali_rt_lookup_flags(&s->ip_src)))
+		return false;	/* forwarded traffic keeps what its own endpoint set */
 	if (ct_result_rc(s->ct_result.rc) != CALI_CT_NEW)
 		return s->ct_result.flags & CALI_CT_FLAG_SET_DSCP;
 
@@ -397,7 +400,7 @@ int calico_tc_skb_accepted_entrypoint(struct __sk_buff *skb)
 		s->flags |= CALI_ST_NAT_OUTGOING;
 	}
 
-	if (CALI_F_FROM_WEP && wants_dscp(ctx)) {
+	if ((CALI_F_FROM_WEP || CALI_F_TO_HEP) && wants_dscp(ctx)) {
 		CALI_DEBUG("egress DSCP %d", EGRESS_DSCP(ctx));
 		s->flags |= CALI_ST_SET_DSCP;
 		if (ip_set_dscp(skb, (__u8)EGRESS_DSCP(ctx))) {

@@ -208,8 +208,8 @@ class Config:  # noqa: N815 - attribute names are Felix's parameter names on pur
     UseInternalDataplaneDriver: bool = _ignored(True, _bool, _WHICH_DRIVER, warn=False)
     DataplaneDriver: str = _ignored("calico-iptables-plugin", _str, _WHICH_DRIVER, warn=False)
     BPFEnabled: bool = _p(False, _bool, HONOURED, "workload and host-endpoint policy in BPF programs, untracked "
-                          "policy in XDP and raw OUTPUT, workload DSCP (docs/bpf.md); not yet: services/NAT, "
-                          "host endpoints' DSCP; floating IPs unsupported, as in Felix")
+                          "policy in XDP and raw OUTPUT, endpoints' DSCP (docs/bpf.md); not yet: services/NAT; "
+                          "floating IPs unsupported, as in Felix")
     NFTablesMode: str = _p("Auto", _choice("Enabled", "Disabled", "Auto"))
     IptablesBackend: str = _p("auto", _choice("auto", "legacy", "nft"))
     Ipv6Support: bool = _p(True, _bool)

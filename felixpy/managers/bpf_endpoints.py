@@ -32,10 +32,11 @@ the *tables allow list (Felix's ``bpfEndpointManager``, the desired-state half).
   before conntrack, allow skips TC's policy and Linux conntrack); their egress direction is the raw
   table's (the *tables host-endpoint and raw-egress policy managers, as Felix).  Floating IPs are
   reported unsupported by name (see docs/bpf.md).
-* A workload's QoS DSCP goes with its policy to the driver (``WorkloadPolicy.dscp``), which writes it
-  into the from-workload hook's globals: the programs set it on the workload's flows out of the
-  cluster (Felix's BPF DSCP; the *tables modes' ``cali-egress-dscp``).  A host endpoint's DSCP is
-  reported unsupported by name.
+* An endpoint's QoS DSCP goes with its policy to the driver (``WorkloadPolicy.dscp``,
+  ``HostEndpointPolicy.dscp``), which writes it into the globals of the hook its traffic leaves by (a
+  workload's TC ingress, a host endpoint's TC egress): the programs set it on the flows out of the
+  cluster -- a host endpoint's for what the host itself sends (Felix's BPF DSCP; the *tables modes'
+  ``cali-egress-dscp``).
 * ``on_devices_applied`` (after the driver's apply) reads which interfaces are READY for this
   family and rewrites ``cali-to-wl-dispatch`` to accept exactly those, so the *tables admit an
   interface only once its programs are in place, and drop it again before they are detached.
@@ -249,13 +250,6 @@ class BPFEndpointManager:
                 "floating IPs in BPF mode",
                 "Felix's eBPF dataplane does not support floating IPs (Calico docs, 'Enable the eBPF "
                 "dataplane', not supported: floating IPs; projectcalico/calico#5251): their NAT is not programmed"))
-        dscp_heps = sorted(hid for hid, h in self._heps.items() if h.qos_policies)
-        if dscp_heps:
-            out.append(UnsupportedFeature(
-                "host endpoint DSCP in BPF mode",
-                f"host endpoint(s) {dscp_heps[:5]}{' ...' if len(dscp_heps) > 5 else ''} carry QoS DSCP "
-                "policies: felixpy sets DSCP for workloads only (in every mode), so their traffic leaves "
-                "unmarked"))
         return out
 
     def _uses_dirty_policy(self, tiers: Any) -> bool:
@@ -381,6 +375,9 @@ class BPFEndpointManager:
             try:
                 # Untracked policy only on a specific host endpoint's interface: Felix ignores it on '*'.
                 pol = self._host_policy(self._heps[hid], untracked=iface in winners)
+                dscp = endpoint_dscp(self._heps[hid], hid)
+                if dscp is not None:
+                    pol = dataclasses.replace(pol, dscp=dscp)
             except Exception:
                 log.exception("Host endpoint policy could not be built; interface left as it was",
                               host_endpoint=hid, iface=iface, ip_version=self.ip_version)

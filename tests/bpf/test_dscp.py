@@ -91,3 +91,30 @@ def test_no_dscp_without_one_configured_and_the_flow_decides(env: BPFTestEnv, fi
     ap = env.attach_point(ING, EpType.WEP, v6=v6, policy=ALLOW_ALL, dscp=10)
     assert pg.traffic_class_of(ap.run(_pkt(v6, 1000, 0)).packet) == 0
     assert pg.traffic_class_of(ap.run(_pkt(v6, 2000, 0)).packet) == 10 << 2
+
+
+HOST = {False: "10.10.0.1", True: "fd00:10::1"}
+EGR = defs.HOOK_TC_EGRESS
+
+
+@pytest.mark.parametrize("v6", FAMS)
+def test_host_endpoint_dscp_marks_what_the_host_sends_out_of_the_cluster(env: BPFTestEnv, v6: bool) -> None:
+    """A host endpoint's DSCP on its TC egress: the host's own flows to outside the cluster are marked
+    (new and established); forwarded traffic (a workload's, source not this host) keeps its own."""
+    env.add_local_host(HOST[v6])
+    ap = env.attach_point(EGR, EpType.HEP, v6=v6, policy=None, dscp=26)
+
+    def pkt(src: str, sport: int) -> bytes:
+        l4 = pg.udp(sport, 53)
+        if v6:
+            return pg.eth(pg.ETH_P_IPV6, pg.ipv6(src, DST[v6], l4, tclass=0b01))
+        return pg.eth(pg.ETH_P_IP, pg.ipv4(src, DST[v6], l4, tos=0b01))
+
+    for _ in range(2):
+        r = ap.run(pkt(HOST[v6], 3000))
+        assert r.verdict == -1, r
+        assert pg.traffic_class_of(r.packet) == (26 << 2) | 0b01
+        if not v6:
+            assert _ipv4_header_ok(r.packet)
+    r = ap.run(pkt(SRC[v6], 4000), mark=defs.MARK_SEEN)
+    assert pg.traffic_class_of(r.packet) == 0b01

@@ -265,19 +265,30 @@ def test_unsupported_features_are_reported_by_name_and_the_rest_is_programmed() 
     assert n.ifindex("eth0") in fb.xdp.attached
 
 
-def test_host_endpoint_dscp_in_bpf_mode_is_reported_unsupported_and_the_hep_still_programmed() -> None:
-    """felixpy sets DSCP for workloads only: a HEP's is said by name, once; its policy is programmed
-    as without it (a workload's DSCP is programmed: tests/managers/test_bpf_endpoints.py)."""
+def test_host_endpoint_dscp_reaches_its_tc_egress_globals() -> None:
+    """A HEP's QoS DSCP goes into its interface's TC egress globals (what the host sends out through
+    it), both families; the workload's into its TC ingress; nothing is reported unsupported, and the
+    HEP's policy is programmed as without it."""
     n, fb = node(families=(4, 6))
     n.apply()
-    h = hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS)
-    h.endpoint.qos_policies.append(pb.QoSPolicy(destination="external", dscp=46))
+    h = hep("eth0-hep", "eth0", v4=("10.99.0.1",), tiers=DENY_ALL_TIERS)
+    h.endpoint.qos_policies.append(pb.QoSPolicy(destination="external", dscp=26))
     n.send(h, wep("a", "cali1", ipv4=["10.65.0.2/32"], ipv6=["fd00:65::2/128"], profiles=["allow"], dscp=46))
     n.apply()
-    assert set(n.dp.unsupported) == {"host endpoint DSCP in BPF mode"}
-    assert "eth0-hep" in n.dp.unsupported["host endpoint DSCP in BPF mode"]
-    assert programmed(n, fb, "cali1")
-    assert hep_ifaces(fb) == {"eth0", "eth1"} and slot_policy(n, fb, "eth0", ING).host_normal_tiers
+    assert not n.dp.unsupported
+
+    def dscp(iface: str, hook: int) -> tuple[int, int]:
+        g = fb.kernel.maps.ap_globals.get(mt.ApKey(n.ifindex(iface), hook))
+        return g.v4.dscp, g.v6.dscp
+
+    assert (dscp("eth0", EGR), dscp("eth0", ING)) == ((26, 26), (-1, -1))
+    assert (dscp("cali1", ING), dscp("cali1", EGR)) == ((46, 46), (-1, -1))
+    assert (dscp("eth1", EGR), dscp("eth1", ING)) == ((-1, -1), (-1, -1))  # no HEP: no DSCP
+    assert programmed(n, fb, "cali1") and slot_policy(n, fb, "eth0", ING).host_normal_tiers
+    h.endpoint.ClearField("qos_policies")
+    n.send(h)
+    n.apply()
+    assert dscp("eth0", EGR) == (-1, -1)
 
 
 def test_hep_status_is_reported_in_bpf_mode() -> None:

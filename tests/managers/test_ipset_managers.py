@@ -129,3 +129,22 @@ def test_dscp_out_of_range_is_skipped_and_the_rest_programmed(node: Node, v: int
     assert [(r.match.criteria, r.action) for r in node.f(v).mangle.rules("cali-egress-dscp")] == [
         ((SourceNet(b),), DSCP(63))]
     assert any(e["event"].startswith("Workload QoS DSCP out of range") and e["dscp"] == 64 for e in logs)
+
+
+def test_host_endpoint_dscp_marks_what_leaves_from_its_expected_ips(node: Node, v: int) -> None:
+    """Felix's dscpManager takes host endpoints too: their expected IPs of the family, as one-address
+    nets, in dscp-src-net and cali-egress-dscp; a bad expected IP is skipped (logged), the rest kept."""
+    h = pb.HostEndpointUpdate(id=pb.HostEndpointID(endpoint_id="eth0-hep"), endpoint=pb.HostEndpoint(
+        name="eth0", expected_ipv4_addrs=["10.99.0.1", "bogus"], expected_ipv6_addrs=["fd00:99::1"],
+        qos_policies=[pb.QoSPolicy(destination="external", dscp=26)]))
+    node.send(profile("prof"), h, wep("a", profiles=["prof"], ipv4=["10.65.0.1/32"], ipv6=["fd00:65::1/128"],
+                                      dscp=18))
+    node.apply()
+    host, wl = {4: ("10.99.0.1/32", "10.65.0.1/32"), 6: ("fd00:99::1/128", "fd00:65::1/128")}[v]
+    assert {(r.match.criteria, r.action) for r in node.f(v).mangle.rules("cali-egress-dscp")} == {
+        ((SourceNet(wl),), DSCP(18)), ((SourceNet(host),), DSCP(26))}
+    assert {m.split("/")[0] for m in members(node, v, DSCP_SET)} == {host.split("/")[0], wl.split("/")[0]}
+    node.send(pb.HostEndpointRemove(id=pb.HostEndpointID(endpoint_id="eth0-hep")))
+    node.apply()
+    assert [(r.match.criteria, r.action) for r in node.f(v).mangle.rules("cali-egress-dscp")] == [
+        ((SourceNet(wl),), DSCP(18))]

@@ -46,6 +46,8 @@ class HostEndpointPolicy:
     # The HEP's untracked (doNotTrack) ingress policy, run by an XDP program on the interface before
     # TC (None: no XDP program).  Its egress side is *tables raw OUTPUT's, not the programs'.
     xdp: PolicySet | None = None
+    # The HEP's QoS DSCP (0-63) for what the host sends out of the cluster through it, -1 for none.
+    dscp: int = -1
 
 
 class BPFEndpointsAPI(Protocol):

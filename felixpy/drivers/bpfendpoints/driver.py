@@ -662,13 +662,16 @@ class BPFEndpoints:
                            ipv4=(hook, 4) in done.slots, ipv6=(hook, 6) in done.slots,
                            policy_idx_v4=done.slots.get((hook, 4), -1),
                            policy_idx_v6=done.slots.get((hook, 6), -1), flags=self._flags,
-                           dscp=self._egress_dscp(iface) if hook == defs.HOOK_TC_INGRESS else -1)
+                           dscp=self._egress_dscp(iface, hook))
 
-    def _egress_dscp(self, iface: str) -> int:
-        """A workload's DSCP, set by its from-workload program (TC ingress); both families' managers
-        read it from the same endpoint."""
-        return max((p.dscp for p in self._want.get(iface, {}).values() if isinstance(p, WorkloadPolicy)),
-                   default=-1)
+    def _egress_dscp(self, iface: str, hook: int) -> int:
+        """The endpoint's DSCP on the hook its traffic leaves by -- a workload's from-workload program
+        (TC ingress), a host endpoint's TC egress -- else -1; both families' managers read it from the
+        same endpoint."""
+        leaves_by = defs.HOOK_TC_EGRESS if self._is_host_iface(iface) else defs.HOOK_TC_INGRESS
+        if hook != leaves_by:
+            return -1
+        return max((p.dscp for p in self._want.get(iface, {}).values()), default=-1)
 
     def _write_ifstate(self, iface: str, done: _Programmed, ready: frozenset[int]) -> None:
         flags = defs.IFACE_STATE_HEP if self._is_host_iface(iface) else defs.IFACE_STATE_WEP
