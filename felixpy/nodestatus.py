@@ -50,6 +50,7 @@ DEFAULT_STATUS_SOCKET = "/var/run/calico/felixpy-status.sock"
 ANSWER_TIMEOUT = 5.0
 DRIFT_METRIC = "felixpy_drift_repairs"
 _COUNT_KEYS = {"chains": "chains", "rules": "rules", "sets": "ip_sets", "members": "ip_set_members",
+               "bpf_sets": "bpf_ip_sets", "bpf_members": "bpf_ip_set_members",
                "routes": "routes", "bpf_programs": "bpf_programs", "bpf_attach_points": "bpf_attach_points"}
 
 
@@ -166,6 +167,7 @@ def render_human(doc: Mapping[str, Any]) -> str:
                                    f"(apply #{doc['applies']})"))
     for key, label in (("chains", "chains"), ("rules", "rules"), ("ip_sets", "IP sets"),
                        ("ip_set_members", "IP-set members"), ("routes", "routes"),
+                       ("bpf_ip_sets", "BPF IP sets"), ("bpf_ip_set_members", "BPF IP-set members"),
                        ("bpf_programs", "BPF programs"), ("bpf_attach_points", "BPF attach points")):
         if key in doc["counts"]:
             rows.append((label, str(doc["counts"][key])))

@@ -55,6 +55,12 @@ class FilteredIPSets:
         self._passed: set[str] = set()  # set IDs the wrapped dataplane has
         self._log = log.bind(ip_version=self.ip_version)
 
+    def status_counts(self) -> dict[str, int]:
+        """For ``felixpy status``: the wrapped ipset driver's counts (the Linux sets in the kernel); an
+        nftables view has none of its own (its table counts its sets)."""
+        inner = getattr(self._inner, "status_counts", None)
+        return dict(inner()) if inner is not None else {}
+
     def _wanted(self, set_id: str) -> bool:
         return main_ipset_name(set_id, self.ip_version) in self._filter
 

@@ -87,4 +87,4 @@ def test_dataplane_desired_members_follow_deltas_in_place_and_a_snapshot_stays_p
     assert dp.get_desired_members("s:a") == {"10.0.0.2/32", "10.0.0.3/32"}
     dp.add_members("s:new", ["10.0.0.9/32"])  # a delta for a set not seen yet starts it, as before
     assert dp.get_desired_members("s:new") == {"10.0.0.9/32"}
-    assert dp.status_counts() == {"sets": 2, "members": 3}
+    assert dp.status_counts() == {"bpf_sets": 2, "bpf_members": 3}

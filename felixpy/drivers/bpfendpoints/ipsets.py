@@ -44,8 +44,9 @@ class BPFIPSetsDataplane:
 
     # --------------------------------------------------------------------- desired state
     def status_counts(self) -> dict[str, int]:
-        """For ``felixpy status``: the sets and members this family's LPM map is to hold."""
-        return {"sets": len(self._members), "members": sum(len(m) for m in self._members.values())}
+        """For ``felixpy status``: the sets and members this family's LPM map is to hold (apart from
+        the Linux IP sets BPF mode keeps for raw egress policy, which count as ``sets``)."""
+        return {"bpf_sets": len(self._members), "bpf_members": sum(len(m) for m in self._members.values())}
 
     def add_or_replace_ip_set(self, meta: IPSetMetadata, members: Iterable[str]) -> None:
         mem = frozenset(members)
