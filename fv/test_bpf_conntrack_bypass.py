@@ -22,17 +22,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.testing import conncheck as cc
 from felixpy.testing import netns as nsmod
 from felixpy.testing.topology import Outside
-from fv.datastore import WORKLOADS, datastore, nets
+from fv.datastore import datastore
 from fv.harness import FamilyView, FvNode
+from fv.outside import WEB, pool_and_routes, pool_removal, serving_outside
 
 pytestmark = [pytest.mark.fv, pytest.mark.bpf, pytest.mark.bpf_only]
 
-WEB = 8080
-POOLS = {4: "10.65.0.0/24", 6: "fd00:65::/64"}
 BYPASS = {"BPFHostConntrackBypass": "true"}
 # Not a BPFDataIfacePattern name: no programs on it, so what comes in from the outside takes the host stack.
 UPLINK = "ext2"
@@ -40,32 +38,8 @@ UPLINK = "ext2"
 
 @pytest.fixture(scope="module")
 def outside(fvnode: FvNode) -> Iterator[Outside]:
-    assert fvnode.node is not None
-    out = fvnode.node.add_outside(UPLINK, "10.97.0", "fd00:97")
-    servers = cc.Servers()
-    try:
-        servers.start(out.netns, tcp_ports=(WEB,), udp_ports=())
+    with serving_outside(fvnode, UPLINK, "10.97.0", "fd00:97") as out:
         yield out
-    finally:
-        servers.stop()
-        fvnode.node.remove_outside(out)
-
-
-def _pool(v: int, *, masquerade: bool) -> list[pb.ToDataplane]:
-    msgs = [pb.ToDataplane(ipam_pool_update=pb.IPAMPoolUpdate(
-        id="fv-pool", pool=pb.IPAMPool(cidr=POOLS[v], masquerade=masquerade)))]
-    for name in WORKLOADS:
-        (dst,) = nets(name, v=v)
-        msgs.append(pb.ToDataplane(route_update=pb.RouteUpdate(
-            types=pb.RouteType.LOCAL_WORKLOAD, ip_pool_type=pb.IPPoolType.NO_ENCAP, dst=dst,
-            nat_outgoing=masquerade, local_workload=True)))
-    return msgs
-
-
-def _no_pool(v: int) -> list[pb.ToDataplane]:
-    msgs = [pb.ToDataplane(ipam_pool_remove=pb.IPAMPoolRemove(id="fv-pool"))]
-    msgs += [pb.ToDataplane(route_remove=pb.RouteRemove(dst=nets(n, v=v)[0])) for n in WORKLOADS]
-    return msgs
 
 
 def _conntrack(node_ns: str, v: int, peer: str, *, flush: bool = False) -> int:
@@ -96,26 +70,26 @@ def test_forwarded_flows_leave_linux_conntrack_only_with_the_bypass(fv: FamilyVi
     v = fv.v
     node_ns, dst = fv.node.netns, outside.ip(v)
     fv.apply(datastore())
-    fv.node.send_payloads(_pool(v, masquerade=False))
+    fv.node.send_payloads(pool_and_routes(v, masquerade=False))
     _conntrack(node_ns, v, dst, flush=True)
     assert _connect(fv, dst), f"[{fv.mode} v{v}] a -> outside must connect (outside routes back via the node)"
     assert _conntrack(node_ns, v, dst) >= 1, \
         f"[{fv.mode} v{v}] without the bypass the forwarded flow must be in Linux conntrack (else this proves nothing)"
 
     fv.apply(datastore(), config=BYPASS)
-    fv.node.send_payloads(_pool(v, masquerade=False))
+    fv.node.send_payloads(pool_and_routes(v, masquerade=False))
     _conntrack(node_ns, v, dst, flush=True)
     assert _connect(fv, dst), f"[{fv.mode} v{v}] with the bypass a -> outside must still connect"
     assert _conntrack(node_ns, v, dst) == 0, \
         f"[{fv.mode} v{v}] with BPFHostConntrackBypass the forwarded flow must not be in Linux conntrack"
 
     fv.apply(datastore(), config={**BYPASS, "BPFForceTrackPacketsFromIfaces": f"docker+,{UPLINK[:-1]}+"})
-    fv.node.send_payloads(_pool(v, masquerade=False))
+    fv.node.send_payloads(pool_and_routes(v, masquerade=False))
     _conntrack(node_ns, v, dst, flush=True)
     assert _connect(fv, dst)
     assert _conntrack(node_ns, v, dst) >= 1, \
         f"[{fv.mode} v{v}] traffic from a BPFForceTrackPacketsFromIfaces interface must stay in Linux conntrack"
-    fv.node.send_payloads(_no_pool(v))
+    fv.node.send_payloads(pool_removal(v))
     fv.apply(datastore())
 
 
@@ -125,14 +99,14 @@ def test_bypass_keeps_nat_outgoing_flows_tracked_so_masquerade_works(fv: FamilyV
     fv.apply(datastore(), config=BYPASS)
     _set_default_route(outside, v, present=False)
     try:
-        fv.node.send_payloads(_pool(v, masquerade=False))
+        fv.node.send_payloads(pool_and_routes(v, masquerade=False))
         assert not _connect(fv, dst, tries=1), \
             f"[{fv.mode} v{v}] without masquerade the outside has no route back: must not connect"
-        fv.node.send_payloads(_pool(v, masquerade=True))
+        fv.node.send_payloads(pool_and_routes(v, masquerade=True))
         assert _connect(fv, dst), \
             f"[{fv.mode} v{v}] with the bypass a masqueraded flow must stay tracked and connect"
         assert _conntrack(fv.node.netns, v, dst) >= 1
     finally:
-        fv.node.send_payloads(_no_pool(v))
+        fv.node.send_payloads(pool_removal(v))
         _set_default_route(outside, v, present=True)
         fv.apply(datastore())

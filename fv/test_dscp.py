@@ -16,47 +16,22 @@ from collections.abc import Iterator
 
 import pytest
 
-from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.testing import conncheck as cc
 from felixpy.testing import netns as nsmod
 from felixpy.testing.topology import Outside
-from fv.datastore import WORKLOADS, addr, datastore, nets, policy, tier, workload
+from fv.datastore import addr, datastore, policy, tier, workload
 from fv.harness import FamilyView, FvNode
+from fv.outside import WEB, pool_and_routes, pool_removal, serving_outside
 
 pytestmark = [pytest.mark.fv]
 
-WEB = 8080
 EF = 46
-POOLS = {4: "10.65.0.0/24", 6: "fd00:65::/64"}
 
 
 @pytest.fixture(scope="module")
 def outside(fvnode: FvNode) -> Iterator[Outside]:
-    assert fvnode.node is not None
-    out = fvnode.node.add_outside("eth3", "10.98.0", "fd00:98")
-    servers = cc.Servers()
-    try:
-        servers.start(out.netns, tcp_ports=(WEB,), udp_ports=())
+    with serving_outside(fvnode, "eth3", "10.98.0", "fd00:98") as out:
         yield out
-    finally:
-        servers.stop()
-        fvnode.node.remove_outside(out)
-
-
-def _pool(v: int) -> list[pb.ToDataplane]:
-    """The workloads' pool and routes, as the calc graph sends them: inside it is inside the cluster."""
-    msgs = [pb.ToDataplane(ipam_pool_update=pb.IPAMPoolUpdate(id="fv-pool", pool=pb.IPAMPool(cidr=POOLS[v])))]
-    for name in WORKLOADS:
-        (dst,) = nets(name, v=v)
-        msgs.append(pb.ToDataplane(route_update=pb.RouteUpdate(
-            types=pb.RouteType.LOCAL_WORKLOAD, ip_pool_type=pb.IPPoolType.NO_ENCAP, dst=dst, local_workload=True)))
-    return msgs
-
-
-def _no_pool(v: int) -> list[pb.ToDataplane]:
-    msgs = [pb.ToDataplane(ipam_pool_remove=pb.IPAMPoolRemove(id="fv-pool"))]
-    msgs += [pb.ToDataplane(route_remove=pb.RouteRemove(dst=nets(n, v=v)[0])) for n in WORKLOADS]
-    return msgs
 
 
 def _tool(v: int) -> str:
@@ -95,7 +70,7 @@ def test_workload_dscp_marks_its_traffic_out_of_the_cluster_only(fv: FamilyView,
     v = fv.v
     a = dict(workload("a"), qos_policies=[{"dscp": EF}])
     fv.apply(datastore(workloads=[a, workload("b"), workload("c")]))
-    fv.node.send_payloads(_pool(v))
+    fv.node.send_payloads(pool_and_routes(v))
     b_ns = fv.node.endpoints["b"].netns
     try:
         for ns in (outside.netns, b_ns):
@@ -116,7 +91,7 @@ def test_workload_dscp_marks_its_traffic_out_of_the_cluster_only(fv: FamilyView,
         marked, total = _counts(outside.netns, v)
         assert total > 0 and marked == 0, f"[{fv.mode} v{v}] DSCP removed, yet {marked}/{total} marked"
     finally:
-        fv.node.send_payloads(_no_pool(v))
+        fv.node.send_payloads(pool_removal(v))
         fv.apply(datastore())
 
 

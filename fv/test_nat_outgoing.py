@@ -23,49 +23,19 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.testing import conncheck as cc
-from felixpy.testing import netns as nsmod
 from felixpy.testing.topology import Outside
-from fv.datastore import WORKLOADS, addr, datastore, nets, policy, workload
+from fv.datastore import addr, datastore, nets, policy, workload
 from fv.harness import FamilyView, FvNode
+from fv.outside import WEB, pool_and_routes, pool_removal, serving_outside
 
-WEB = 8080
-POOLS = {4: "10.65.0.0/24", 6: "fd00:65::/64"}
 PROBE_TIMEOUT, SLOW_TIMEOUT = 0.5, 2.0
 
 
 @pytest.fixture(scope="module")
 def outside(fvnode: FvNode) -> Iterator[Outside]:
-    assert fvnode.node is not None
-    out = fvnode.node.add_outside("eth2", "10.96.0", "fd00:96")
-    servers = cc.Servers()
-    try:
-        for fam in ("-4", "-6"):
-            nsmod.run_in(out.netns, "ip", fam, "route", "del", "default")
-        servers.start(out.netns, tcp_ports=(WEB,), udp_ports=())
+    with serving_outside(fvnode, "eth2", "10.96.0", "fd00:96", default_routes=False) as out:
         yield out
-    finally:
-        servers.stop()
-        fvnode.node.remove_outside(out)
-
-
-def _pool_and_routes(v: int, masquerade: bool) -> list[pb.ToDataplane]:
-    """What the calc graph sends for the FV pool and its local workloads."""
-    msgs = [pb.ToDataplane(ipam_pool_update=pb.IPAMPoolUpdate(
-        id="fv-pool", pool=pb.IPAMPool(cidr=POOLS[v], masquerade=masquerade)))]
-    for name in WORKLOADS:
-        (dst,) = nets(name, v=v)
-        msgs.append(pb.ToDataplane(route_update=pb.RouteUpdate(
-            types=pb.RouteType.LOCAL_WORKLOAD, ip_pool_type=pb.IPPoolType.NO_ENCAP, dst=dst,
-            nat_outgoing=masquerade, local_workload=True)))
-    return msgs
-
-
-def _cleanup(v: int) -> list[pb.ToDataplane]:
-    msgs = [pb.ToDataplane(ipam_pool_remove=pb.IPAMPoolRemove(id="fv-pool"))]
-    msgs += [pb.ToDataplane(route_remove=pb.RouteRemove(dst=nets(n, v=v)[0])) for n in WORKLOADS]
-    return msgs
 
 
 def _connects(fv: FamilyView, cases: Sequence[tuple[str, str]]) -> dict[tuple[str, str], bool]:
@@ -87,17 +57,17 @@ def test_masquerading_pool_reaches_outside_with_the_node_address(fv: FamilyView,
     fv.apply(state)
     out_ip, b_ip = outside.ip(v), addr("b", v)
     try:
-        fv.node.send_payloads(_pool_and_routes(v, masquerade=False))
+        fv.node.send_payloads(pool_and_routes(v, masquerade=False))
         assert _connects(fv, [("a", out_ip), ("a", b_ip)]) == {("a", out_ip): False, ("a", b_ip): True}, \
             f"[{fv.mode} v{v}] without masquerade the outside must not be reachable (it has no route back)"
 
-        fv.node.send_payloads(_pool_and_routes(v, masquerade=True))
+        fv.node.send_payloads(pool_and_routes(v, masquerade=True))
         got = _connects(fv, [("a", out_ip), ("c", out_ip), ("a", b_ip)])
         assert got == {("a", out_ip): True, ("c", out_ip): True, ("a", b_ip): True}, \
             f"[{fv.mode} v{v}] with masquerade: outside via the node's address, b sees a's own address: {got}"
 
-        fv.node.send_payloads(_pool_and_routes(v, masquerade=False))
+        fv.node.send_payloads(pool_and_routes(v, masquerade=False))
         assert _connects(fv, [("a", out_ip)]) == {("a", out_ip): False}, \
             f"[{fv.mode} v{v}] masquerade turned off: new connections to the outside must fail again"
     finally:
-        fv.node.send_payloads(_cleanup(v))
+        fv.node.send_payloads(pool_removal(v))
