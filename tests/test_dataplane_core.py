@@ -676,3 +676,33 @@ def test_a_device_syncer_waiting_on_a_child_runs_the_later_device_steps_during_t
     assert report is not None
     assert [e for e in tl if "mgr" not in e] == want
     assert report.failed_steps == (["devices:ChildSyncer"] if fail_before else [])
+
+
+class FatalSyncer(FakeSyncer):
+    def apply(self) -> None:
+        self.tl.append(self.name)
+        raise FatalDataplaneError("sysctls: retries exhausted")
+
+
+def test_a_fatal_device_step_during_the_wait_is_raised_after_the_waiting_step_not_swallowed() -> None:
+    """The waiting syncer's own error handling (the attach takes any exception as an attach failure)
+    must not see a later step's fatal error: it is held, the waiting step finishes, then it is raised."""
+    dp, _clock, tl = make()
+
+    class Swallowing(ChildSyncer):
+        def apply_during(self, during: Any) -> None:
+            self.tl.append("attach:start")
+            try:
+                during()
+            except Exception:  # as the attach does
+                self.tl.append("attach:swallowed")
+            self.tl.append("attach:ready-marks")
+
+    for s in (Swallowing(tl, "during"), FatalSyncer(tl, "sysctls"), FakeSyncer(tl, "mtu")):
+        dp.register_device_syncer(s)
+    dp.register_manager(FakeManager(tl, "mgr"))
+    dp.on_datastore_message(Update("k"))
+    ready(dp)
+    with pytest.raises(FatalDataplaneError):
+        dp.maybe_apply()
+    assert [e for e in tl if "mgr" not in e] == ["attach:start", "sysctls", "attach:ready-marks"]

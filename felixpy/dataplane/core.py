@@ -412,18 +412,26 @@ class InternalDataplane:
             name = f"devices:{type(syncer).__name__}{_family(syncer)}"
             if _conforms(syncer, WaitsOnChild) and i + 1 < len(devices):
                 # The device steps after it run while its child does (BPF mode: the interface sysctls
-                # and host MTU during the tc -batch attach), each still its own step; exactly once.
-                rest, ran = devices[i + 1:], False
+                # and host MTU during the tc -batch attach), each still its own step; exactly once.  A
+                # fatal one is held until the waiting step is done (its error handling must not take
+                # it for its own), then raised, as every fatal step is once started work has finished.
+                rest, ran, fatal = devices[i + 1:], False, []
 
                 def during() -> None:
                     nonlocal ran
                     if not ran:
                         ran = True
                         for s in rest:
-                            self._step(report, f"devices:{type(s).__name__}{_family(s)}", s.apply)
+                            try:
+                                self._step(report, f"devices:{type(s).__name__}{_family(s)}", s.apply)
+                            except FatalDataplaneError as exc:
+                                fatal.append(exc)
+                                return
 
                 self._step(report, name, lambda: syncer.apply_during(during))
                 during()
+                if fatal:
+                    raise fatal[0]
                 break
             self._step(report, name, syncer.apply)
         for mgr in self.managers:
