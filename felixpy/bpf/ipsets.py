@@ -24,11 +24,12 @@ import structlog
 
 from felixpy.bpf import defs
 from felixpy.bpf import maptypes as mt
-from felixpy.bpf.maps import BPFMap
+from felixpy.bpf.maps import BPFMap, WriteIncomplete
 from felixpy.bpf.policy_ir import PROTOCOL_NUMBERS
 from felixpy.memo import short_string_memo
 
 log = structlog.get_logger(__name__)
+_PRESENT = bytes(ctypes.c_uint32(1))  # the LPM maps' value: the key is the member
 
 
 class IPSetIDAllocator:
@@ -153,16 +154,21 @@ class BPFIPSets:
         for name, keys in self._desired.items():
             for k in keys:
                 want[k] = name
-        added = deleted = 0
+        deleted = 0
         for k in [k for k in self._programmed if k not in want]:
             self.map.delete(k)
             del self._programmed[k]
             deleted += 1
-        for k, name in want.items():
-            if k not in self._programmed:
-                self.map.set(k, ctypes.c_uint32(1))
+        adds = [(k, name) for k, name in want.items() if k not in self._programmed]
+        try:
+            self.map.set_many([(k, _PRESENT) for k, _ in adds])  # batched: a big set is a few syscalls
+        except WriteIncomplete as e:
+            for k, name in adds[:e.done]:
                 self._programmed[k] = name
-                added += 1
+            raise
+        for k, name in adds:
+            self._programmed[k] = name
+        added = len(adds)
         if added or deleted:
             log.debug("bpf ip sets applied", v6=self.v6, added=added, deleted=deleted)
         return added, deleted

@@ -19,7 +19,8 @@ Python creates every pin *before* bcc compiles a program, so the programs' ``BPF
 declarations only ever open existing maps with exactly the attributes given here.
 
 Apply contract: :meth:`MapSet.ensure` is idempotent.  Entry operations are one libbpf call (one
-bpf(2) command) each, unbatched; deleting an absent key returns False rather than raising.
+bpf(2) command) each; bulk writes (:meth:`Map.set_many`) go in ``BPF_MAP_UPDATE_BATCH`` chunks;
+deleting an absent key returns False rather than raising.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -145,6 +146,18 @@ def _to_bytes(v: Any, size: int) -> bytes:
     return b
 
 
+BATCH_CHUNK = 8192
+_NO_BATCH_ERRNOS = frozenset({errno.EINVAL, errno.EOPNOTSUPP, 524})  # 524: the kernel's ENOTSUPP
+
+
+class WriteIncomplete(BPFSyscallError):
+    """:meth:`MapCodec.set_many` stopped at a failing element: the first ``done`` are written."""
+
+    def __init__(self, cause: BPFSyscallError, done: int) -> None:
+        super().__init__(cause.cmd, cause.errno)
+        self.done = done
+
+
 class BPFMap(Protocol):
     """What both the kernel-backed :class:`Map` and :class:`felixpy.bpf.fake.FakeMap` offer."""
 
@@ -152,6 +165,7 @@ class BPFMap(Protocol):
 
     def get(self, key: Any) -> Any: ...
     def set(self, key: Any, value: Any, flags: int = sc.ANY) -> None: ...
+    def set_many(self, items: Sequence[tuple[Any, Any]], flags: int = sc.ANY) -> None: ...
     def delete(self, key: Any) -> bool: ...
     def keys(self) -> Iterator[Any]: ...
     def items(self) -> Iterator[tuple[Any, Any]]: ...
@@ -162,6 +176,18 @@ class MapCodec:
     """Typed keys/values over raw bytes, shared by :class:`Map` and the in-memory fake."""
 
     spec: MapSpec
+
+    def set(self, key: Any, value: Any, flags: int = sc.ANY) -> None:
+        raise NotImplementedError
+
+    def set_many(self, items: Sequence[tuple[Any, Any]], flags: int = sc.ANY) -> None:
+        """Write every (key, value) in order, one :meth:`set` each; a failure is raised as
+        :class:`WriteIncomplete`, saying how many were written before it."""
+        for i, (key, value) in enumerate(items):
+            try:
+                self.set(key, value, flags)
+            except BPFSyscallError as e:
+                raise WriteIncomplete(e, i) from e
 
     def _key(self, key: Any) -> bytes:
         return _to_bytes(key, self.spec.key_size)
@@ -207,6 +233,7 @@ class Map(MapCodec):
         # Made by this process with nothing copied in (no pin to reuse, resize or upgrade from): it
         # holds no entry a start-of-day sweep would have to look for.
         self.created_empty = False
+        self._no_batch = False  # the kernel refused BPF_MAP_UPDATE_BATCH for this map: one by one
 
     def get(self, key: Any) -> Any:
         raw = sc.map_lookup(self.fd, self._key(key), self._raw_value_size())
@@ -214,6 +241,41 @@ class Map(MapCodec):
 
     def set(self, key: Any, value: Any, flags: int = sc.ANY) -> None:
         sc.map_update(self.fd, self._key(key), self._encode_value(value), flags)
+
+    def set_many(self, items: Sequence[tuple[Any, Any]], flags: int = sc.ANY) -> None:
+        """:meth:`MapCodec.set_many` in ``BPF_MAP_UPDATE_BATCH`` calls of up to :data:`BATCH_CHUNK`
+        elements (a bulk write -- an IP set's members -- costs a syscall per chunk, not per element).
+        Where the kernel stops, the rest goes one by one, so a bad element fails with its own error
+        and its index; a map type without batch operations (refused before the first element, and
+        every element then written alone) is written one by one from then on."""
+        if self._no_batch or self.spec.percpu or len(items) < 2:
+            MapCodec.set_many(self, items, flags)
+            return
+        done = 0
+        ksize = self.spec.key_size
+        while done < len(items):
+            chunk = items[done:done + BATCH_CHUNK]
+            # (Keys already bytes of the right size -- an IP set's -- are taken as they are; one value
+            # object for every element is encoded once.)
+            keys = b"".join(k if type(k) is bytes and len(k) == ksize else self._key(k) for k, _ in chunk)
+            first = chunk[0][1]
+            if all(v is first for _, v in chunk):
+                values = self._encode_value(first) * len(chunk)
+            else:
+                values = b"".join(self._encode_value(v) for _, v in chunk)
+            try:
+                sc.map_update_batch(self.fd, keys, values, len(chunk), flags)
+            except sc.BatchIncomplete as e:
+                at = done + e.done
+                try:
+                    MapCodec.set_many(self, items[at:], flags)
+                except WriteIncomplete as w:
+                    raise WriteIncomplete(w, at + w.done) from w
+                if e.done == 0 and e.errno in _NO_BATCH_ERRNOS:
+                    log.info("BPF map has no batch updates; writing one element at a time", map=self.spec.name)
+                    self._no_batch = True
+                return
+            done += len(chunk)
 
     def delete(self, key: Any) -> bool:
         return sc.map_delete(self.fd, self._key(key))

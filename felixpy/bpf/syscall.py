@@ -189,6 +189,10 @@ class TcOpts(_Opts):
 TC_INGRESS, TC_EGRESS = 1, 2  # enum bpf_tc_attach_point
 
 
+class MapBatchOpts(_Opts):
+    _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", _u64), ("flags", _u64)]
+
+
 def _proto(name: str, *argtypes: object) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
     fn = getattr(libbpf, name)
     fn.argtypes = argtypes
@@ -203,6 +207,8 @@ _bpf_map_create = _proto("bpf_map_create", _c_int, _cstr, _u32, _u32, _u32,
 _bpf_map_lookup_elem = _proto("bpf_map_lookup_elem", _c_int, _ptr, _ptr)
 _bpf_map_update_elem = _proto("bpf_map_update_elem", _c_int, _ptr, _ptr, _u64)
 _bpf_map_delete_elem = _proto("bpf_map_delete_elem", _c_int, _ptr)
+_bpf_map_update_batch = _proto("bpf_map_update_batch", _c_int, _ptr, _ptr, ctypes.POINTER(_u32),
+                               ctypes.POINTER(MapBatchOpts))
 _bpf_map_get_next_key = _proto("bpf_map_get_next_key", _c_int, _ptr, _ptr)
 _bpf_obj_pin = _proto("bpf_obj_pin", _c_int, _cstr)
 _bpf_obj_get = _proto("bpf_obj_get", _cstr)
@@ -261,6 +267,25 @@ def map_lookup(fd: int, key: bytes, value_size: int) -> bytes | None:
 
 def map_update(fd: int, key: bytes, value: bytes, flags: int = ANY) -> None:
     _check("MAP_UPDATE_ELEM", _bpf_map_update_elem(fd, key, value, flags))
+
+
+class BatchIncomplete(BPFSyscallError):
+    """``BPF_MAP_UPDATE_BATCH`` stopped after ``done`` elements (those are written)."""
+
+    def __init__(self, cmd: str, err: int, done: int) -> None:
+        super().__init__(cmd, err)
+        self.done = done
+
+
+def map_update_batch(fd: int, keys: bytes, values: bytes, count: int, flags: int = ANY) -> None:
+    """Write *count* elements in one ``BPF_MAP_UPDATE_BATCH`` (*keys*/*values*: the packed elements).
+    Raises :class:`BatchIncomplete` with how many were written when the kernel stops early (EINVAL
+    with none written: the map type has no batch operations)."""
+    n = _u32(count)
+    opts = MapBatchOpts(elem_flags=flags, flags=0)
+    ret = _bpf_map_update_batch(fd, keys, values, ctypes.byref(n), ctypes.byref(opts))
+    if ret < 0:
+        raise BatchIncomplete("MAP_UPDATE_BATCH", -ret, int(n.value))
 
 
 def map_delete(fd: int, key: bytes) -> bool:

@@ -88,3 +88,27 @@ def test_dataplane_desired_members_follow_deltas_in_place_and_a_snapshot_stays_p
     dp.add_members("s:new", ["10.0.0.9/32"])  # a delta for a set not seen yet starts it, as before
     assert dp.get_desired_members("s:new") == {"10.0.0.9/32"}
     assert dp.status_counts() == {"bpf_sets": 2, "bpf_members": 3}
+
+
+def test_writer_keeps_what_a_failed_bulk_write_did_write_and_retries_the_rest() -> None:
+    import errno
+
+    import pytest
+
+    m = FakeMap(maps.IPSETS4.sized(100))
+    w = BPFIPSets(m, IPSetIDAllocator(), v6=False)
+    w.replace("s:a", [f"10.0.0.{i}" for i in range(1, 6)])
+    real_set, calls = m.set, {"n": 0}
+
+    def third_fails(key, value, flags=0):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise maps.BPFSyscallError("BPF_MAP_UPDATE_ELEM", errno.ENOMEM)
+        real_set(key, value, flags)
+
+    m.set = third_fails  # type: ignore[method-assign]
+    with pytest.raises(maps.WriteIncomplete) as exc:
+        w.apply()
+    assert exc.value.done == 2 and len(m) == 2
+    m.set = real_set  # type: ignore[method-assign]
+    assert w.apply() == (3, 0) and len(m) == 5  # only the three not written, none twice

@@ -71,6 +71,7 @@ STRUCTS: list[tuple[type[ctypes.Structure], str, str]] = [
     (sc.ProgTestRunOpts, "struct bpf_test_run_opts", "bpf/bpf.h"),
     (sc.TcHook, "struct bpf_tc_hook", "bpf/libbpf.h"),
     (sc.TcOpts, "struct bpf_tc_opts", "bpf/libbpf.h"),
+    (sc.MapBatchOpts, "struct bpf_map_batch_opts", "bpf/bpf.h"),
     (sc.BpfMapInfo, "struct bpf_map_info", "linux/bpf.h"),
     (sc.BpfProgInfo, "struct bpf_prog_info", "linux/bpf.h"),
     (sc.BpfLinkInfo, "struct bpf_link_info", "linux/bpf.h"),
@@ -243,3 +244,53 @@ def test_tcx_link_lifecycle() -> None:
             finally:
                 for fd in fds:
                     os.close(fd)
+
+
+def _lpm_map(n: int) -> maps.Map:
+    spec = next(s for s in maps.ALL_SPECS if s.name == "cali_v4_ip_sets")
+    fd = sc.map_create(spec.map_type, spec.key_size, spec.value_size, n, flags=spec.flags, name="sc_test_batch")
+    return maps.Map(spec, fd)
+
+
+def test_set_many_writes_in_batches_and_a_bad_element_fails_alone_with_its_index(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Map.set_many`` over a kernel LPM trie (an IP-set map): more than one batch chunk, every element
+    written; a key the kernel refuses (a prefix longer than the key) fails with its own error and its
+    index, what comes before it written and nothing after; a map the kernel refuses batches for is
+    written one element at a time from then on."""
+    from felixpy.bpf.ipsets import member_key_bytes
+
+    _need_root()
+    one = bytes(ctypes.c_uint32(1))
+    m = _lpm_map(20000)
+    try:
+        monkeypatch.setattr(maps, "BATCH_CHUNK", 1000)
+        calls = {"batch": 0}
+        real_batch = sc.map_update_batch
+
+        def counting(*a: object, **kw: object) -> None:
+            calls["batch"] += 1
+            real_batch(*a, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(sc, "map_update_batch", counting)
+        keys = [member_key_bytes(7, f"10.1.{i >> 8}.{i & 255}/32", False) for i in range(2500)]
+        m.set_many([(k, one) for k in keys])
+        assert calls["batch"] == 3 and all(m.get(k) is not None for k in keys)
+        bad = bytearray(member_key_bytes(8, "10.2.0.9/32", False) or b"")
+        bad[0:4] = (9999).to_bytes(4, "little")  # prefixlen beyond the key: EINVAL
+        more = [member_key_bytes(8, f"10.2.0.{i}/32", False) for i in range(6)]
+        items = [(k, one) for k in more[:3]] + [(bytes(bad), one)] + [(k, one) for k in more[3:]]
+        with pytest.raises(maps.WriteIncomplete) as exc:
+            m.set_many(items)
+        assert exc.value.done == 3 and exc.value.errno == errno.EINVAL
+        assert [m.get(k) is not None for k in more] == [True, True, True, False, False, False]
+        assert not m._no_batch  # the batch worked up to the bad element: not a map without batches
+
+        def refusing(fd: int, keys: bytes, values: bytes, count: int, flags: int = sc.ANY) -> None:
+            raise sc.BatchIncomplete("MAP_UPDATE_BATCH", errno.EINVAL, 0)
+
+        monkeypatch.setattr(sc, "map_update_batch", refusing)
+        m.set_many([(k, one) for k in more[3:]])
+        assert m._no_batch and all(m.get(k) is not None for k in more)
+    finally:
+        os.close(m.fd)
