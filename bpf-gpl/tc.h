@@ -49,7 +49,8 @@ static CALI_BPF_INLINE void deny_reason(struct cali_tc_ctx *ctx, int reason)
 }
 
 #define GLOBAL_FLAGS(ctx) ((ctx)->globals->data.flags)
-/* The attach point's egress DSCP (a workload's QoS DSCP on its from-WEP hook), -1 for none. */
+/* The attach point's egress DSCP (an endpoint's QoS DSCP, on the hook its traffic leaves by: a
+ * workload's from-WEP, a host endpoint's to-HEP), -1 for none. */
 #define EGRESS_DSCP(ctx) ((ctx)->globals->data.dscp)
 
 /* Tail-call the generic sub-program at logical index idx; returns only if the

@@ -63,7 +63,7 @@ class AttachPoint:
     flags: int = 0  # enum cali_globals_flags
     vxlan_port: int = 4789
     tunnel_mtu: int = 1410
-    dscp: int = -1  # egress DSCP the programs set (a workload's, on its from-WEP hook), -1 = none
+    dscp: int = -1  # egress DSCP the programs set (on a workload's from-WEP or a HEP's to-HEP hook), -1 = none
 
 
 def _fill_ip(dst: ctypes.Array[ctypes.c_uint8], ip: str | None, v6: bool) -> None:

@@ -150,12 +150,8 @@ BATCH_CHUNK = 8192
 _NO_BATCH_ERRNOS = frozenset({errno.EINVAL, errno.EOPNOTSUPP, 524})  # 524: the kernel's ENOTSUPP
 
 
-class WriteIncomplete(BPFSyscallError):
-    """:meth:`MapCodec.set_many` stopped at a failing element: the first ``done`` are written."""
-
-    def __init__(self, cause: BPFSyscallError, done: int) -> None:
-        super().__init__(cause.cmd, cause.errno)
-        self.done = done
+# A bulk write (:meth:`MapCodec.set_many`) stopped at a failing element: the first ``done`` are written.
+WriteIncomplete = sc.BatchIncomplete
 
 
 class BPFMap(Protocol):
@@ -187,7 +183,7 @@ class MapCodec:
             try:
                 self.set(key, value, flags)
             except BPFSyscallError as e:
-                raise WriteIncomplete(e, i) from e
+                raise WriteIncomplete(e.cmd, e.errno, i) from e
 
     def _key(self, key: Any) -> bytes:
         return _to_bytes(key, self.spec.key_size)
@@ -270,7 +266,7 @@ class Map(MapCodec):
                 try:
                     MapCodec.set_many(self, items[at:], flags)
                 except WriteIncomplete as w:
-                    raise WriteIncomplete(w, at + w.done) from w
+                    raise WriteIncomplete(w.cmd, w.errno, at + w.done) from w
                 if e.done == 0 and e.errno in _NO_BATCH_ERRNOS:
                     log.info("BPF map has no batch updates; writing one element at a time", map=self.spec.name)
                     self._no_batch = True

@@ -270,7 +270,8 @@ def map_update(fd: int, key: bytes, value: bytes, flags: int = ANY) -> None:
 
 
 class BatchIncomplete(BPFSyscallError):
-    """``BPF_MAP_UPDATE_BATCH`` stopped after ``done`` elements (those are written)."""
+    """A bulk map write (``BPF_MAP_UPDATE_BATCH``, or ``Map.set_many``) stopped after ``done`` elements
+    (those are written)."""
 
     def __init__(self, cmd: str, err: int, done: int) -> None:
         super().__init__(cmd, err)

@@ -165,6 +165,10 @@ def _takes(mgr: Manager, msg_type: type) -> bool:
     return wanted is None or issubclass(msg_type, wanted)
 
 
+def _device_step(syncer: object) -> str:
+    return f"devices:{type(syncer).__name__}{_family(syncer)}"
+
+
 def _family(obj: object) -> str:
     """``/v4`` or ``/v6`` for a per-family driver (step names), "" for anything else."""
     v = getattr(obj, "ip_version", None)
@@ -409,34 +413,37 @@ class InternalDataplane:
     def _apply_devices(self, report: ApplyReport) -> None:
         devices = list(self.devices)
         for i, syncer in enumerate(devices):
-            name = f"devices:{type(syncer).__name__}{_family(syncer)}"
             if _conforms(syncer, WaitsOnChild) and i + 1 < len(devices):
-                # The device steps after it run while its child does (BPF mode: the interface sysctls
-                # and host MTU during the tc -batch attach), each still its own step; exactly once.  A
-                # fatal one is held until the waiting step is done (its error handling must not take
-                # it for its own), then raised, as every fatal step is once started work has finished.
-                rest, ran, fatal = devices[i + 1:], False, []
-
-                def during() -> None:
-                    nonlocal ran
-                    if not ran:
-                        ran = True
-                        for s in rest:
-                            try:
-                                self._step(report, f"devices:{type(s).__name__}{_family(s)}", s.apply)
-                            except FatalDataplaneError as exc:
-                                fatal.append(exc)
-                                return
-
-                self._step(report, name, lambda: syncer.apply_during(during))
-                during()
-                if fatal:
-                    raise fatal[0]
+                self._apply_during_child(report, syncer, devices[i + 1:])
                 break
-            self._step(report, name, syncer.apply)
+            self._step(report, _device_step(syncer), syncer.apply)
         for mgr in self.managers:
             if _conforms(mgr, DevicesConsumer):
                 self._step(report, f"after-devices:{type(mgr).__name__}", mgr.on_devices_applied)
+
+    def _apply_during_child(self, report: ApplyReport, waiting: WaitsOnChild, rest: list[Syncer]) -> None:
+        """*waiting*'s step, with the device steps after it (*rest*) run while its child does (BPF mode:
+        the interface sysctls and host MTU during the tc -batch attach), each still its own step, once.
+        A fatal one is held until the waiting step is done (its error handling must not take it for its
+        own), then raised, as every fatal step is once the work already started has finished."""
+        fatal: list[FatalDataplaneError] = []
+
+        def during() -> None:
+            if fatal or not rest:
+                return
+            todo = rest.copy()
+            rest.clear()  # run once, however often called
+            for s in todo:
+                try:
+                    self._step(report, _device_step(s), s.apply)
+                except FatalDataplaneError as exc:
+                    fatal.append(exc)
+                    return
+
+        self._step(report, _device_step(waiting), lambda: waiting.apply_during(during))
+        during()
+        if fatal:
+            raise fatal[0]
 
     def _queue_refreshes(self) -> None:
         """Popped refresh timers only queue resyncs; the steps below do them."""
