@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from felixpy.bpf import defs
+from felixpy.bpf import defs, progtag
 from felixpy.bpf import syscall as sc
 from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.maps import MapSet
@@ -233,6 +233,7 @@ class PolicyProgram:
     refs: int = 0
     gen_seconds: float = 0.0
     load_seconds: float = 0.0
+    ids: list[int] | None = None  # the kernel's program id per part (read when first needed)
 
 
 @dataclass
@@ -244,16 +245,46 @@ class PolicyPrograms:
     # Kernel access, injectable so drivers can be tested over in-memory fakes.
     prog_load: Callable[..., int] = sc.prog_load
     close_fd: Callable[[int], None] = os.close
+    prog_fd_by_id: Callable[[int], int] = sc.prog_get_fd_by_id
+    prog_info: Callable[[int], sc.ProgInfo] = sc.prog_info
+    map_id: Callable[[int], int] = field(default=lambda fd: sc.map_info(fd).id)
     sources: SourceStore = field(default_factory=MemorySources)
     _cache: dict[tuple[object, ...], PolicyProgram] = field(default_factory=dict)
     _installed: dict[tuple[int, int], PolicyProgram] = field(default_factory=dict)
-    stats: dict[str, int] = field(default_factory=lambda: {"loads": 0, "hits": 0})
+    # The parts adopt() generated for a key it could not adopt: acquire() loads them, not a second build.
+    _spare: tuple[tuple[object, ...], list[bytes], float] | None = None
+    stats: dict[str, int] = field(default_factory=lambda: {"loads": 0, "hits": 0, "adopted": 0})
 
     # -- programs ------------------------------------------------------------------------------
 
     def _key(self, ps: PolicySet, hook: int, v6: bool, xdp: XdpSlots | None) -> tuple[object, ...]:
         ids = tuple(sorted((s, self.ipset_ids.get_or_alloc(s)) for s in ps.ip_sets()))
         return (ps, hook, v6, xdp, ids, self.max_jumps, self.max_insns)
+
+    def _build(self, key: tuple[object, ...], ps: PolicySet, hook: int, v6: bool,
+               xdp: XdpSlots | None) -> tuple[list[bytes], float]:
+        """The program's parts for ``key`` and the seconds generating them took."""
+        if self._spare is not None and self._spare[0] == key:
+            _key, parts, secs = self._spare
+            self._spare = None
+            return parts, secs
+        t0 = time.perf_counter()
+        builder = PolicyProgramBuilder(
+            ProgramMaps(self.maps.state.fd, self.maps.ipsets(v6).fd, self.maps.progs(hook).fd,
+                        self.maps.jumps(hook).fd),
+            self.ipset_ids.get_or_alloc, v6=v6, xdp=xdp, max_jumps=self.max_jumps, max_insns=self.max_insns)
+        return builder.build(ps), time.perf_counter() - t0
+
+    @staticmethod
+    def _name(key: tuple[object, ...], hook: int, v6: bool) -> str:
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:8]
+        return f"p{6 if v6 else 4}{_HOOK_CHAR[hook]}_{digest}"
+
+    def _write_source(self, name: str, ps: PolicySet, hook: int, v6: bool, *, unless_equal: bool = False) -> None:
+        ids = {s: self.ipset_ids.get_or_alloc(s) for s in ps.ip_sets()}
+        doc = source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=ids)
+        if not unless_equal or self.sources.read(name) != doc:
+            self.sources.write(name, doc)
 
     def acquire(self, ps: PolicySet, *, hook: int, v6: bool,
                 xdp: XdpSlots | None = None) -> PolicyProgram:
@@ -265,17 +296,9 @@ class PolicyPrograms:
             self.stats["hits"] += 1
             prog.refs += 1
             return prog
-        t0 = time.perf_counter()
-        progs_map = self.maps.progs(hook)
-        jump_map = self.maps.jumps(hook)
-        builder = PolicyProgramBuilder(
-            ProgramMaps(self.maps.state.fd, self.maps.ipsets(v6).fd, progs_map.fd, jump_map.fd),
-            self.ipset_ids.get_or_alloc, v6=v6, xdp=xdp, max_jumps=self.max_jumps,
-            max_insns=self.max_insns)
-        parts = builder.build(ps)
+        parts, gen_seconds = self._build(key, ps, hook, v6, xdp)
         t1 = time.perf_counter()
-        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:8]
-        name = f"p{6 if v6 else 4}{_HOOK_CHAR[hook]}_{digest}"
+        name = self._name(key, hook, v6)
         prog_type = sc.PROG_TYPE_XDP if hook == defs.HOOK_XDP else sc.PROG_TYPE_SCHED_CLS
         fds: list[int] = []
         try:
@@ -287,19 +310,78 @@ class PolicyPrograms:
             raise
         t2 = time.perf_counter()
         try:
-            ids = {s: self.ipset_ids.get_or_alloc(s) for s in ps.ip_sets()}
-            self.sources.write(name, source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=ids))
+            self._write_source(name, ps, hook, v6)
         except Exception:
             for fd in fds:
                 self.close_fd(fd)
             raise
-        prog = PolicyProgram(key, name, fds, [len(p) // 8 for p in parts], 1, t1 - t0, t2 - t1)
+        prog = PolicyProgram(key, name, fds, [len(p) // 8 for p in parts], 1, gen_seconds, t2 - t1)
         self._cache[key] = prog
         self.stats["loads"] += 1
         log.debug("policy program loaded", name=name, parts=len(parts),
-                  insns=prog.insn_counts, gen_ms=round((t1 - t0) * 1e3, 2),
+                  insns=prog.insn_counts, gen_ms=round(gen_seconds * 1e3, 2),
                   load_ms=round((t2 - t1) * 1e3, 2))
         return prog
+
+    def adopt(self, ps: PolicySet, *, hook: int, v6: bool, entry: int) -> bool:
+        """At a restart: take over slot ``entry`` of ``hook`` as it is if it holds exactly the program
+        this process would put there for ``ps`` -- every part, by name, type, tag (the same
+        instructions, :mod:`felixpy.bpf.progtag`) and the ids of the maps it uses (this process's
+        maps).  Then nothing is loaded or written: the slot counts as installed, holding one reference.
+        Returns False, leaving the slot alone, on any difference (an earlier version's code, another
+        policy, a part missing or extra) or if a program went away meanwhile; the caller installs then.
+        (TC hooks only: XDP slots are always installed afresh.)"""
+        jm = self.maps.jumps(hook)
+        stride = self.stride(hook)
+        found: list[int] = []
+        for k in range(defs.MAX_POLICY_SUBPROGS):
+            got = jm.get(entry + k * stride)
+            if got is None:
+                break
+            found.append(int(got.value) if hasattr(got, "value") else int(got))
+        if not found:
+            return False
+        key = self._key(ps, hook, v6, None)
+        prog = self._cache.get(key)
+        if prog is not None:  # already adopted or loaded for another slot: this slot must hold that one
+            if self._ids(prog) != found:
+                return False
+            prog.refs += 1
+            self._installed[(hook, entry)] = prog
+            return True
+        parts, gen_seconds = self._build(key, ps, hook, v6, None)
+        self._spare = (key, parts, gen_seconds)
+        if len(parts) != len(found):
+            return False
+        name = self._name(key, hook, v6)
+        fds: list[int] = []
+        try:
+            for k, (insns, prog_id) in enumerate(zip(parts, found)):
+                try:
+                    fds.append(self.prog_fd_by_id(prog_id))
+                except BPFSyscallError:
+                    return False  # replaced or unloaded since the slot was read
+                info = self.prog_info(fds[-1])
+                if (info.type != sc.PROG_TYPE_SCHED_CLS or info.name != (name if k == 0 else f"{name}_{k}")
+                        or info.tag not in progtag.tags(insns)
+                        or set(info.map_ids) != {self.map_id(fd) for fd in progtag.map_fds(insns)}):
+                    return False
+            self._write_source(name, ps, hook, v6, unless_equal=True)
+            prog = PolicyProgram(key, name, fds, [len(p) // 8 for p in parts], 1, gen_seconds, 0.0, found)
+        finally:
+            if prog is None:
+                for fd in fds:
+                    self.close_fd(fd)
+        self._spare = None
+        self._cache[key] = prog
+        self._installed[(hook, entry)] = prog
+        self.stats["adopted"] += 1
+        return True
+
+    def _ids(self, prog: PolicyProgram) -> list[int]:
+        if prog.ids is None:
+            prog.ids = [self.prog_info(fd).id for fd in prog.fds]
+        return prog.ids
 
     def num_loaded(self) -> int:
         """Distinct policy programs loaded now (identical policy sets share one)."""

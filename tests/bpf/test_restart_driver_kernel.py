@@ -115,6 +115,8 @@ def test_a_restart_reclaims_reattaches_nothing_and_sweeps_what_is_no_longer_want
     links, state = world.links(), ifstate(first)
     assert len(links) == 4 and {n for n, *_ in state.values()} == set(IFACES)
     a_index, b_index = (socket.if_nametoindex(n) for n in ("calia", "calib"))
+    first_ids = {(hook, int(e)): slot_prog_id(first, hook, int(e))
+                 for _n, _f, egr, ing in state.values() for hook, e in ((ING, egr), (EGR, ing))}
 
     second = world.process()  # a new process; its feed still has calia, no longer calib
     d2 = driver(second, {"calia": IFACES["calia"]})
@@ -126,6 +128,9 @@ def test_a_restart_reclaims_reattaches_nothing_and_sweeps_what_is_no_longer_want
     for hook, entry in ((ING, egr_entry), (EGR, ing_entry)):
         prog = second.policies.installed(hook, entry)
         assert prog is not None and slot_prog_id(second, hook, entry) == sc.prog_info(prog.fds[0]).id
+        # The first run's program, adopted by tag and maps: not loaded again, the slot not rewritten.
+        assert slot_prog_id(second, hook, entry) == first_ids[(hook, entry)]
+    assert second.policies.stats["adopted"] == 2 and second.policies.stats["loads"] == 0
     _n, _f, b_egr, b_ing = state[b_index]
     assert slot_prog_id(second, ING, b_egr) is None and slot_prog_id(second, EGR, b_ing) is None
     assert second.maps.routes(False).get(mt.route_key(IFACES["calib"] + "/32")) is None
@@ -179,3 +184,22 @@ def test_an_untracked_host_endpoints_xdp_program_survives_a_restart_unchanged_an
     assert bpfattach.xdp_attached(idx) is None
     assert int(third.maps.ifstate.get(ctypes.c_uint32(idx)).xdp_policy_v4) == -1
     assert all(slot_prog_id(third, defs.HOOK_XDP, e) is None for e in range(defs.XDP_POLICY_STRIDE))
+
+
+def test_a_restart_with_another_policy_loads_it_into_the_same_slot(world: World) -> None:
+    first = world.process()
+    driver(first, IFACES).apply()
+    idx = socket.if_nametoindex("calia")
+    _n, _f, _egr, ing = ifstate(first)[idx]
+    before = slot_prog_id(first, EGR, ing)  # calia's to-workload slot: deny-all in the first run
+
+    second = world.process()
+    d2 = driver(second, IFACES)
+    d2.set_workload(4, "calia", WorkloadPolicy(to_workload=ALLOW_ALL, from_workload=ALLOW_ALL))
+    d2.apply()
+    after = slot_prog_id(second, EGR, ing)
+    prog = second.policies.installed(EGR, ing)
+    assert prog is not None and after == sc.prog_info(prog.fds[0]).id and after != before
+    assert second.policies.stats["loads"] == 1  # that one program; every other slot adopted
+    for k in (first, second):
+        k.maps.close()

@@ -21,8 +21,9 @@ from .test_bpf_endpoints import ING, EGR, allowed, entries, ifstate, programmed,
 BPF_CONFIG = replace(Config(), BPFEnabled=True)
 
 
-def first_run(families: tuple[int, ...] = (4,)) -> tuple[Node, FakeBPF]:
+def first_run(families: tuple[int, ...] = (4,), build: str = "v1") -> tuple[Node, FakeBPF]:
     fb = fake_kernel()
+    fb.progs.build = build  # "v1": the code this test's later processes load too
     n = Node(families=families, config=BPF_CONFIG, bpf=fb)
     for name in ("cali1", "cali2", "cali3"):
         n.link_up(name)
@@ -53,6 +54,15 @@ def restart(n1: Node, fb1: FakeBPF, families: tuple[int, ...] = (4,), *, feed: l
     return n, fb
 
 
+def jump_slots(fb: FakeBPF) -> dict[tuple[int, int], int]:
+    """Every filled policy slot of both TC jump maps: (hook, entry) -> the program id it holds."""
+    out = {}
+    for hook in (ING, EGR):
+        for key, val in fb.kernel.maps.jumps(hook).items():
+            out[(hook, int(key.value if hasattr(key, "value") else key))] = int(val.value if hasattr(val, "value") else val)
+    return out
+
+
 def record_acquires(fb: FakeBPF) -> list[object]:
     """Every policy set the new process loads or re-uses a program for, in order."""
     seen: list[object] = []
@@ -78,6 +88,7 @@ def test_restart_with_the_same_feed_reclaims_everything_and_reattaches_nothing()
     live = mt.CtValue4()
     live.last_seen = time.monotonic_ns()  # seen just now: the conntrack scanner keeps it
     ct.set(mt.CtKey4(), live)
+    before_slots = jump_slots(fb1)
     n2, fb2 = restart(n1, fb1, (4, 6))
     acquired = record_acquires(fb2)
     n2.apply()
@@ -88,14 +99,15 @@ def test_restart_with_the_same_feed_reclaims_everything_and_reattaches_nothing()
         assert (entries(fb2, idx, 4), entries(fb2, idx, 6)) == before_entries[i], f"{i} moved to other entries"
         for v in (4, 6):
             assert programmed(n2, fb2, i, v)
-    # The reclaimed entries were swapped straight to the real policy: no default-deny window.
-    assert acquired and DENY_ALL not in acquired
-    # And each now holds a program this process loaded (the old one is released by the slot swap).
+    # Every slot kept the previous run's program: nothing loaded, nothing written, and this process
+    # holds each as installed (a later policy change swaps it like any other).
+    assert acquired == [] and jump_slots(fb2) == before_slots
+    assert fb2.kernel.policies.stats["adopted"] == len({v for v in before_slots.values()})
     idx = n2.ifindex("cali2")
     ing, egr = entries(fb2, idx, 4)
     for hook, entry in ((ING, ing), (EGR, egr)):
         prog = fb2.kernel.policies.installed(hook, entry)
-        assert prog is not None and slot_fd(fb2, hook, entry) == prog.fds[0]
+        assert prog is not None and fb2.progs.info(prog.fds[0]).id == slot_fd(fb2, hook, entry)
     assert sorted(allowed(n2, 4)) == list(ifaces) and sorted(allowed(n2, 6)) == list(ifaces)
     assert len(list(fb2.kernel.maps.ct(False).keys())) == 1
     # New endpoints after the restart get fresh entries, not a reclaimed one.
@@ -104,6 +116,42 @@ def test_restart_with_the_same_feed_reclaims_everything_and_reattaches_nothing()
     n2.apply()
     new = set(entries(fb2, n2.ifindex("cali4"), 4))
     assert not new & {e for i in ifaces for e in before_entries[i][0] + before_entries[i][1]}
+
+
+def test_restart_reloads_policy_programs_that_are_other_code() -> None:
+    """Slots holding an earlier version's program (another tag for the same policy) are not adopted:
+    each gets this process's program, swapped straight in (no default-deny window)."""
+    n1, fb1 = first_run(build="v0")
+    before = jump_slots(fb1)
+    n2, fb2 = restart(n1, fb1)
+    fb2.progs.build = "v1"
+    acquired = record_acquires(fb2)
+    n2.apply()
+    after = jump_slots(fb2)
+    assert after.keys() == before.keys() and all(after[k] != before[k] for k in before)
+    assert acquired and DENY_ALL not in acquired and fb2.kernel.policies.stats["adopted"] == 0
+    for i in ("cali1", "cali2", "cali3"):
+        assert programmed(n2, fb2, i)
+
+
+def test_restart_adopts_only_slots_whose_program_matches_in_every_respect() -> None:
+    """One slot's program uses other maps, another's is gone from the kernel: those two are reloaded,
+    every other slot is kept as it is."""
+    n1, fb1 = first_run()
+    before = jump_slots(fb1)
+    # cali2's to-workload program (its own policy) uses other maps; the one cali1 and cali3 share is gone.
+    other_maps, gone = (EGR, entries(fb1, n1.ifindex("cali2"))[1]), (EGR, entries(fb1, n1.ifindex("cali1"))[1])
+    assert before[other_maps] != before[gone]
+    fb1.progs.map_ids[before[other_maps]] = (12345,)
+    del fb1.progs.ids[before[gone]]
+    n2, fb2 = restart(n1, fb1)
+    n2.apply()
+    after = jump_slots(fb2)
+    changed = {k for k in before if after.get(k) != before[k]}
+    assert changed == {k for k, v in before.items() if v in (before[other_maps], before[gone])}
+    assert len(changed) == 3 and len(before) - len(changed) == 3  # the from-workload slots: all kept
+    for i in ("cali1", "cali2", "cali3"):
+        assert programmed(n2, fb2, i)
 
 
 def test_restart_into_new_code_replaces_the_preambles_in_place() -> None:

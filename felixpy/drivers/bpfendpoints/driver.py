@@ -12,8 +12,10 @@ How a fresh process recognises them (the restart, on the first apply)
 (:meth:`BPFEndpoints._restart_sync`): every ``cali_iface`` entry is keyed by ifindex and carries
 the interface name and its policy entry indices. An entry whose ifindex is still an interface of
 that name that the feed wants programmed is **reclaimed**: its entries are re-assigned to it in
-the slot allocators, the regenerated policy programs are swapped straight into them (no default-
-deny step: the slot already enforces the previous run's policy) and the entry keeps its READY
+the slot allocators, a slot already holding exactly the program this process would load keeps it
+(:meth:`~felixpy.bpf.policyload.PolicyPrograms.adopt`: same instructions by tag, same maps; nothing is
+loaded or written), any other gets the regenerated program swapped straight in (no default-deny
+step: the slot already enforces the previous run's policy), and the entry keeps its READY
 flags until it is rewritten. Its preambles are recognised by filter name / TCX link pin path (the
 attacher) and are *not* re-attached when the program attached there is the same code over the same
 maps as this process's preamble (same tag and map ids: :meth:`Attacher.is_current`); otherwise
@@ -550,7 +552,12 @@ class BPFEndpoints:
                 self._deny_held[(hook, v)] = pol.acquire(DENY_ALL, hook=hook, v6=(v == 6))
             self._install(hook, entry, v, DENY_ALL)  # a fresh slot holds default-deny first
         if done.policy.get((hook, v)) != ps:
-            self._install(hook, entry, v, ps)
+            # A reclaimed slot that already holds this very program is taken over as it is: no load,
+            # no write (the restart rewrites nothing that is right).
+            adopted = reclaimed and (hook, v) not in done.policy and \
+                pol.adopt(ps, hook=hook, v6=(v == 6), entry=entry)
+            if not adopted:
+                self._install(hook, entry, v, ps)
             done.policy[(hook, v)] = ps
             if reclaimed:  # the previous run's program may have had more parts
                 prog = pol.installed(hook, entry)

@@ -8,11 +8,13 @@ over these is the production code; only the kernel is replaced.
 from __future__ import annotations
 
 import errno
+import hashlib
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from felixpy.bpf import progtag
 from felixpy.bpf.build import PREAMBLE_FUNC, Program, Variant
 from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.hook import ProgramsMap
@@ -20,6 +22,7 @@ from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.fake import FakeMap
 from felixpy.bpf.maps import ALL_SPECS, Map, MapSet, MapSpec
 from felixpy.bpf.policyload import PolicyPrograms
+from felixpy.bpf.syscall import ProgInfo
 from felixpy.drivers.bpfendpoints.attacher import HOOKS, NETKIT_FEATURE, AttachRequest
 from felixpy.drivers.bpfendpoints.kernel import BPFKernel, slot_allocators
 from felixpy.drivers.bpfendpoints.xdp import ForeignXdpProgram
@@ -55,13 +58,40 @@ class FakePrograms:
     loads: int = 0
     build: str = "v1"  # bump to make every later load different code (an upgrade)
 
+    # What the kernel reports of each fd (``info``): program type, the tag of its instructions and the
+    # maps they use.  A prog-array slot of the fakes holds the fd it was given, so that number is the
+    # program's id as slots and ``info`` show it; ``fd_by_id`` opens a new fd to the same program.
+    types: dict[int, int] = field(default_factory=dict)
+    ktags: dict[int, bytes] = field(default_factory=dict)
+    map_ids: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    origin: dict[int, int] = field(default_factory=dict)  # fd from fd_by_id -> the program's first fd
+
     def load(self, prog_type: int, insns: bytes, *, name: str = "", **_: object) -> int:
         fd = next(self._fds)
         self.ids[fd] = fd + 50000
         self.names[fd] = name
         self.tags[fd] = f"{self.build}:{name}:{insns.hex()}"
+        self.types[fd] = prog_type
+        # The kernel's tag of these instructions, unless ``build`` says the code is another version's.
+        self.ktags[fd] = hashlib.sha256((self.build + ":").encode() * (self.build != "v1") +
+                                        progtag.masked(insns)).digest()[:progtag.TAG_SIZE]
+        self.map_ids[fd] = tuple(progtag.map_fds(insns))
         self.loads += 1
         return fd
+
+    def fd_by_id(self, prog_id: int) -> int:
+        first = self.origin.get(prog_id, prog_id)
+        if first not in self.ids:
+            raise BPFSyscallError("BPF_PROG_GET_FD_BY_ID", errno.ENOENT)
+        fd = next(self._fds)
+        self.origin[fd] = first
+        self.ids[fd], self.names[fd], self.tags[fd] = self.ids[first], self.names[first], self.tags[first]
+        self.types[fd], self.ktags[fd], self.map_ids[fd] = self.types[first], self.ktags[first], self.map_ids[first]
+        return fd
+
+    def info(self, fd: int) -> ProgInfo:
+        return ProgInfo(self.types[fd], self.origin.get(fd, fd), self.ktags[fd], 0, self.names[fd],
+                        self.map_ids[fd])
 
     def close(self, fd: int) -> None:
         self.closed.add(fd)
@@ -213,6 +243,8 @@ def _bundle(maps: MapSet, progs: FakePrograms, attacher: FakeAttacher, xdp: Fake
 
     ids = IPSetIDAllocator()
     kernel = BPFKernel(maps=maps, programs=ProgramsMap(maps, "fake", loader=loader),
-                       policies=PolicyPrograms(maps, ids, prog_load=progs.load, close_fd=progs.close),
+                       policies=PolicyPrograms(maps, ids, prog_load=progs.load, close_fd=progs.close,
+                                               prog_fd_by_id=progs.fd_by_id, prog_info=progs.info,
+                                               map_id=lambda fd: fd),
                        attacher=attacher, ipset_ids=ids, slots=slot_allocators(), xdp=xdp)
     return FakeBPF(kernel, progs, attacher, xdp)
