@@ -176,9 +176,13 @@ def test_policy_change_swaps_programs_in_existing_slots_without_reattach() -> No
     before_fd = slot_fd(fb, EGR, e1[1])
     before_ing = slot_fd(fb, ING, e1[0])
     attaches, loads = fb.attacher.attach_calls, fb.progs.loads
+    asked: list[str] = []
+    is_attached = fb.attacher.is_attached
+    fb.attacher.is_attached = lambda iface, *a: asked.append(iface) or is_attached(iface, *a)  # type: ignore[method-assign]
     n.send(policy("p", inbound=[rule("deny", protocol="udp"), rule("allow")], outbound=[rule("allow")]))
     n.apply()
     assert fb.attacher.attach_calls == attaches  # no re-attach
+    assert asked == []  # nor a kernel query per interface: attachments are checked by the refresh
     assert entries(fb, i1) == e1 and entries(fb, i2) == e2  # same slots
     new_fd = slot_fd(fb, EGR, e1[1])
     assert new_fd != before_fd and new_fd == slot_fd(fb, EGR, e2[1])
