@@ -4,7 +4,9 @@ It offers the :class:`~felixpy.bpf.maps.BPFMap` interface over a dict of raw key
 encoded exactly as :class:`~felixpy.bpf.maps.Map` encodes them for the kernel: hash and array
 maps (arrays pre-filled with zeros, out-of-range index is E2BIG), LPM-trie longest-prefix lookup,
 per-CPU values as lists, ``max_entries`` (E2BIG when a new key would not fit) and the update
-flags (``NOEXIST``/``EXIST``).  Failure injection: :attr:`FakeMap.fail_next_update`.
+flags (``NOEXIST``/``EXIST``).  Bulk writes and deletes (``set_many``/``delete_many``) are the
+element-by-element loops :class:`~felixpy.bpf.maps.Map` falls back to, with the same results.
+Failure injection: :attr:`FakeMap.fail_next_update`, :attr:`FakeMap.fail_deletes`.
 ``tests/bpf/test_fakemap.py`` checks parity with the kernel for the same operations.
 """
 
@@ -31,6 +33,7 @@ class FakeMap(MapCodec):
             for i in range(spec.max_entries):
                 self._d[i.to_bytes(4, "little")] = zero
         self.fail_next_update: int | None = None  # failure injection: errno for the next set()
+        self.fail_deletes: dict[bytes, int] = {}  # failure injection: raw key -> errno its delete fails with
         self.created_empty = False  # as a reopened pin: sweeps look (Map sets it for a map it made)
 
     def _lpm_lookup(self, key: bytes) -> bytes | None:
@@ -68,11 +71,17 @@ class FakeMap(MapCodec):
         self._d[kb] = self._encode_value(value)
 
     def delete(self, key: Any) -> bool:
-        return self._d.pop(self._key(key), None) is not None
+        kb = self._key(key)
+        if kb in self.fail_deletes:
+            raise BPFSyscallError("BPF_MAP_DELETE_ELEM", self.fail_deletes[kb])
+        return self._d.pop(kb, None) is not None
 
     def keys(self) -> Iterator[Any]:
         for k in list(self._d):
             yield self._decode_key(k)
+
+    def raw_keys(self) -> Iterator[bytes]:
+        return iter(list(self._d))
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         for k, v in list(self._d.items()):

@@ -146,7 +146,7 @@ class BPFIPSets:
     def apply(self) -> tuple[int, int]:
         """Reconcile the map with the desired members; returns (added, deleted)."""
         if self._programmed is None:
-            self._programmed = {bytes(k): "?" for k in self.map.keys()}
+            self._programmed = dict.fromkeys(self.map.raw_keys(), "?")  # batched: a syscall per 8,192
             if self._believed is not None:
                 self._drift += len(self._believed.symmetric_difference(self._programmed))
                 self._believed = None
@@ -154,11 +154,16 @@ class BPFIPSets:
         for name, keys in self._desired.items():
             for k in keys:
                 want[k] = name
-        deleted = 0
-        for k in [k for k in self._programmed if k not in want]:
-            self.map.delete(k)
+        gone = [k for k in self._programmed if k not in want]
+        try:
+            self.map.delete_many(gone)  # batched, as the writes below
+        except WriteIncomplete as e:
+            for k in gone[:e.done]:  # those are out of the map; the rest (the failing key on) are not
+                del self._programmed[k]
+            raise
+        for k in gone:
             del self._programmed[k]
-            deleted += 1
+        deleted = len(gone)
         adds = [(k, name) for k, name in want.items() if k not in self._programmed]
         try:
             self.map.set_many([(k, _PRESENT) for k, _ in adds])  # batched: a big set is a few syscalls

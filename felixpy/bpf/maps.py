@@ -19,8 +19,11 @@ Python creates every pin *before* bcc compiles a program, so the programs' ``BPF
 declarations only ever open existing maps with exactly the attributes given here.
 
 Apply contract: :meth:`MapSet.ensure` is idempotent.  Entry operations are one libbpf call (one
-bpf(2) command) each; bulk writes (:meth:`Map.set_many`) go in ``BPF_MAP_UPDATE_BATCH`` chunks;
-deleting an absent key returns False rather than raising.
+bpf(2) command) each; bulk operations go in chunks of :data:`BATCH_CHUNK` elements a command:
+writes (:meth:`Map.set_many`) in ``BPF_MAP_UPDATE_BATCH``, read-backs (:meth:`Map.keys`,
+:meth:`Map.items` and their raw forms) in ``BPF_MAP_LOOKUP_BATCH``, deletes (:meth:`Map.delete_many`)
+in ``BPF_MAP_DELETE_BATCH``; a map whose type the kernel refuses them for goes element by element
+(``BPF_MAP_GET_NEXT_KEY`` for reads).  Deleting an absent key returns False rather than raising.
 """
 
 from __future__ import annotations
@@ -147,10 +150,13 @@ def _to_bytes(v: Any, size: int) -> bytes:
 
 
 BATCH_CHUNK = 8192
+# What the kernel answers a batch command for a map type without batch operations (on 6.18: PROG_ARRAY
+# has none, arrays no delete; hash, LRU hash, per-CPU hash and LPM trie have all three).
 _NO_BATCH_ERRNOS = frozenset({errno.EINVAL, errno.EOPNOTSUPP, 524})  # 524: the kernel's ENOTSUPP
 
 
-# A bulk write (:meth:`MapCodec.set_many`) stopped at a failing element: the first ``done`` are written.
+# A bulk write or delete (:meth:`MapCodec.set_many`, :meth:`MapCodec.delete_many`) stopped at a
+# failing element: the first ``done`` are written (or gone from the map).
 WriteIncomplete = sc.BatchIncomplete
 
 
@@ -163,7 +169,9 @@ class BPFMap(Protocol):
     def set(self, key: Any, value: Any, flags: int = sc.ANY) -> None: ...
     def set_many(self, items: Sequence[tuple[Any, Any]], flags: int = sc.ANY) -> None: ...
     def delete(self, key: Any) -> bool: ...
+    def delete_many(self, keys: Sequence[Any]) -> int: ...
     def keys(self) -> Iterator[Any]: ...
+    def raw_keys(self) -> Iterator[bytes]: ...
     def items(self) -> Iterator[tuple[Any, Any]]: ...
     def clear(self) -> int: ...
 
@@ -184,6 +192,21 @@ class MapCodec:
                 self.set(key, value, flags)
             except BPFSyscallError as e:
                 raise WriteIncomplete(e.cmd, e.errno, i) from e
+
+    def delete(self, key: Any) -> bool:
+        raise NotImplementedError
+
+    def delete_many(self, keys: Sequence[Any]) -> int:
+        """Delete every key in order, one :meth:`delete` each; returns how many were present (an absent
+        key is skipped, as :meth:`delete` skips it).  A failure is raised as :class:`WriteIncomplete`,
+        saying how many keys (from the front) are gone from the map before it."""
+        deleted = 0
+        for i, key in enumerate(keys):
+            try:
+                deleted += self.delete(key)
+            except BPFSyscallError as e:
+                raise WriteIncomplete(e.cmd, e.errno, i) from e
+        return deleted
 
     def _key(self, key: Any) -> bytes:
         return _to_bytes(key, self.spec.key_size)
@@ -229,7 +252,7 @@ class Map(MapCodec):
         # Made by this process with nothing copied in (no pin to reuse, resize or upgrade from): it
         # holds no entry a start-of-day sweep would have to look for.
         self.created_empty = False
-        self._no_batch = False  # the kernel refused BPF_MAP_UPDATE_BATCH for this map: one by one
+        self._no_batch = False  # the kernel refused a batch command for this map: one by one from then on
 
     def get(self, key: Any) -> Any:
         raw = sc.map_lookup(self.fd, self._key(key), self._raw_value_size())
@@ -268,31 +291,109 @@ class Map(MapCodec):
                 except WriteIncomplete as w:
                     raise WriteIncomplete(w.cmd, w.errno, at + w.done) from w
                 if e.done == 0 and e.errno in _NO_BATCH_ERRNOS:
-                    log.info("BPF map has no batch updates; writing one element at a time", map=self.spec.name)
-                    self._no_batch = True
+                    self._batches_refused(e)
                 return
             done += len(chunk)
+
+    def _batches_refused(self, e: BPFSyscallError) -> None:
+        log.info("BPF map type has no batch operations; one element at a time", map=self.spec.name,
+                 cmd=e.cmd, errno=e.errno)
+        self._no_batch = True
 
     def delete(self, key: Any) -> bool:
         return sc.map_delete(self.fd, self._key(key))
 
-    def raw_keys(self) -> Iterator[bytes]:
-        k: bytes | None = None
-        while True:
-            k = sc.map_next_key(self.fd, k, self.spec.key_size)
-            if k is None:
+    def delete_many(self, keys: Sequence[Any]) -> int:
+        """:meth:`MapCodec.delete_many` in ``BPF_MAP_DELETE_BATCH`` calls of up to :data:`BATCH_CHUNK`
+        keys.  The kernel stops a batch at an absent key (ENOENT): that key is skipped and the batch goes
+        on after it, so the result equals the one-by-one loop's.  Where the kernel stops for another
+        reason the rest goes one by one, so a failing key fails with its own error and its index; a map
+        type without batch operations is handled one by one from then on."""
+        if self._no_batch or len(keys) < 2:
+            return MapCodec.delete_many(self, keys)
+        ksize = self.spec.key_size
+        raw = [k if type(k) is bytes and len(k) == ksize else self._key(k) for k in keys]
+        deleted = done = 0
+        while done < len(raw):
+            chunk = raw[done:done + BATCH_CHUNK]
+            try:
+                sc.map_delete_batch(self.fd, b"".join(chunk), len(chunk))
+            except sc.BatchIncomplete as e:
+                deleted += e.done
+                done += e.done
+                if e.errno == errno.ENOENT:
+                    done += 1  # absent: nothing to delete, not an error
+                    continue
+                try:
+                    deleted += MapCodec.delete_many(self, raw[done:])
+                except WriteIncomplete as w:
+                    raise WriteIncomplete(w.cmd, w.errno, done + w.done) from w
+                if e.done == 0 and e.errno in _NO_BATCH_ERRNOS:
+                    self._batches_refused(e)
+                return deleted
+            deleted += len(chunk)
+            done += len(chunk)
+        return deleted
+
+    def _chunks(self, values: bool = True) -> Iterator[tuple[bytes, bytes, int]]:
+        """The whole map as ``(packed keys, packed raw values, n)`` chunks, lazily: ``BPF_MAP_LOOKUP_BATCH``
+        of :data:`BATCH_CHUNK` elements (one syscall per chunk, not one or two per element), or, for a
+        map type the kernel refuses that for, ``BPF_MAP_GET_NEXT_KEY`` (plus a lookup when *values*)
+        one element a chunk.  The kernel's cursor between chunks is the last key read for arrays and
+        LPM tries (see :func:`~felixpy.bpf.syscall.map_lookup_batch`): a caller that deletes must
+        read to the end first."""
+        ks, vs = self.spec.key_size, self._raw_value_size()
+        cursor: bytes | None = None
+        first = True
+        while not self._no_batch:
+            try:
+                keys, vals, n, cursor = sc.map_lookup_batch(self.fd, cursor, BATCH_CHUNK, ks, vs)
+            except BPFSyscallError as e:
+                if not first or e.errno not in _NO_BATCH_ERRNOS:
+                    raise
+                self._batches_refused(e)
+                break
+            first = False
+            if n:
+                yield keys, vals, n
+            if cursor is None:
                 return
-            yield k
+        k: bytes | None = None
+        while (k := sc.map_next_key(self.fd, k, ks)) is not None:
+            if not values:
+                yield k, b"", 1
+            elif (v := sc.map_lookup(self.fd, k, vs)) is not None:  # (None: deleted meanwhile)
+                yield k, v, 1
+
+    def raw_keys(self) -> Iterator[bytes]:
+        """Every key as bytes, lazily (a chunk at a time: see :meth:`_chunks` before deleting)."""
+        ks = self.spec.key_size
+        for keys, _, n in self._chunks(values=False):
+            for off in range(0, n * ks, ks):
+                yield keys[off:off + ks]
+
+    def raw_items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, raw value) as bytes, lazily (a chunk at a time: see :meth:`_chunks` before
+        deleting).  Per-CPU values are every CPU's, as :meth:`get` reads them."""
+        ks, vs = self.spec.key_size, self._raw_value_size()
+        for keys, vals, n in self._chunks():
+            for i in range(n):
+                yield keys[i * ks:(i + 1) * ks], vals[i * vs:(i + 1) * vs]
 
     def keys(self) -> Iterator[Any]:
-        for k in list(self.raw_keys()):
-            yield self._decode_key(k)
+        # The whole map is read (packed, a few bytes objects a chunk) before the first key is yielded,
+        # so the caller may delete as it goes.
+        kt, ks = self.spec.key_type, self.spec.key_size
+        for keys, _, n in list(self._chunks(values=False)):
+            for i in range(n):
+                yield kt.from_buffer_copy(keys, i * ks)
 
     def items(self) -> Iterator[tuple[Any, Any]]:
-        for k in list(self.raw_keys()):
-            v = sc.map_lookup(self.fd, k, self._raw_value_size())
-            if v is not None:
-                yield self._decode_key(k), self._decode_value(v)
+        # Read whole first, as keys().
+        kt, ks, vs = self.spec.key_type, self.spec.key_size, self._raw_value_size()
+        for keys, vals, n in list(self._chunks()):
+            for i in range(n):
+                yield kt.from_buffer_copy(keys, i * ks), self._decode_value(vals[i * vs:(i + 1) * vs])
 
     def clear(self) -> int:
         if self.spec.map_type in (sc.MAP_TYPE_ARRAY, sc.MAP_TYPE_PERCPU_ARRAY):
@@ -305,10 +406,7 @@ class Map(MapCodec):
             for i in range(self.spec.max_entries):
                 n += self.delete(i)
             return n
-        n = 0
-        for k in list(self.raw_keys()):
-            n += sc.map_delete(self.fd, k)
-        return n
+        return self.delete_many(list(self.raw_keys()))
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -359,10 +457,9 @@ class Map(MapCodec):
         """A new map at the wanted size holding every entry of *old* (as many as fit), pinned in its place."""
         new = cls.create(spec)
         copied = dropped = 0
-        for k in list(old.raw_keys()):
-            v = sc.map_lookup(old.fd, k, old._raw_value_size())
-            if v is None:
-                continue
+        # (Lazily: the conntrack maps are hash maps, whose walk's cursor is a bucket, so what the programs
+        # add or the LRU evicts meanwhile does not upset it.)
+        for k, v in old.raw_items():
             try:
                 sc.map_update(new.fd, k, v)
                 copied += 1

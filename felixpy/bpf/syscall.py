@@ -209,6 +209,10 @@ _bpf_map_update_elem = _proto("bpf_map_update_elem", _c_int, _ptr, _ptr, _u64)
 _bpf_map_delete_elem = _proto("bpf_map_delete_elem", _c_int, _ptr)
 _bpf_map_update_batch = _proto("bpf_map_update_batch", _c_int, _ptr, _ptr, ctypes.POINTER(_u32),
                                ctypes.POINTER(MapBatchOpts))
+_bpf_map_lookup_batch = _proto("bpf_map_lookup_batch", _c_int, _ptr, _ptr, _ptr, _ptr, ctypes.POINTER(_u32),
+                               ctypes.POINTER(MapBatchOpts))
+_bpf_map_delete_batch = _proto("bpf_map_delete_batch", _c_int, _ptr, ctypes.POINTER(_u32),
+                               ctypes.POINTER(MapBatchOpts))
 _bpf_map_get_next_key = _proto("bpf_map_get_next_key", _c_int, _ptr, _ptr)
 _bpf_obj_pin = _proto("bpf_obj_pin", _c_int, _cstr)
 _bpf_obj_get = _proto("bpf_obj_get", _cstr)
@@ -270,23 +274,80 @@ def map_update(fd: int, key: bytes, value: bytes, flags: int = ANY) -> None:
 
 
 class BatchIncomplete(BPFSyscallError):
-    """A bulk map write (``BPF_MAP_UPDATE_BATCH``, or ``Map.set_many``) stopped after ``done`` elements
-    (those are written)."""
+    """A bulk map write or delete (``BPF_MAP_UPDATE_BATCH``/``BPF_MAP_DELETE_BATCH``, or
+    ``Map.set_many``/``Map.delete_many``) stopped after its first ``done`` elements (those are
+    written, or gone from the map)."""
 
     def __init__(self, cmd: str, err: int, done: int) -> None:
         super().__init__(cmd, err)
         self.done = done
 
 
+def _batch_done(asked: int, count: _u32) -> int:
+    """How many elements a failed batch command got through.  The kernel writes the count back only
+    once it has started on the elements: a command refused up front (no batch operations for the map
+    type, bad flags) leaves the count as it was passed -- which a command that stopped at a failing
+    element never does (that element is not counted) -- so an unchanged count means none."""
+    return 0 if count.value == asked else int(count.value)
+
+
 def map_update_batch(fd: int, keys: bytes, values: bytes, count: int, flags: int = ANY) -> None:
     """Write *count* elements in one ``BPF_MAP_UPDATE_BATCH`` (*keys*/*values*: the packed elements).
     Raises :class:`BatchIncomplete` with how many were written when the kernel stops early (EINVAL
-    with none written: the map type has no batch operations)."""
+    or ENOTSUPP with none written: the map type has no batch operations)."""
     n = _u32(count)
     opts = MapBatchOpts(elem_flags=flags, flags=0)
     ret = _bpf_map_update_batch(fd, keys, values, ctypes.byref(n), ctypes.byref(opts))
     if ret < 0:
-        raise BatchIncomplete("MAP_UPDATE_BATCH", -ret, int(n.value))
+        raise BatchIncomplete("MAP_UPDATE_BATCH", -ret, _batch_done(count, n))
+
+
+def map_delete_batch(fd: int, keys: bytes, count: int) -> None:
+    """Delete *count* keys (packed) in one ``BPF_MAP_DELETE_BATCH``.  The kernel deletes in order and
+    stops at the first key it cannot delete -- an absent key too (ENOENT), where the one-key delete is
+    not an error: :class:`BatchIncomplete` says how many were deleted before it, and the caller decides."""
+    n = _u32(count)
+    opts = MapBatchOpts()
+    ret = _bpf_map_delete_batch(fd, keys, ctypes.byref(n), ctypes.byref(opts))
+    if ret < 0:
+        raise BatchIncomplete("MAP_DELETE_BATCH", -ret, _batch_done(count, n))
+
+
+_LOOKUP_RACE_RETRIES = 3
+
+
+def map_lookup_batch(fd: int, cursor: bytes | None, count: int, key_size: int,
+                     value_size: int) -> tuple[bytes, bytes, int, bytes | None]:
+    """Read up to *count* elements in one ``BPF_MAP_LOOKUP_BATCH``, from *cursor* (None: the map's start;
+    else what the previous call returned).  Returns ``(keys, values, n, next cursor)``: *n* elements
+    packed in *keys* and *values*, and None as the cursor once the map's end was reached (the kernel
+    answers the last batch with ENOENT, its count filled in: an empty map is one call, n 0).  Per-CPU
+    maps: *value_size* is the per-element total, round_up(value_size, 8) x possible CPUs.
+
+    The cursor is opaque: a bucket index for hash maps, the last key read for the others (arrays, LPM
+    tries), whose walk is get-next-key inside the kernel -- so deleting that key before the next call
+    restarts an LPM trie's walk.  Raises :class:`BPFSyscallError` (EINVAL/ENOTSUPP: no batch
+    operations for the map type)."""
+    retries = _LOOKUP_RACE_RETRIES
+    while True:
+        kbuf = ctypes.create_string_buffer(count * key_size)
+        vbuf = ctypes.create_string_buffer(count * value_size)
+        out = ctypes.create_string_buffer(max(key_size, 4))
+        n = _u32(count)
+        ret = _bpf_map_lookup_batch(fd, cursor, out, kbuf, vbuf, ctypes.byref(n), ctypes.byref(MapBatchOpts()))
+        got = int(n.value)
+        if ret == 0 or ret == -_ENOENT or (ret == -_errno.EINTR and got):
+            # (EINTR: the in-kernel walk lost a race with a delete at one key three times; what it
+            # read before that is good, and the next call goes on from there.)
+            nxt = None if ret == -_ENOENT else out.raw
+            return ctypes.string_at(kbuf, got * key_size), ctypes.string_at(vbuf, got * value_size), got, nxt
+        if ret == -_errno.ENOSPC:  # one hash bucket holds more than *count* elements (none read): ask for more
+            count *= 2
+            continue
+        if ret == -_errno.EINTR and retries:
+            retries -= 1
+            continue
+        raise BPFSyscallError("MAP_LOOKUP_BATCH", -ret)
 
 
 def map_delete(fd: int, key: bytes) -> bool:

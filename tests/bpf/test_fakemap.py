@@ -62,6 +62,19 @@ def test_fake_hash_limits_and_failure_injection() -> None:
         m.set(4, mt.ifstate_value(1), sc.EXIST)
 
 
+def test_fake_delete_many_is_the_one_by_one_loop_and_a_failing_key_stops_it() -> None:
+    m = FakeMap(SMALL_HASH.sized(8))
+    for i in range(5):
+        m.set(i, mt.ifstate_value(i))
+    assert m.delete_many([0, 7, 1, 1, 2]) == 3  # absent and repeated keys skipped, as delete() skips them
+    assert sorted(m.raw_keys()) == [bytes(ctypes.c_uint32(i)) for i in (3, 4)]
+    m.fail_deletes[bytes(ctypes.c_uint32(4))] = errno.EBUSY
+    with pytest.raises(maps.WriteIncomplete) as ei:
+        m.delete_many([3, 4, 9])
+    assert (ei.value.done, ei.value.errno) == (1, errno.EBUSY)
+    assert list(m.raw_keys()) == [bytes(ctypes.c_uint32(4))]  # stopped at the failing key: it stays
+
+
 def test_fake_percpu() -> None:
     m = FakeMap(COUNTERS)
     maps.ensure_counters(m, 5, 0)

@@ -112,3 +112,22 @@ def test_writer_keeps_what_a_failed_bulk_write_did_write_and_retries_the_rest() 
     assert exc.value.done == 2 and len(m) == 2
     m.set = real_set  # type: ignore[method-assign]
     assert w.apply() == (3, 0) and len(m) == 5  # only the three not written, none twice
+
+
+def test_writer_keeps_exact_account_of_a_bulk_delete_that_stopped_midway() -> None:
+    import errno
+
+    import pytest
+
+    m = FakeMap(maps.IPSETS4.sized(100))
+    w = BPFIPSets(m, IPSetIDAllocator(), v6=False)
+    w.replace("s:a", [f"10.0.0.{i}" for i in range(1, 11)])
+    assert w.apply() == (10, 0)
+    w.remove("s:a")
+    m.fail_deletes[list(m.raw_keys())[4]] = errno.EBUSY  # the fifth delete fails (deletes go in write order)
+    with pytest.raises(maps.WriteIncomplete) as exc:
+        w.apply()
+    assert exc.value.done == 4 and len(m) == 6
+    m.fail_deletes.clear()
+    assert w.apply() == (0, 6) and len(m) == 0  # exactly the six left, none deleted twice or forgotten
+    assert w.apply() == (0, 0)

@@ -236,17 +236,12 @@ class ConntrackScanner:
 
 
 def _walk(m: BPFMap) -> Iterator[tuple[bytes, bytes]]:
-    """Every (key, value) as raw bytes, lazily for a kernel map (no list of 512k keys)."""
+    """Every (key, value) as raw bytes; for a kernel map lazily, in ``BPF_MAP_LOOKUP_BATCH`` chunks (a
+    syscall per 8,192 entries, never a list of 512k).  The scan deletes only after the walk, and the map
+    is an LRU hash whose batch cursor is a bucket index: the programs' own inserts and the LRU's
+    evictions during the walk neither stop it nor make it start over."""
     if isinstance(m, Map) and m.fd >= 0:
-        key: bytes | None = None
-        ks, vs = m.spec.key_size, m.spec.value_size
-        while True:
-            key = sc.map_next_key(m.fd, key, ks)
-            if key is None:
-                return
-            val = sc.map_lookup(m.fd, key, vs)
-            if val is not None:
-                yield key, val
+        yield from m.raw_items()
         return
     for k, v in m.items():
         yield bytes(k), bytes(v)

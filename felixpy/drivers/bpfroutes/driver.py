@@ -6,7 +6,8 @@ by :mod:`felixpy.bpf.maps`); nothing but this driver writes it.
 
 How a fresh process recognises them: the map is ours by pin path, kernel name and layout
 (:mod:`felixpy.bpf.maps`), so every entry in it is ours.  On the first apply (and after any
-failed write) the whole map is read back: entries equal to the desired value are kept (a
+failed write) the whole map is read back (``BPF_MAP_LOOKUP_BATCH`` chunks, :meth:`Map.items
+<felixpy.bpf.maps.Map.items>`): entries equal to the desired value are kept (a
 restart rewrites nothing that is right, so the programs never see a route vanish and return),
 wrong ones are rewritten, entries nobody wants are deleted (mark-and-sweep).  A later read-back
 (the route refresh) compares the map with what this process last wrote, and what it had to fix is
