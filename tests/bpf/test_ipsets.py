@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from felixpy.bpf import maps
 from felixpy.bpf import maptypes as mt
 from felixpy.bpf.fake import FakeMap
@@ -124,10 +127,97 @@ def test_writer_keeps_exact_account_of_a_bulk_delete_that_stopped_midway() -> No
     w.replace("s:a", [f"10.0.0.{i}" for i in range(1, 11)])
     assert w.apply() == (10, 0)
     w.remove("s:a")
-    m.fail_deletes[list(m.raw_keys())[4]] = errno.EBUSY  # the fifth delete fails (deletes go in write order)
+    stuck = list(m.raw_keys())[4]
+    m.fail_deletes[stuck] = errno.EBUSY  # that member's delete fails, wherever it comes in the batch
     with pytest.raises(maps.WriteIncomplete) as exc:
         w.apply()
-    assert exc.value.done == 4 and len(m) == 6
+    done = exc.value.done
+    assert len(m) == 10 - done and m.get(stuck) is not None
     m.fail_deletes.clear()
-    assert w.apply() == (0, 6) and len(m) == 0  # exactly the six left, none deleted twice or forgotten
+    assert w.apply() == (0, 10 - done) and len(m) == 0  # exactly those left, none deleted twice or forgotten
+    assert w.apply() == (0, 0)
+
+
+def _members(m: FakeMap) -> set[bytes]:
+    return set(m.raw_keys())
+
+
+def _want(w: BPFIPSets) -> set[bytes]:
+    return set().union(*w._desired.values())
+
+
+def test_an_apply_writes_only_the_change_not_the_whole_map() -> None:
+    """After a big start of day, a one-member change is one write and nothing else: no read-back, no
+    delete, no pass over the other sets (the apply runs twice per loop iteration in BPF mode)."""
+    m = FakeMap(maps.IPSETS4.sized(100_000))
+    w = BPFIPSets(m, IPSetIDAllocator(), v6=False)
+    for j in range(50):
+        w.replace(f"s:{j}", [f"10.{j}.{i // 250}.{i % 250}" for i in range(500)])
+    assert w.apply() == (25_000, 0)
+    calls: list[tuple[str, int]] = []
+    set_many, delete_many, raw_keys = m.set_many, m.delete_many, m.raw_keys
+    m.set_many = lambda items, flags=0: calls.append(("set", len(items))) or set_many(items, flags)  # type: ignore
+    m.delete_many = lambda keys: calls.append(("delete", len(keys))) or delete_many(keys)  # type: ignore
+    m.raw_keys = lambda: calls.append(("read", 0)) or raw_keys()  # type: ignore
+    w.add_members("s:7", ["10.99.0.1"])
+    assert w.apply() == (1, 0) and calls == [("set", 1)]
+    assert w.apply() == (0, 0) and calls == [("set", 1)]  # the second apply of the iteration: nothing
+    w.remove_members("s:7", ["10.7.0.1"])
+    w.replace("s:8", [f"10.8.0.{i}" for i in range(10)])  # 490 of its 500 members go
+    assert w.apply() == (0, 491) and calls[1:] == [("delete", 491)]
+    assert _members(m) == _want(w)
+
+
+def test_deltas_that_cancel_before_an_apply_write_nothing() -> None:
+    m = FakeMap(maps.IPSETS4.sized(100))
+    w = BPFIPSets(m, IPSetIDAllocator(), v6=False)
+    w.replace("s:a", ["10.0.0.1", "10.0.0.2"])
+    w.apply()
+    w.remove_members("s:a", ["10.0.0.1"])
+    w.add_members("s:a", ["10.0.0.1", "10.0.0.3"])
+    w.remove_members("s:a", ["10.0.0.3"])
+    w.remove("s:a")
+    w.replace("s:a", ["10.0.0.2", "10.0.0.1"])
+    assert w.apply() == (0, 0) and _members(m) == _want(w)
+
+
+def test_a_resync_repairs_what_changed_behind_our_back_and_counts_it_once() -> None:
+    m = FakeMap(maps.IPSETS4.sized(100))
+    ids = IPSetIDAllocator()
+    w = BPFIPSets(m, ids, v6=False)
+    w.replace("s:a", ["10.0.0.1", "10.0.0.2"])
+    w.apply()
+    m.delete(next(iter(_members(m))))            # one member lost
+    m.set(mt.ipset_key(ids.get_or_alloc("s:a"), "10.9.9.9"), 1)  # one foreign
+    w.add_members("s:a", ["10.0.0.5"])           # and a change queued meanwhile
+    w.queue_resync()
+    assert w.apply() == (2, 1) and _members(m) == _want(w)
+    assert w.take_drift() == 2 and w.take_drift() == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["replace", "add", "remove", "drop", "apply", "resync"]),
+                          st.sampled_from(["s:a", "s:b", "s:c"]),
+                          st.sets(st.integers(0, 7), max_size=5)), max_size=40))
+def test_after_any_sequence_of_changes_an_apply_leaves_exactly_the_desired_members(ops) -> None:  # type: ignore[no-untyped-def]
+    m = FakeMap(maps.IPSETS4.sized(1000))
+    m.set(mt.ipset_key(424242, "10.1.1.1"), 1)  # an earlier run's stray
+    w = BPFIPSets(m, IPSetIDAllocator(), v6=False)
+    for op, name, nums in ops:
+        members = [f"10.0.0.{n}" for n in nums]
+        if op == "replace":
+            w.replace(name, members)
+        elif op == "add":
+            w.add_members(name, members)
+        elif op == "remove":
+            w.remove_members(name, members)
+        elif op == "drop":
+            w.remove(name)
+        elif op == "resync":
+            w.queue_resync()
+        else:
+            w.apply()
+            assert _members(m) == _want(w)
+    w.apply()
+    assert _members(m) == _want(w)
     assert w.apply() == (0, 0)
