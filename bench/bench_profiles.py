@@ -11,7 +11,8 @@ Profiles (``--profile``):
 Modes (``--modes``): ``legacy`` (iptables-legacy), ``nft`` (iptables-nft), ``nftables`` (nftables mode,
 libnftables in the daemon), ``nftables-child`` (nftables mode, ``nft`` run as a child process per transaction,
 :class:`felixpy.drivers.nftables.shim.NftChildProcess`, selected by ``bench/hooks/sitecustomize.py``).
-BPF mode is not measured: the daemon has no BPF dataplane mode yet.
+``bpf`` (BPF mode, iptables-legacy for the rules it keeps, clsact attach, a warm compile cache; what differs
+in the node, the state compared and the raw floor is in ``bench/bpf_profile.py``).
 
 Per mode, in a throwaway node namespace (``felixpy.testing.topology``), the real daemon
 (``python -m felixpy run``) is fed over its unix socket:
@@ -43,12 +44,15 @@ Usage: ``.venv/bin/python bench/bench_profiles.py [--profile large|stress] [--mo
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +63,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bpf_profile as bpfp  # noqa: E402
 from bench_scale import iface_names, pid, rss_kib, v4, v6, wid  # noqa: E402
 
 from felixpy.feed.client import FeedClient, connect  # noqa: E402
@@ -95,6 +100,7 @@ MODES = {
     "nft": {"FELIX_IPTABLESBACKEND": "nft", **_HOOKS},
     "nftables": {"FELIX_NFTABLESMODE": "Enabled", **_HOOKS},
     "nftables-child": {"FELIX_NFTABLESMODE": "Enabled", "FELIXPY_BENCH_NFT_SHIM": "child", **_HOOKS},
+    "bpf": {**_HOOKS},  # the rest per run: bpf_profile.env()
 }
 
 
@@ -374,6 +380,8 @@ class ModeResult:
     hwm_churn: float = 0.0
     worker_rss: float = 0.0
     worker_hwm: float = 0.0
+    bpf_rows: int = 0
+    bpf_programs: int = 0
 
 
 def mib(pid_: int) -> tuple[float, float]:
@@ -439,34 +447,47 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def prepare_node(node: topology.Node, p: Profile) -> None:
+def prepare_node(ns: str, p: Profile) -> None:
     """The VXLAN parent device (the node's underlay address) when the profile has remote routes."""
     if p.remote_routes:
-        topology.sh("ip", "-n", node.netns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
-        topology.sh("ip", "-n", node.netns, "addr", "add", "192.168.0.1/16", "dev", "eth0")
-        topology.sh("ip", "-n", node.netns, "link", "set", "eth0", "up")
-        topology.sh("ip", "-n", node.netns, "link", "set", "eth0p", "up")
+        topology.sh("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+        topology.sh("ip", "-n", ns, "addr", "add", "192.168.0.1/16", "dev", "eth0")
+        topology.sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        topology.sh("ip", "-n", ns, "link", "set", "eth0p", "up")
 
 
-def run_mode(mode: str, p: Profile, *, ipv6: bool, settle: float, churn_s: float, samples: int) -> ModeResult:
+def run_mode(mode: str, p: Profile, *, ipv6: bool, settle: float, churn_s: float, samples: int,
+             bpf_cache: str = "") -> ModeResult:
     families = [4, 6] if ipv6 else [4]
     names = iface_names(p.workloads)
     batch = initial_batch(p, names, ipv6)
     res = ModeResult(mode)
     env = {**MODES[mode], "FELIX_FELIXHOSTNAME": HOSTNAME}
+    bpf = mode == "bpf"
+    raw: bpfp.RawNode | None = None
     raw_ns: str | None = None
-    with topology.node("fpyprof") as node:
-        prepare_node(node, p)
+    with topology.node("fpyprof") as node, (bpfp.pin_root() if bpf else contextlib.nullcontext("")) as pins:
+        prepare_node(node.netns, p)
+        if bpf:
+            bpfp.prepare_node(node.netns, names)
+            env.update(bpfp.env(pins, bpf_cache, p.workloads))
+
+        def state() -> tuple[float, dict[str, str]]:
+            return bpfp.dump(node.netns, pins, families) if bpf else dump(node.netns, mode, families)
+
         d = start_daemon(node.netns, env=env)
         try:
             c, res.cold = feed(d, batch, settle)
             res.rss_cold, res.hwm_cold = mib(d.proc.pid)
             wait_quiet(d)
-            _, before = dump(node.netns, mode, families)
+            res.raw_restart, before = state()
             res.chains, res.rules = rule_count(mode, before)
-            raw_restart, _ = dump(node.netns, mode, families)
-            res.raw_restart = raw_restart
-            res.raw_cold, raw_ns = raw_cold(mode, before, families)
+            if bpf:
+                res.bpf_rows, res.bpf_programs = bpfp.counts(before)
+                raw = bpfp.RawNode(names, families, uplink=bool(p.remote_routes))
+                res.raw_cold = raw.load(before, bpfp.preamble_ids(before, names))
+            else:
+                res.raw_cold, raw_ns = raw_cold(mode, before, families)
 
             # One policy-rule change (pol-0's first rule's port), ``samples`` times.
             seq = len(batch) + 1
@@ -477,9 +498,13 @@ def run_mode(mode: str, p: Profile, *, ipv6: bool, settle: float, churn_s: float
                 seq += 1
                 res.one_rule.append(wait_applied_after(d, t))
             wait_quiet(d)
-            _, after = dump(node.netns, mode, families)
+            _, after = state()
             # The raw tool writes the same change (cold state → final state of the changed chain).
-            res.raw_one_rule, res.changed_chains = raw_one_chain(mode, raw_ns, before, after, families)
+            if raw is not None:
+                res.raw_one_rule, res.changed_chains = raw.change(before, after)
+            else:
+                assert raw_ns is not None
+                res.raw_one_rule, res.changed_chains = raw_one_chain(mode, raw_ns, before, after, families)
             c.close()
             d.stop()
 
@@ -487,8 +512,14 @@ def run_mode(mode: str, p: Profile, *, ipv6: bool, settle: float, churn_s: float
             d = start_daemon(node.netns, env=env)
             c, res.restart = feed(d, batch[:] + [policy(p, 0, gen=samples, ipv6=ipv6)], settle)
             wait_quiet(d)
-            _, again = dump(node.netns, mode, families)
+            _, again = state()
             res.restart_same = comparable(again) == comparable(after)
+            if not res.restart_same:
+                for k in after:
+                    a, b = set(comparable(after)[k].splitlines()), set(comparable(again).get(k, "").splitlines())
+                    if a != b:
+                        print(f"({mode}: the restart changed {k}: {len(a - b)} lines gone, {len(b - a)} new, "
+                              f"e.g. {sorted(a - b)[:2]} -> {sorted(b - a)[:2]})", file=sys.stderr, flush=True)
             res.rss_before_churn, res.hwm_restart = mib(d.proc.pid)
 
             if churn_s > 0:
@@ -512,6 +543,8 @@ def run_mode(mode: str, p: Profile, *, ipv6: bool, settle: float, churn_s: float
             finally:
                 if raw_ns is not None:
                     nsmod.delete(raw_ns)
+                if raw is not None:
+                    raw.close()
     return res
 
 
@@ -547,6 +580,11 @@ def report(p: Profile, results: list[ModeResult], ipv6: bool, churn_s: float, wa
                   f"{r.applies_n}, {ms(r.apply_p50)} / {ms(r.apply_p99)} | "
                   f"{r.rss_before_churn:.0f} / {r.rss_after_churn:.0f} / {r.rss_after_idle:.0f} MiB | "
                   f"{r.hwm_churn:.0f} MiB | {r.worker_rss:.0f} / {r.worker_hwm:.0f} MiB |")
+    for r in results:
+        if r.bpf_rows:
+            print(f"\n{r.mode}: chains / rules are the *tables BPF mode keeps; its maps hold {r.bpf_rows} rows "
+                  f"(the raw one-rule write: {r.changed_chains} of them) and its policy slots "
+                  f"{r.bpf_programs} distinct programs.")
     print("\nOne-rule samples: " + "; ".join(
         f"{r.mode}: " + ", ".join(ms(x) for x in r.one_rule) for r in results))
     print("Wall time per mode: " + ", ".join(f"{k} {v:.0f} s" for k, v in wall.items()))
@@ -560,15 +598,35 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=None, help="seconds between the batch and InSync")
     ap.add_argument("--churn", type=float, default=60.0, help="churn seconds (0: no churn run)")
     ap.add_argument("--samples", type=int, default=5, help="one-rule change samples")
+    ap.add_argument("--daemon-env", action="append", default=[], metavar="K=V",
+                    help="extra environment for the daemon (e.g. a bench/hooks profiling switch)")
+    ap.add_argument("--bpf-cache", default="", help="BPF mode: the compile cache directory to use (and warm); "
+                    "default a temporary one")
     args = ap.parse_args()
     p = PROFILES[args.profile]
+    for kv in args.daemon_env:
+        for env in MODES.values():
+            env[kv.split("=", 1)[0]] = kv.split("=", 1)[1]
     settle = args.settle if args.settle is not None else (5.0 if p.workloads <= 1000 else 15.0)
     results, wall = [], {}
-    for mode in args.modes.split(","):
-        t0 = time.monotonic()
-        results.append(run_mode(mode, p, ipv6=args.ipv6, settle=settle, churn_s=args.churn, samples=args.samples))
-        wall[mode] = time.monotonic() - t0
-        print(f"({mode} done in {wall[mode]:.0f} s: {results[-1]})", file=sys.stderr, flush=True)
+    modes = args.modes.split(",")
+    with contextlib.ExitStack() as stack:
+        cache = args.bpf_cache
+        if "bpf" in modes:
+            cache = cache or stack.enter_context(tempfile.TemporaryDirectory(prefix="felixpy-bpfcache-"))
+            first = initial_batch(dataclasses.replace(p, workloads=0, sets=0, policies=0,
+                                                      remote_routes=min(p.remote_routes, 1)), [], args.ipv6)
+            vtep = next((m for m in first if isinstance(m, pb.VXLANTunnelEndpointUpdate)), None)
+            cfg = dict(first[0].config)  # type: ignore[attr-defined]
+            warm = bpfp.warm_cache(cache, {**MODES["bpf"], "FELIX_FELIXHOSTNAME": HOSTNAME},
+                                   lambda ns: prepare_node(ns, p), cfg, vtep)
+            print(f"(BPF compile cache {cache} warmed in {warm:.1f} s)", file=sys.stderr, flush=True)
+        for mode in modes:
+            t0 = time.monotonic()
+            results.append(run_mode(mode, p, ipv6=args.ipv6, settle=settle, churn_s=args.churn,
+                                    samples=args.samples, bpf_cache=cache))
+            wall[mode] = time.monotonic() - t0
+            print(f"({mode} done in {wall[mode]:.0f} s: {results[-1]})", file=sys.stderr, flush=True)
     report(p, results, args.ipv6, args.churn, wall)
 
 

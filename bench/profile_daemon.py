@@ -101,7 +101,7 @@ def main() -> None:
         memfile.unlink(missing_ok=True)
         env["FELIXPY_BENCH_TRACEMALLOC"] = str(memfile)
     with topology.node("fpyprof") as node:
-        prepare_node(node, p)
+        prepare_node(node.netns, p)
         d: DaemonProcess = start_daemon(node.netns, env=env)
         try:
             spy = None

@@ -19,7 +19,7 @@
 * ``FELIXPY_BENCH_CPROFILE=PATH`` — cProfile of every apply after this process's first three (a churn's,
   without the cold start or restart in it) to ``PATH.<pid>``, and of the table applies, which run on
   worker threads: nftables to ``PATH.table.<pid>``, iptables (one table at a time) to
-  ``PATH.iptables.<pid>``; rewritten every 50 applies.
+  ``PATH.iptables.<pid>``; rewritten every 50 applies (``FELIXPY_BENCH_CPROFILE_EVERY``: every N).
 * ``FELIXPY_BENCH_NFTLOG=DIR`` — in the nft transaction worker: every transaction's script to
   ``DIR/tx-<pid>-<n>.nft``, its libnftables time to ``DIR/times.jsonl``, and the whole ruleset once (at
   the 50th) to ``DIR/ruleset-<pid>.nft``, for replaying the transactions by hand against the same state.
@@ -269,7 +269,7 @@ if _CPROF:
                     return orig(self)
                 finally:
                     prof.disable()
-                    if _pn[0] % 50 == 0:
+                    if _pn[0] % int(os.environ.get("FELIXPY_BENCH_CPROFILE_EVERY", "50")) == 0:
                         prof.dump_stats(f"{_CPROF}{suffix}.{os.getpid()}")
             finally:
                 lock.release()
