@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import ipaddress
+import socket
 from collections.abc import Callable, Iterable, Iterator
 
 import structlog
@@ -81,6 +82,20 @@ def member_key(set_id: int, member: str, v6: bool) -> ctypes.Structure | None:
     return mt.ipset_key(set_id, str(net.network_address), net.prefixlen, v6=v6)
 
 
+_PROTOCOL_NAMES = {6: "tcp", 17: "udp", 132: "sctp"}
+
+
+def member_of_key(key: bytes, v6: bool) -> str:
+    """The member a map key stands for, spelled as ipset spells it: ``10.0.0.1``, ``10.0.0.0/24``,
+    ``10.0.0.1,tcp:80`` (the inverse of :func:`member_key`, up to spelling)."""
+    k = (mt.IPSetKey6 if v6 else mt.IPSetKey4).from_buffer_copy(key)
+    addr = socket.inet_ntop(socket.AF_INET6 if v6 else socket.AF_INET, bytes(k.addr))
+    bits = k.prefixlen - mt.IPSET_ID_BITS
+    if bits > (128 if v6 else 32):  # address, port and protocol
+        return f"{addr},{_PROTOCOL_NAMES.get(k.protocol, k.protocol)}:{k.port}"
+    return addr if bits == (128 if v6 else 32) else f"{addr}/{bits}"
+
+
 @short_string_memo(64)  # "<IPv6 address>/128,sctp:65535" fits
 def member_key_bytes(set_id: int, member: str, v6: bool) -> bytes | None:
     """:func:`member_key`'s bytes, memoised: IP-set deltas name the same members again and again
@@ -116,6 +131,23 @@ class BPFIPSets:
         # day: an earlier run's entries are cleanup, not drift); what the read-back found different.
         self._believed: set[bytes] | None = None
         self._drift = 0
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._desired
+
+    def counts(self) -> tuple[int, int]:
+        """(sets, members) desired."""
+        return len(self._desired), sum(len(keys) for keys in self._desired.values())
+
+    def size(self, name: str) -> int | None:
+        keys = self._desired.get(name)
+        return None if keys is None else len(keys)
+
+    def members_of(self, name: str) -> frozenset[str] | None:
+        """Set *name*'s desired members as strings (decoded from the keys: the writer keeps no second
+        copy of 200,000 member strings for the rare caller), or None for a set it does not have."""
+        keys = self._desired.get(name)
+        return None if keys is None else frozenset(member_of_key(k, self.v6) for k in keys)
 
     def _keys(self, name: str, members: Iterable[str]) -> Iterator[bytes]:
         sid = self.ids.get_or_alloc(name)

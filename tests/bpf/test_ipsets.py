@@ -74,23 +74,42 @@ def test_memoised_member_keys_equal_the_parse_and_long_strings_stay_out_of_the_c
     assert member_key_bytes.cache_info().currsize == before
 
 
-def test_dataplane_desired_members_follow_deltas_in_place_and_a_snapshot_stays_put() -> None:
-    """The BPF IP-set dataplane keeps each set's members in a mutable set (a delta costs its own size,
-    not the set's); what ``get_desired_members`` hands out is a snapshot that later deltas leave alone."""
+def test_dataplane_desired_members_follow_deltas_and_a_snapshot_stays_put() -> None:
+    """The BPF IP-set dataplane keeps each set's members once, as map keys; ``get_desired_members``
+    decodes a snapshot (as ipset spells members) that later deltas leave alone; a removed set is gone
+    from its answers at once, though its keys stay until the deletion step."""
     from felixpy.drivers.bpfendpoints.fake import fake_kernel
     from felixpy.drivers.bpfendpoints.ipsets import BPFIPSetsDataplane
     from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 
     dp = BPFIPSetsDataplane(4, fake_kernel().kernel)
-    dp.add_or_replace_ip_set(IPSetMetadata("s:a", IPSetType.HASH_NET, 1000), ["10.0.0.1/32", "10.0.0.2/32"])
+    dp.add_or_replace_ip_set(IPSetMetadata("s:a", IPSetType.HASH_NET, 1000), ["10.0.0.1/32", "10.0.0.2"])
     snap = dp.get_desired_members("s:a")
-    dp.add_members("s:a", ["10.0.0.3/32"])
-    dp.remove_members("s:a", ["10.0.0.1/32"])
-    assert snap == {"10.0.0.1/32", "10.0.0.2/32"}
-    assert dp.get_desired_members("s:a") == {"10.0.0.2/32", "10.0.0.3/32"}
+    dp.add_members("s:a", ["10.0.0.3/32", "10.1.0.0/16"])
+    dp.remove_members("s:a", ["10.0.0.1"])
+    assert snap == {"10.0.0.1", "10.0.0.2"}
+    assert dp.get_desired_members("s:a") == {"10.0.0.2", "10.0.0.3", "10.1.0.0/16"}
     dp.add_members("s:new", ["10.0.0.9/32"])  # a delta for a set not seen yet starts it, as before
-    assert dp.get_desired_members("s:new") == {"10.0.0.9/32"}
-    assert dp.status_counts() == {"bpf_sets": 2, "bpf_members": 3}
+    assert dp.get_desired_members("s:new") == {"10.0.0.9"}
+    assert dp.status_counts() == {"bpf_sets": 2, "bpf_members": 4}
+    dp.remove_ip_set("s:new")
+    assert dp.get_desired_members("s:new") is None and dp.status_counts() == {"bpf_sets": 1, "bpf_members": 3}
+    dp.apply_deletions()
+    assert dp.status_counts() == {"bpf_sets": 1, "bpf_members": 3}
+
+
+def test_a_key_decodes_to_the_member_it_was_made_from() -> None:
+    from felixpy.bpf.ipsets import member_key_bytes, member_of_key
+
+    for v6, spellings in ((False, {"10.0.0.1": "10.0.0.1", "10.0.0.1/32": "10.0.0.1", "10.0.0.7/24": "10.0.0.0/24",
+                                   "0.0.0.0/0": "0.0.0.0/0", "10.0.0.1,tcp:80": "10.0.0.1,tcp:80",
+                                   "10.0.0.1,UDP:53": "10.0.0.1,udp:53", "10.0.0.1,sctp:9": "10.0.0.1,sctp:9"}),
+                          (True, {"fd00::1": "fd00::1", "FD00::1/128": "fd00::1", "fd00::/64": "fd00::/64",
+                                  "fd00::1,tcp:443": "fd00::1,tcp:443"})):
+        for given_, spelled in spellings.items():
+            key = member_key_bytes(77, given_, v6)
+            assert key is not None and member_of_key(key, v6) == spelled, given_
+            assert member_key_bytes(77, spelled, v6) == key  # and the spelling makes the same key
 
 
 def test_writer_keeps_what_a_failed_bulk_write_did_write_and_retries_the_rest() -> None:

@@ -36,8 +36,9 @@ from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 class BPFIPSetsDataplane:
     def __init__(self, ip_version: int, kernel: BPFKernel) -> None:
         self.ip_version = ip_version
+        # The members live once, as map keys in the writer (a delta costs its own size, not the set's);
+        # their strings are decoded back for the rare caller that needs them (raw egress policy's sets).
         self._sets = BPFIPSets(kernel.maps.ipsets(ip_version == 6), kernel.ipset_ids, ip_version == 6)
-        self._members: dict[str, set[str]] = {}  # updated in place: a delta costs its own size, not the set's
         self._types: dict[str, IPSetType] = {}
         self._removed: set[str] = set()
         self._drift = DriftTally(structlog.get_logger(__name__), map="ip_sets", ip_version=ip_version)
@@ -46,27 +47,26 @@ class BPFIPSetsDataplane:
     def status_counts(self) -> dict[str, int]:
         """For ``felixpy status``: the sets and members this family's LPM map is to hold (apart from
         the Linux IP sets BPF mode keeps for raw egress policy, which count as ``sets``)."""
-        return {"bpf_sets": len(self._members), "bpf_members": sum(len(m) for m in self._members.values())}
+        sets, members = self._sets.counts()
+        for set_id in self._removed:  # removed, its members kept until the programs no longer use them
+            size = self._sets.size(set_id)
+            if size is not None:
+                sets, members = sets - 1, members - size
+        return {"bpf_sets": sets, "bpf_members": members}
 
     def add_or_replace_ip_set(self, meta: IPSetMetadata, members: Iterable[str]) -> None:
-        mem = frozenset(members)
-        self._members[meta.set_id] = set(mem)
         self._types[meta.set_id] = meta.type
         self._removed.discard(meta.set_id)
-        self._sets.replace(meta.set_id, mem)
+        self._sets.replace(meta.set_id, members)
 
     def add_members(self, set_id: str, members: Iterable[str]) -> None:
-        mem = frozenset(members)
-        self._members.setdefault(set_id, set()).update(mem)
-        self._sets.add_members(set_id, mem)
+        self._sets.add_members(set_id, members)
 
     def remove_members(self, set_id: str, members: Iterable[str]) -> None:
-        mem = frozenset(members)
-        self._members.setdefault(set_id, set()).difference_update(mem)
-        self._sets.remove_members(set_id, mem)
+        self._sets.remove_members(set_id, members)
 
     def remove_ip_set(self, set_id: str) -> None:
-        if self._members.pop(set_id, None) is not None:
+        if set_id in self._sets:
             self._types.pop(set_id, None)
             self._removed.add(set_id)
 
@@ -74,8 +74,7 @@ class BPFIPSetsDataplane:
         return self._types.get(set_id)
 
     def get_desired_members(self, set_id: str) -> frozenset[str] | None:
-        members = self._members.get(set_id)
-        return frozenset(members) if members is not None else None  # a copy: ours changes in place
+        return None if set_id in self._removed else self._sets.members_of(set_id)
 
     # ------------------------------------------------------------------------------ apply
     def queue_resync(self) -> None:
