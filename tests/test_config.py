@@ -116,3 +116,19 @@ def test_bpf_host_conntrack_bypass_defaults_and_force_track_interface_filters() 
     assert [p.param for p in problems] == ["BPFForceTrackPacketsFromIfaces"]
     assert "not an iface" in str(problems[0]) and "+x" in str(problems[0])
     assert c.BPFForceTrackPacketsFromIfaces == ("docker+",)  # a bad list falls back whole, as Felix's
+
+
+def test_bpf_per_attach_point_maps_follow_the_interface_map_size() -> None:
+    """The globals and counters maps hold an entry per interface and hook: a node sized for 5,000
+    interfaces gets room for them, and the defaults stay Felix's sizes."""
+    from dataclasses import replace
+
+    from felixpy.bpf import maps
+    from felixpy.dataplane.wiring import bpf_map_sizes
+
+    default = bpf_map_sizes(Config())
+    assert default["cali_ap_glob"] == maps.AP_GLOBALS.max_entries == 4000
+    assert default["cali_counters6"] == maps.COUNTERS.max_entries and default["cali_iface4"] == 1000
+    big = bpf_map_sizes(replace(Config(), BPFMapSizeIfState=10_064))
+    assert big["cali_ap_glob"] >= 2 * 10_064 and big["cali_counters6"] >= 2 * 10_064
+    assert set(big) <= {s.name for s in maps.ALL_SPECS}  # every name a map the bundle opens

@@ -607,11 +607,23 @@ def _default_bpf_kernel(config: Config) -> BPFKernel:
     from felixpy.drivers.bpfendpoints import open_kernel
     from felixpy.drivers.bpfendpoints.kernel import configured_pin_root
 
-    sizes = {"cali_v4_ct4": config.BPFMapSizeConntrack, "cali_v6_ct4": config.BPFMapSizeConntrack,
-             "cali_v4_routes": config.BPFMapSizeRoute, "cali_v6_routes": config.BPFMapSizeRoute,
-             "cali_v4_ip_sets": config.BPFMapSizeIPSets, "cali_v6_ip_sets": config.BPFMapSizeIPSets,
-             "cali_iface4": config.BPFMapSizeIfState}
-    return open_kernel(configured_pin_root(), config.BPFAttachType, sizes=sizes)
+    return open_kernel(configured_pin_root(), config.BPFAttachType, sizes=bpf_map_sizes(config))
+
+
+def bpf_map_sizes(config: Config) -> dict[str, int]:
+    """Map sizes from the config.  The per-attach-point maps (globals and counters: an entry per
+    interface and TC hook) follow ``BPFMapSizeIfState``, the number of interfaces the node is sized
+    for: at their fixed sizes (4,000 and 20,000) a node raised to 5,000 workloads failed 3,000 of them
+    with E2BIG, whatever BPFMapSizeIfState said."""
+    from felixpy.bpf import maps
+
+    ifaces = config.BPFMapSizeIfState
+    return {"cali_v4_ct4": config.BPFMapSizeConntrack, "cali_v6_ct4": config.BPFMapSizeConntrack,
+            "cali_v4_routes": config.BPFMapSizeRoute, "cali_v6_routes": config.BPFMapSizeRoute,
+            "cali_v4_ip_sets": config.BPFMapSizeIPSets, "cali_v6_ip_sets": config.BPFMapSizeIPSets,
+            "cali_iface4": ifaces,
+            "cali_ap_glob": max(maps.AP_GLOBALS.max_entries, 4 * ifaces),
+            "cali_counters6": max(maps.COUNTERS.max_entries, 4 * ifaces)}
 
 
 BPF_HOLD_ATTACH = "FELIXPY_TEST_HOLD_BPF_ATTACH"  # FV test hook: a file naming interfaces not to attach yet
