@@ -791,3 +791,47 @@ def test_interface_sysctls_are_written_while_the_attach_runs_and_before_ready(mo
     assert st is None or not st.flags & (defs.IFACE_STATE_V4_READY | defs.IFACE_STATE_V6_READY)  # type: ignore[attr-defined]
     assert programmed(n, fb, "cali1") and programmed(n, fb, "cali1", 6)
     assert n.sysctls.values["net/ipv6/conf/cali1/proxy_ndp"] == "1"
+
+
+def test_an_endpoint_failing_apply_after_apply_is_logged_once_per_error_not_per_retry(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    from felixpy.drivers.bpfendpoints import driver as drv
+
+    logs: list[dict[str, object]] = []
+
+    class Recorder:
+        def __getattr__(self, level: str):  # type: ignore[no-untyped-def]
+            return lambda event, **kw: logs.append({"event": event, **kw})
+
+    @contextlib.contextmanager
+    def capture_logs():  # type: ignore[no-untyped-def]
+        monkeypatch.setattr(drv, "log", Recorder())
+        yield logs
+
+    n, fb = node()
+    for name in ("cali1", "cali2"):
+        n.link_up(name)
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]),
+           wep("b", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"]))
+    fb.attacher.fail_ifaces.add("cali1")
+    with capture_logs() as logs:
+        for _ in range(3):
+            report = n.apply(expect_ok=False)
+            assert not report.ok
+        fb.attacher.fail_ifaces.discard("cali1")
+        assert n.apply().ok
+    warned = [e for e in logs if e["event"] == "BPF endpoint not programmed; will retry"]
+    assert [e["iface"] for e in warned] == ["cali1"]  # three failed applies, one warning
+    assert [e["iface"] for e in logs if e["event"] == "BPF endpoint programmed after earlier failures"] == ["cali1"]
+    assert programmed(n, fb, "cali1") and programmed(n, fb, "cali2")
+
+
+def test_the_failure_message_names_a_few_interfaces_and_counts_the_rest() -> None:
+    from felixpy.drivers.bpfendpoints.driver import EndpointProgrammingFailed
+
+    e = EndpointProgrammingFailed({f"cali{i:04d}": OSError(7, "E2BIG") for i in range(3000)})
+    text = str(e)
+    assert text.startswith("3000 BPF endpoint(s) not programmed (cali0000: OSError")
+    assert text.endswith("and 2995 more)") and len(text) < 500 and len(e.failures) == 3000

@@ -115,10 +115,14 @@ _IFSTATE_FIELD = {defs.HOOK_TC_EGRESS: "ingress_policy", defs.HOOK_TC_INGRESS: "
 class EndpointProgrammingFailed(Exception):
     """Some interfaces could not be programmed this apply (each is retried)."""
 
+    SHOWN = 5  # interfaces named in the message (3,000 failing at once made one error line 250 KB)
+
     def __init__(self, failures: dict[str, Exception]) -> None:
         self.failures = failures
-        detail = ", ".join(f"{iface}: {type(e).__name__}: {e}" for iface, e in sorted(failures.items()))
-        super().__init__(f"{len(failures)} BPF endpoint(s) not programmed ({detail})")
+        first = sorted(failures.items())[: self.SHOWN]
+        detail = ", ".join(f"{iface}: {type(e).__name__}: {e}" for iface, e in first)
+        more = f", and {len(failures) - len(first)} more" if len(failures) > len(first) else ""
+        super().__init__(f"{len(failures)} BPF endpoint(s) not programmed ({detail}{more})")
 
 
 @dataclass
@@ -191,6 +195,7 @@ class BPFEndpoints:
         self._ifstate_written: dict[str, tuple[int, int, tuple[tuple[str, int], ...]]] = {}
         # Interfaces whose slots and hooks the next reconcile checks against the kernel (queue_resync).
         self._verify: set[str] = set()
+        self._failing: dict[str, str] = {}  # interface -> the error last logged for it (until it is programmed)
         self._drift = DriftTally(structlog.get_logger(__name__), driver="bpf_endpoints")  # own proxy per instance
 
     # ------------------------------------------------------------------ desired state (API)
@@ -278,8 +283,13 @@ class BPFEndpoints:
             if isinstance(e, UnsupportedFeature):
                 unsupported.append(e)  # not retried: the kernel cannot do it
                 return
-            log.warning("BPF endpoint not programmed; will retry", iface=iface, error=str(e),
-                        error_type=type(e).__name__)
+            # Once per interface and error, not on every retry (every apply: a full map failing 3,000
+            # endpoints wrote 30,000 lines a second); the apply's own error line counts them each time.
+            text = f"{type(e).__name__}: {e}"
+            if self._failing.get(iface) != text:
+                self._failing[iface] = text
+                log.warning("BPF endpoint not programmed; will retry", iface=iface, error=str(e),
+                            error_type=type(e).__name__)
             failures[iface] = e
             self._dirty.add(iface)
 
@@ -311,6 +321,8 @@ class BPFEndpoints:
                     self._attached(iface)                                           # step 6
                 except Exception as e:
                     failed(iface, e)
+            for gone in [i for i in self._failing if i not in self._want]:
+                del self._failing[gone]  # (no longer wanted: nothing to report about it)
         finally:
             for prog in self._deny_held.values():
                 self.kernel.policies.release(prog)
@@ -504,6 +516,8 @@ class BPFEndpoints:
         done = self._done[iface]
         want = self._want[iface]
         done.attached = True
+        if self._failing.pop(iface, None) is not None:
+            log.info("BPF endpoint programmed after earlier failures", iface=iface)
         done.reclaimed.clear()
         ready = frozenset(want)
         self._write_ifstate(iface, done, ready)                                     # 6
