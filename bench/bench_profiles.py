@@ -473,7 +473,7 @@ def run_mode(mode: str, p: Profile, *, ipv6: bool, settle: float, churn_s: float
             env.update(bpfp.env(pins, bpf_cache, p.workloads))
 
         def state() -> tuple[float, dict[str, str]]:
-            return bpfp.dump(node.netns, pins, families) if bpf else dump(node.netns, mode, families)
+            return bpfp.dump(node.netns, pins, families, names) if bpf else dump(node.netns, mode, families)
 
         d = start_daemon(node.netns, env=env)
         try:
@@ -593,7 +593,7 @@ def report(p: Profile, results: list[ModeResult], ipv6: bool, churn_s: float, wa
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", choices=sorted(PROFILES), default="large")
-    ap.add_argument("--modes", default="legacy,nft,nftables,nftables-child")
+    ap.add_argument("--modes", default="legacy,nft,nftables,nftables-child,bpf")
     ap.add_argument("--ipv6", action="store_true")
     ap.add_argument("--settle", type=float, default=None, help="seconds between the batch and InSync")
     ap.add_argument("--churn", type=float, default=60.0, help="churn seconds (0: no churn run)")
