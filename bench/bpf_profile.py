@@ -107,12 +107,8 @@ def _rows(pin_root: str, name: str) -> list[str]:
     spec = next(s for s in maps.ALL_SPECS if s.name == name)
     m = maps.Map(spec.sized(info.max_entries), fd)
     try:
-        size = m._raw_value_size()
         rows = []
-        for k in list(m.raw_keys()):
-            v = sc.map_lookup(fd, k, size)
-            if v is None:
-                continue
+        for k, v in m.raw_items():  # (a prog array's empty slots are not items)
             v = v[: spec.value_size]  # per-CPU: CPU 0's value (bpftool replicates one value to all CPUs)
             if spec.map_type in _ARRAYS and not any(v):
                 continue

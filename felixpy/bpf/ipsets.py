@@ -178,13 +178,8 @@ class BPFIPSets:
             if k in cur:
                 continue
             cur.add(k)
-            if not self._known:
-                continue
-            dels = self._dels.get(name)
-            if dels is not None and k in dels:
-                dels.discard(k)  # removed and back again before an apply: the map still has it
-            else:
-                self._adds.setdefault(name, set()).add(k)
+            if self._known:
+                self._pend(name, k, self._adds, cancels=self._dels)
 
     def remove_members(self, name: str, members: Iterable[str]) -> None:
         cur = self._desired.setdefault(name, set())
@@ -192,13 +187,18 @@ class BPFIPSets:
             if k not in cur:
                 continue
             cur.discard(k)
-            if not self._known:
-                continue
-            adds = self._adds.get(name)
-            if adds is not None and k in adds:
-                adds.discard(k)  # added and gone again before an apply: never written
-            else:
-                self._dels.setdefault(name, set()).add(k)
+            if self._known:
+                self._pend(name, k, self._dels, cancels=self._adds)
+
+    @staticmethod
+    def _pend(name: str, key: bytes, deltas: dict[str, set[bytes]], *, cancels: dict[str, set[bytes]]) -> None:
+        """*key* joined (or left) set *name*: if the opposite change is pending, the two cancel (removed
+        and back again, or added and gone again, before an apply: the map is right as it is)."""
+        opposite = cancels.get(name)
+        if opposite is not None and key in opposite:
+            opposite.discard(key)
+        else:
+            deltas.setdefault(name, set()).add(key)
 
     def remove(self, name: str) -> None:
         old = self._desired.pop(name, None)
