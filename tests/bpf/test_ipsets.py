@@ -162,7 +162,7 @@ def _members(m: FakeMap) -> set[bytes]:
 
 
 def _want(w: BPFIPSets) -> set[bytes]:
-    return set().union(*w._desired.values())
+    return set().union(*(set(w._iter(keys)) for keys in w._desired.values()))  # (packed sets too)
 
 
 def test_an_apply_writes_only_the_change_not_the_whole_map() -> None:
@@ -219,6 +219,16 @@ def test_a_resync_repairs_what_changed_behind_our_back_and_counts_it_once() -> N
                           st.sampled_from(["s:a", "s:b", "s:c"]),
                           st.sets(st.integers(0, 7), max_size=5)), max_size=40))
 def test_after_any_sequence_of_changes_an_apply_leaves_exactly_the_desired_members(ops) -> None:  # type: ignore[no-untyped-def]
+    from unittest import mock
+
+    from felixpy.bpf import ipsets as ipsets_mod
+
+    _run_ops(ops)
+    with mock.patch.object(ipsets_mod, "_PACK_MIN", 1):  # and with every quiet set packed
+        _run_ops(ops)
+
+
+def _run_ops(ops) -> None:  # type: ignore[no-untyped-def]
     m = FakeMap(maps.IPSETS4.sized(1000))
     m.set(mt.ipset_key(424242, "10.1.1.1"), 1)  # an earlier run's stray
     w = BPFIPSets(m, IPSetIDAllocator(), v6=False)
@@ -240,3 +250,34 @@ def test_after_any_sequence_of_changes_an_apply_leaves_exactly_the_desired_membe
     w.apply()
     assert _members(m) == _want(w)
     assert w.apply() == (0, 0)
+
+
+def test_sets_left_alone_for_an_apply_are_packed_and_unpacked_by_their_next_change() -> None:
+    m = FakeMap(maps.IPSETS4.sized(10_000))
+    w = BPFIPSets(m, IPSetIDAllocator(), v6=False)
+    w.replace("s:quiet", [f"10.0.0.{i}" for i in range(100)])
+    w.replace("s:busy", [f"10.1.0.{i}" for i in range(100)])
+    w.replace("s:tiny", ["10.2.0.1"])
+    w.apply()  # all three just changed: none packed yet
+    assert not any(isinstance(k, bytes) for k in w._desired.values())
+    w.add_members("s:busy", ["10.1.1.1"])
+    w.apply()  # s:quiet went a whole cycle unchanged; s:busy did not; s:tiny is too small to bother
+    assert isinstance(w._desired["s:quiet"], bytes) and len(w._desired["s:quiet"]) == 100 * 20
+    assert isinstance(w._desired["s:busy"], set) and isinstance(w._desired["s:tiny"], set)
+    assert w.size("s:quiet") == 100 and w.counts() == (3, 202) and "10.0.0.7" in (w.members_of("s:quiet") or ())
+    w.remove_members("s:quiet", ["10.0.0.7"])  # a change unpacks it
+    w.add_members("s:quiet", ["10.0.0.200"])
+    assert isinstance(w._desired["s:quiet"], set) and w.apply() == (1, 1)
+    assert _members(m) == _want(w)
+    w.apply()
+    w.apply()
+    assert isinstance(w._desired["s:quiet"], bytes)
+    w.replace("s:quiet", [f"10.0.0.{i}" for i in range(50, 150)])  # a replace of a packed set
+    w.remove("s:busy")                                             # and a removal of a (by now) packed one
+    assert w.apply() == (50, 151) and _members(m) == _want(w)
+    w.queue_resync()
+    w.apply()
+    w.apply()
+    m.delete(next(iter(_members(m))))  # a read-back over packed sets finds what is missing
+    w.queue_resync()
+    assert w.apply() == (1, 0) and _members(m) == _want(w)
