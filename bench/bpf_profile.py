@@ -27,6 +27,7 @@ What differs from the *tables modes, and why:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -41,6 +42,8 @@ from google.protobuf.message import Message
 from felixpy.bpf import maps
 from felixpy.bpf import syscall as sc
 from felixpy.bpf.build import headers_dir
+from felixpy.config import Config
+from felixpy.dataplane.wiring import bpf_map_sizes
 from felixpy.feed.client import connect
 from felixpy.messages import to_dataplane
 from felixpy.proto import felixbackend_pb2 as pb
@@ -195,7 +198,9 @@ class RawNode:
                 topology.sh("ip", "-n", self.ns, *cmd)
         make_veths(self.ns, names)
         self.root = self._stack.enter_context(maps.private_bpffs())
-        maps.MapSet(self.root, sizes={"cali_iface4": ifstate_size(len(names))}).ensure().close()
+        # The daemon's sizes for this node (the per-attach-point maps follow the interface map's).
+        sizes = bpf_map_sizes(dataclasses.replace(Config(), BPFMapSizeIfState=ifstate_size(len(names))))
+        maps.MapSet(self.root, sizes=sizes).ensure().close()
         self._pins = os.path.join(self.root, "progs")
         os.makedirs(self._pins)
         self._pinned: set[int] = set()
