@@ -91,7 +91,12 @@ def test_restart_with_the_same_feed_reclaims_everything_and_reattaches_nothing()
     before_slots = jump_slots(fb1)
     n2, fb2 = restart(n1, fb1, (4, 6))
     acquired = record_acquires(fb2)
+    deletes: list[int] = []
+    for hook in (ING, EGR):
+        jm = fb2.kernel.maps.jumps(hook)
+        jm.delete = lambda key, _d=jm.delete: deletes.append(1) or _d(key)  # type: ignore[method-assign]
     n2.apply()
+    assert deletes == []  # adopted slots: nothing written, nothing cleared either
     assert fb2.attacher.attach_calls == calls, "a restart with the same feed re-attached a preamble"
     assert fb2.attacher.attached == before_attached  # the previous run's preamble programs, untouched
     for i in ifaces:

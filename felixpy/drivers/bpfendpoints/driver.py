@@ -575,7 +575,10 @@ class BPFEndpoints:
             if not adopted:
                 self._install(hook, entry, v, ps)
             done.policy[(hook, v)] = ps
-            if reclaimed:  # the previous run's program may have had more parts
+            # The previous run's program may have had more parts -- but not an adopted one: adopt() read
+            # the parts up to the first empty one and found exactly ours (a part past a gap is never
+            # jumped to).  At 10,000 reclaimed slots the clearing was 230,000 deletes, ~0.7 s of a restart.
+            if reclaimed and not adopted:
                 prog = pol.installed(hook, entry)
                 self._clear_parts_after(hook, entry, len(prog.fds) if prog else 1)
         assert pol.installed(hook, entry) is not None
