@@ -65,6 +65,11 @@ SOURCE_FORMAT = 1
 _SOURCE_MAP_NAME = "fpy_polsrc"
 
 
+def _part_name(name: str, k: int) -> str:
+    """The kernel name of part *k* of program *name* (``p4i_<hash>``, ``p4i_<hash>_1``, ...)."""
+    return name if k == 0 else f"{name}_{k}"
+
+
 _SCALARS = (str, int, bool, float, type(None))
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # IR dataclass -> its field names, in order
 
@@ -303,7 +308,7 @@ class PolicyPrograms:
         fds: list[int] = []
         try:
             for k, insns in enumerate(parts):
-                fds.append(self.prog_load(prog_type, insns, name=name if k == 0 else f"{name}_{k}"))
+                fds.append(self.prog_load(prog_type, insns, name=_part_name(name, k)))
         except Exception:
             for fd in fds:
                 self.close_fd(fd)
@@ -362,7 +367,7 @@ class PolicyPrograms:
                 except BPFSyscallError:
                     return False  # replaced or unloaded since the slot was read
                 info = self.prog_info(fds[-1])
-                if (info.type != sc.PROG_TYPE_SCHED_CLS or info.name != (name if k == 0 else f"{name}_{k}")
+                if (info.type != sc.PROG_TYPE_SCHED_CLS or info.name != _part_name(name, k)
                         or info.tag not in progtag.tags(insns)
                         or set(info.map_ids) != {self.map_id(fd) for fd in progtag.map_fds(insns)}):
                     return False

@@ -15,8 +15,11 @@ Why raw sockets and not ``IPRoute.bind()``/``get()``
     ``fileno()`` misses messages that sit in its queue (seen on this kernel).
     We need a descriptor we can ``poll()`` next to a wake-up pipe and the
     damping timers, and to see ``ENOBUFS`` (events lost) to trigger a resync.
-    pyroute2 still does the decoding (:class:`MarshalRtnl`); its message
-    objects never leave this module.
+    pyroute2 still decodes the events (:class:`MarshalRtnl`); its message
+    objects never leave this module.  The dumps' messages are decoded here,
+    from their bytes, one at a time (:func:`_link_from_payload`,
+    :func:`_addr_from_payload`): pyroute2 took ~1.1 ms and ~30 KB a link,
+    which at 10,000 links was ~11 s and ~300 MB at every resync.
 
 Addresses
     Felix derives addresses from local unicast routes (table local, type
@@ -305,10 +308,8 @@ class RtnlSource:
         return {i: frozenset(a) for i, a in found.items()}
 
     def _dump(self, msg_type: int, body: bytes, convert: Callable[[bytes], _T | None]) -> list[_T]:
-        """The dump's messages, each converted from its payload as it is read (None: skipped).
-        Decoded here, not by pyroute2: its decoded message is ~30 KB of Python objects and ~1.1 ms
-        a link (10,000 links: ~11 s of the monitor's thread, at start and at every refresh, and
-        ~300 MB when held all at once)."""
+        """The dump's messages, each converted from its payload as it is read (None: skipped; see
+        the module doc for why not through pyroute2)."""
         got: list[_T] = []
         for attempt in range(_DUMP_ATTEMPTS):
             got, interrupted = self._dump_once(msg_type, body, convert)

@@ -281,3 +281,17 @@ def test_sets_left_alone_for_an_apply_are_packed_and_unpacked_by_their_next_chan
     m.delete(next(iter(_members(m))))  # a read-back over packed sets finds what is missing
     w.queue_resync()
     assert w.apply() == (1, 0) and _members(m) == _want(w)
+
+
+def test_ipv6_sets_pack_and_decode_too() -> None:
+    m = FakeMap(maps.IPSETS6.sized(1000))
+    w = BPFIPSets(m, IPSetIDAllocator(), v6=True)
+    members = [f"fd00:65::{i:x}" for i in range(1, 41)] + ["fd00:66::/64", "fd00:65::1,tcp:443"]
+    w.replace("s:six", members)
+    w.apply()
+    w.apply()  # a quiet cycle: packed, 32-byte keys
+    assert isinstance(w._desired["s:six"], bytes) and len(w._desired["s:six"]) == 42 * 32
+    assert w.members_of("s:six") == frozenset(members) and _members(m) == _want(w)
+    w.remove_members("s:six", ["fd00:66::/64"])
+    w.add_members("s:six", ["fd00:67::1"])
+    assert w.apply() == (1, 1) and _members(m) == _want(w)

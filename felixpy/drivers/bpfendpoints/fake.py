@@ -73,8 +73,8 @@ class FakePrograms:
         self.tags[fd] = f"{self.build}:{name}:{insns.hex()}"
         self.types[fd] = prog_type
         # The kernel's tag of these instructions, unless ``build`` says the code is another version's.
-        self.ktags[fd] = hashlib.sha256((self.build + ":").encode() * (self.build != "v1") +
-                                        progtag.masked(insns)).digest()[:progtag.TAG_SIZE]
+        other_version = b"" if self.build == "v1" else f"{self.build}:".encode()
+        self.ktags[fd] = hashlib.sha256(other_version + progtag.masked(insns)).digest()[:progtag.TAG_SIZE]
         self.map_ids[fd] = tuple(progtag.map_fds(insns))
         self.loads += 1
         return fd
