@@ -155,14 +155,19 @@ class FvNode:
             if self.daemon is not None:
                 self.daemon.stop()
         finally:
-            self.servers.stop()
-            for s in self.extra.values():
-                s.stop()
-            if self.node is not None:
-                self.node.delete()
-            self._bpffs.close()  # after the interfaces (and so the links on them) are gone
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.hold_file)
+            # Each step runs even when one before it raised.
+            with contextlib.ExitStack() as cleanup:
+                cleanup.callback(self._unlink_hold_file)
+                cleanup.callback(self._bpffs.close)  # after the interfaces (and so the links on them) are gone
+                if self.node is not None:
+                    cleanup.callback(self.node.delete)
+                for s in self.extra.values():
+                    cleanup.callback(s.stop)
+                cleanup.callback(self.servers.stop)
+
+    def _unlink_hold_file(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.hold_file)
 
     @property
     def netns(self) -> str:

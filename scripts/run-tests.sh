@@ -13,7 +13,12 @@ fi
 left=$(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^fpy' || true)
 if [ -n "$left" ]; then
   echo "run-tests: namespaces left behind: $left" >&2
-  for ns in $left; do ip netns del "$ns" 2>/dev/null; done
+  for ns in $left; do
+    # What still holds it (processes, mounts), then the reason its deletion fails, if it does.
+    echo "run-tests: $ns: pids: $(ip netns pids "$ns" 2>&1 | tr '\n' ' ')" >&2
+    findmnt -n "/run/netns/$ns" >&2 || true
+    ip netns del "$ns" >&2
+  done
   [ "$rc" -eq 0 ] && rc=1
 fi
 exit "$rc"

@@ -16,6 +16,7 @@ import os
 import secrets
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 
 CLONE_NEWNET = 0x40000000
@@ -34,12 +35,24 @@ def create(prefix: str = "fpy") -> str:
     return name
 
 
-def delete(name: str) -> None:
-    pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid), 9)
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+def delete(name: str, attempts: int = 5) -> None:
+    """Kill the namespace's processes and delete it; raise if its name is still there afterwards.
+
+    ``ip netns del`` lazily unmounts the name and unlinks it; that unlink fails (EBUSY) while the
+    name is still a mount point, e.g. when it was mounted twice.  Each retry peels one more mount,
+    and a name that stays is an error with iproute2's reason, not a silent leftover."""
+    errors: list[str] = []
+    for attempt in range(attempts):
+        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), 9)
+        done = subprocess.run(["ip", "netns", "del", name], capture_output=True, text=True)
+        if not os.path.exists(f"/run/netns/{name}"):
+            return
+        errors.append(f"attempt {attempt + 1}: rc {done.returncode}: {done.stderr.strip() or '(no message)'}")
+        time.sleep(0.1 * (attempt + 1))
+    raise RuntimeError(f"network namespace {name} could not be deleted: " + "; ".join(errors))
 
 
 @contextlib.contextmanager

@@ -150,11 +150,17 @@ class Node:
         self._extra_netns.remove(wl.netns)
 
     def delete(self) -> None:
-        for ns in self._extra_netns:
-            nsmod.delete(ns)
+        """Delete every namespace of the node; one that cannot go does not stop the others."""
+        failed: list[str] = []
+        for ns in [*self._extra_netns, self.netns]:
+            try:
+                nsmod.delete(ns)
+            except RuntimeError as e:
+                failed.append(str(e))
         self._extra_netns.clear()
         self.workloads.clear()
-        nsmod.delete(self.netns)
+        if failed:
+            raise RuntimeError("; ".join(failed))
 
 
 @contextlib.contextmanager
