@@ -8,12 +8,15 @@ when its last slot is released (the prog array keeps it alive while a slot still
 
 How a fresh process recognises them: program names start ``p<4|6><i|e|x>_``; the per-endpoint
 slot indices are recorded in ``cali_iface`` (by the endpoint manager) so a restart can reclaim
-them.
+them, and :meth:`PolicyPrograms.adopt` keeps a reclaimed slot's program when it is exactly the one
+this process would load: its source (below) names this generator (:func:`generator_fingerprint`)
+and the same input, and the kernel's tag and maps agree -- or, without such a source, the
+instructions it would generate have the kernel's tag.
 
 Each loaded program's *source* is kept beside the pins for ``felixpy explain`` (which reads the
 kernel, never the daemon): ``<pin root>/felixpy-policy/<program name>`` holds the
 :class:`PolicySet` and the IP-set name -> id map it was built with (:func:`source_doc`, JSON,
-zlib-compressed).  bpffs refuses regular files (``open(O_CREAT)`` is EPERM), so the source is a
+zlib-compressed), and the generator's fingerprint, each part's instruction count and kernel tag.  bpffs refuses regular files (``open(O_CREAT)`` is EPERM), so the source is a
 pinned one-entry array map (:class:`PinnedSources`; tests use :class:`MemorySources`).  It is
 written before :meth:`PolicyPrograms.acquire` returns, i.e. before any slot holds the program,
 and removed when the program is closed; :meth:`PolicyPrograms.sweep_sources` removes those an
@@ -28,7 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import hashlib
+import importlib.util
 import json
 import os
 import time
@@ -120,11 +125,56 @@ def _build(cls: type, d: Mapping[str, Any]) -> Any:
     return cls(**kw)
 
 
-def source_doc(ps: PolicySet, *, name: str, hook: int, v6: bool, ipset_ids: Mapping[str, int]) -> bytes:
-    """A program's source as explain reads it back (:func:`parse_source`)."""
-    doc = {"format": SOURCE_FORMAT, "program": name, "hook": hook, "ip_version": 6 if v6 else 4,
-           "ip_set_ids": dict(sorted(ipset_ids.items())), "policy_set": _plain(ps)}
+# The modules whose code decides a policy program's instructions.
+_GENERATOR_MODULES = ("felixpy.bpf.polprog", "felixpy.bpf.asm", "felixpy.bpf.policy_ir", "felixpy.bpf.defs",
+                      "felixpy.bpf.maptypes", __name__)
+
+
+@functools.cache
+def generator_fingerprint() -> str:
+    """A digest of the generator's source files: equal inputs and an equal fingerprint mean equal
+    instructions (the generator reads nothing else: no kernel probe, no environment).  Empty when a
+    file cannot be read; then no source is trusted and a restart compares generated instructions."""
+    h = hashlib.sha256()
+    try:
+        for mod in _GENERATOR_MODULES:
+            spec = importlib.util.find_spec(mod)
+            if spec is None or spec.origin is None:
+                return ""
+            with open(spec.origin, "rb") as f:
+                h.update(mod.encode() + b"\0" + f.read())
+    except OSError:
+        return ""
+    return h.hexdigest()[:32]
+
+
+def _doc(ps: PolicySet, *, name: str, hook: int, v6: bool, ipset_ids: Mapping[str, int]) -> dict[str, Any]:
+    return {"format": SOURCE_FORMAT, "program": name, "hook": hook, "ip_version": 6 if v6 else 4,
+            "ip_set_ids": dict(sorted(ipset_ids.items())), "policy_set": _plain(ps)}
+
+
+def source_doc(ps: PolicySet, *, name: str, hook: int, v6: bool, ipset_ids: Mapping[str, int],
+               generator: str = "", insn_counts: list[int] | None = None, tags: list[bytes] | None = None) -> bytes:
+    """A program's source as explain reads it back (:func:`parse_source`), and as a restart
+    recognises the program by (:meth:`PolicyPrograms.adopt`)."""
+    doc = _doc(ps, name=name, hook=hook, v6=v6, ipset_ids=ipset_ids)
+    doc.update(generator=generator, insn_counts=list(insn_counts or []), tags=[t.hex() for t in tags or []])
     return zlib.compress(json.dumps(doc, separators=(",", ":")).encode())
+
+
+def _recorded_parts(blob: bytes | None, want: Mapping[str, Any], generator: str) -> tuple[list[int], list[bytes]] | None:
+    """The parts' instruction counts and tags the source *blob* records, if it was written by this
+    *generator* for exactly the input *want* (:func:`_doc`); else None."""
+    if blob is None or not generator:
+        return None
+    try:
+        doc = json.loads(zlib.decompress(blob))
+        if doc.get("generator") != generator or any(doc.get(k) != v for k, v in want.items()):
+            return None
+        counts, tags = [int(c) for c in doc["insn_counts"]], [bytes.fromhex(t) for t in doc["tags"]]
+    except (zlib.error, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return (counts, tags) if counts and len(counts) == len(tags) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,11 +304,14 @@ class PolicyPrograms:
     prog_info: Callable[[int], sc.ProgInfo] = sc.prog_info
     map_id: Callable[[int], int] = field(default=lambda fd: sc.map_info(fd).id)
     sources: SourceStore = field(default_factory=MemorySources)
+    # Which generator wrote a source (the fakes stand in another version's code with their own).
+    generator: Callable[[], str] = generator_fingerprint
     _cache: dict[tuple[object, ...], PolicyProgram] = field(default_factory=dict)
     _installed: dict[tuple[int, int], PolicyProgram] = field(default_factory=dict)
     # The parts adopt() generated for a key it could not adopt: acquire() loads them, not a second build.
     _spare: tuple[tuple[object, ...], list[bytes], float] | None = None
-    stats: dict[str, int] = field(default_factory=lambda: {"loads": 0, "hits": 0, "adopted": 0})
+    stats: dict[str, int] = field(default_factory=lambda: {"loads": 0, "hits": 0, "adopted": 0, "generated": 0})
+    _map_ids: dict[tuple[int, bool], frozenset[int]] = field(default_factory=dict)
 
     # -- programs ------------------------------------------------------------------------------
 
@@ -274,6 +327,7 @@ class PolicyPrograms:
             self._spare = None
             return parts, secs
         t0 = time.perf_counter()
+        self.stats["generated"] += 1
         builder = PolicyProgramBuilder(
             ProgramMaps(self.maps.state.fd, self.maps.ipsets(v6).fd, self.maps.progs(hook).fd,
                         self.maps.jumps(hook).fd),
@@ -285,11 +339,21 @@ class PolicyPrograms:
         digest = hashlib.sha256(repr(key).encode()).hexdigest()[:8]
         return f"p{6 if v6 else 4}{_HOOK_CHAR[hook]}_{digest}"
 
-    def _write_source(self, name: str, ps: PolicySet, hook: int, v6: bool, *, unless_equal: bool = False) -> None:
-        ids = {s: self.ipset_ids.get_or_alloc(s) for s in ps.ip_sets()}
-        doc = source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=ids)
-        if not unless_equal or self.sources.read(name) != doc:
-            self.sources.write(name, doc)
+    def _ipset_ids(self, ps: PolicySet) -> dict[str, int]:
+        return {s: self.ipset_ids.get_or_alloc(s) for s in ps.ip_sets()}
+
+    def _write_source(self, name: str, ps: PolicySet, hook: int, v6: bool, counts: list[int],
+                      tags: list[bytes]) -> None:
+        self.sources.write(name, source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=self._ipset_ids(ps),
+                                            generator=self.generator(), insn_counts=counts, tags=tags))
+
+    def _maps_of(self, hook: int, v6: bool) -> frozenset[int]:
+        """The ids of the maps this process's programs for ``hook`` and family use."""
+        got = self._map_ids.get((hook, v6))
+        if got is None:
+            fds = (self.maps.state.fd, self.maps.ipsets(v6).fd, self.maps.progs(hook).fd, self.maps.jumps(hook).fd)
+            got = self._map_ids[(hook, v6)] = frozenset(self.map_id(fd) for fd in fds)
+        return got
 
     def acquire(self, ps: PolicySet, *, hook: int, v6: bool,
                 xdp: XdpSlots | None = None) -> PolicyProgram:
@@ -314,13 +378,15 @@ class PolicyPrograms:
                 self.close_fd(fd)
             raise
         t2 = time.perf_counter()
+        counts = [len(p) // 8 for p in parts]
         try:
-            self._write_source(name, ps, hook, v6)
+            infos = [self.prog_info(fd) for fd in fds]
+            self._write_source(name, ps, hook, v6, counts, [i.tag for i in infos])
         except Exception:
             for fd in fds:
                 self.close_fd(fd)
             raise
-        prog = PolicyProgram(key, name, fds, [len(p) // 8 for p in parts], 1, gen_seconds, t2 - t1)
+        prog = PolicyProgram(key, name, fds, counts, 1, gen_seconds, t2 - t1, [i.id for i in infos])
         self._cache[key] = prog
         self.stats["loads"] += 1
         log.debug("policy program loaded", name=name, parts=len(parts),
@@ -330,12 +396,14 @@ class PolicyPrograms:
 
     def adopt(self, ps: PolicySet, *, hook: int, v6: bool, entry: int) -> bool:
         """At a restart: take over slot ``entry`` of ``hook`` as it is if it holds exactly the program
-        this process would put there for ``ps`` -- every part, by name, type, tag (the same
-        instructions, :mod:`felixpy.bpf.progtag`) and the ids of the maps it uses (this process's
-        maps).  Then nothing is loaded or written: the slot counts as installed, holding one reference.
-        Returns False, leaving the slot alone, on any difference (an earlier version's code, another
-        policy, a part missing or extra) or if a program went away meanwhile; the caller installs then.
-        (TC hooks only: XDP slots are always installed afresh.)"""
+        this process would put there for ``ps`` -- every part, by name, type, tag and the ids of the
+        maps it uses (this process's maps).  The program's source says which generator wrote it for
+        which input, and each part's tag: when it names this generator and ``ps``'s input, nothing is
+        generated; otherwise the instructions are generated and their tag (:mod:`felixpy.bpf.progtag`)
+        compared.  Then nothing is loaded or written: the slot counts as installed, holding one
+        reference.  Returns False, leaving the slot alone, on any difference (an earlier version's
+        code, another policy, a part missing or extra) or if a program went away meanwhile; the
+        caller installs then.  (TC hooks only: XDP slots are always installed afresh.)"""
         jm = self.maps.jumps(hook)
         stride = self.stride(hook)
         found: list[int] = []
@@ -354,25 +422,41 @@ class PolicyPrograms:
             prog.refs += 1
             self._installed[(hook, entry)] = prog
             return True
-        parts, gen_seconds = self._build(key, ps, hook, v6, None)
-        self._spare = (key, parts, gen_seconds)
-        if len(parts) != len(found):
-            return False
         name = self._name(key, hook, v6)
+        want = _doc(ps, name=name, hook=hook, v6=v6, ipset_ids=self._ipset_ids(ps))
+        recorded = _recorded_parts(self.sources.read(name), want, self.generator())
+        gen_seconds = 0.0
+        if recorded is not None:
+            counts, tags = recorded
+            maps = self._maps_of(hook, v6)
+
+            def same(k: int, info: sc.ProgInfo) -> bool:
+                return info.tag == tags[k] and set(info.map_ids) <= maps
+        else:
+            parts, gen_seconds = self._build(key, ps, hook, v6, None)
+            self._spare = (key, parts, gen_seconds)
+            counts = [len(p) // 8 for p in parts]
+
+            def same(k: int, info: sc.ProgInfo) -> bool:
+                return (info.tag in progtag.tags(parts[k])
+                        and set(info.map_ids) == {self.map_id(fd) for fd in progtag.map_fds(parts[k])})
+        if len(counts) != len(found):
+            return False
         fds: list[int] = []
+        tags_now: list[bytes] = []
         try:
-            for k, (insns, prog_id) in enumerate(zip(parts, found)):
+            for k, prog_id in enumerate(found):
                 try:
                     fds.append(self.prog_fd_by_id(prog_id))
                 except BPFSyscallError:
                     return False  # replaced or unloaded since the slot was read
                 info = self.prog_info(fds[-1])
-                if (info.type != sc.PROG_TYPE_SCHED_CLS or info.name != _part_name(name, k)
-                        or info.tag not in progtag.tags(insns)
-                        or set(info.map_ids) != {self.map_id(fd) for fd in progtag.map_fds(insns)}):
+                if info.type != sc.PROG_TYPE_SCHED_CLS or info.name != _part_name(name, k) or not same(k, info):
                     return False
-            self._write_source(name, ps, hook, v6, unless_equal=True)
-            prog = PolicyProgram(key, name, fds, [len(p) // 8 for p in parts], 1, gen_seconds, 0.0, found)
+                tags_now.append(info.tag)
+            if recorded is None:
+                self._write_source(name, ps, hook, v6, counts, tags_now)
+            prog = PolicyProgram(key, name, fds, counts, 1, gen_seconds, 0.0, found)
         finally:
             if prog is None:
                 for fd in fds:

@@ -6,11 +6,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import pathlib
 import zlib
+
+import pytest
 
 from felixpy.bpf import defs
 from felixpy.bpf.policy_ir import Action, Policy, PolicySet, Profile, Rule, Tier, ports
-from felixpy.bpf.policyload import parse_source, source_doc
+from felixpy.bpf import policyload
+from felixpy.bpf.policyload import _doc, _recorded_parts, parse_source, source_doc
 
 DUAL = Rule(Action.ALLOW, src_nets=("10.0.0.0/8", "fd00::/64"), not_dst_nets=("192.168.0.0/16",),
             dst_ports=ports(80, (8000, 8080)), src_ip_sets=("s:a",), rule_id="r1")
@@ -71,3 +75,57 @@ def test_source_document_holds_every_field_of_the_policy_set_and_parses_back() -
     assert doc["policy_set"] == _reference_plain(ps)
     assert doc["ip_set_ids"] == {"s:a": 7} and doc["program"] == "p4i_0123abcd"
     assert parse_source(blob).policy_set == ps
+
+
+RICH = PolicySet(
+    tiers=(Tier("default", (Policy("default/p", (DUAL, Rule(Action.PASS)), staged=False),
+                            Policy("default/staged", (Rule(Action.LOG),), staged=True)), Action.PASS),),
+    profiles=(Profile("kns.default", (Rule(),)),),
+    host_normal_tiers=(Tier("t", (Policy("h", (Rule(Action.DENY, icmp_type=8, icmp_code=0),)),)),),
+    for_host_interface=True, suppress_normal_host_policy=False)
+
+
+def test_a_source_is_recognised_only_for_its_generator_and_its_exact_input() -> None:
+    """What a restart trusts instead of generating (``PolicyPrograms.adopt``): the document's input
+    must equal, after its JSON round trip, what this process would write, and name this generator."""
+    name, hook, ids = "p4i_0123abcd", defs.HOOK_TC_INGRESS, {"s:a": 7}
+    blob = source_doc(RICH, name=name, hook=hook, v6=False, ipset_ids=ids, generator="g1",
+                      insn_counts=[4000, 12], tags=[b"\x01" * 8, b"\x02" * 8])
+    want = _doc(RICH, name=name, hook=hook, v6=False, ipset_ids=ids)
+    assert _recorded_parts(blob, want, "g1") == ([4000, 12], [b"\x01" * 8, b"\x02" * 8])
+    assert _recorded_parts(blob, want, "g2") is None  # another version's code
+    assert _recorded_parts(blob, want, "") is None  # no fingerprint: trust nothing
+    assert _recorded_parts(None, want, "g1") is None and _recorded_parts(b"junk", want, "g1") is None
+    for other in (_doc(RICH, name=name, hook=hook, v6=False, ipset_ids={"s:a": 8}),
+                  _doc(RICH, name=name, hook=defs.HOOK_TC_EGRESS, v6=False, ipset_ids=ids),
+                  _doc(RICH, name=name, hook=hook, v6=True, ipset_ids=ids),
+                  _doc(dataclasses.replace(RICH, suppress_normal_host_policy=True), name=name, hook=hook,
+                       v6=False, ipset_ids=ids)):
+        assert _recorded_parts(blob, other, "g1") is None
+    # A source without parts (an earlier format's) is not trusted either.
+    bare = source_doc(RICH, name=name, hook=hook, v6=False, ipset_ids=ids, generator="g1")
+    assert _recorded_parts(bare, want, "g1") is None
+    assert parse_source(blob).policy_set == RICH  # explain reads it as before
+
+
+def test_the_generator_fingerprint_covers_the_generators_code(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: pathlib.Path) -> None:
+    fp = policyload.generator_fingerprint()
+    assert len(fp) == 32 and fp == policyload.generator_fingerprint()
+    assert "felixpy.bpf.polprog" in policyload._GENERATOR_MODULES
+    mod = tmp_path / "fpy_fake_generator.py"
+    mod.write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(policyload, "_GENERATOR_MODULES", (*policyload._GENERATOR_MODULES, "fpy_fake_generator"))
+    try:
+        policyload.generator_fingerprint.cache_clear()
+        one = policyload.generator_fingerprint()
+        mod.write_text("X = 2\n")
+        policyload.generator_fingerprint.cache_clear()
+        two = policyload.generator_fingerprint()
+        assert one and two and len({fp, one, two}) == 3
+        mod.unlink()
+        policyload.generator_fingerprint.cache_clear()
+        assert policyload.generator_fingerprint() == ""  # unreadable: no source is trusted
+    finally:
+        policyload.generator_fingerprint.cache_clear()

@@ -128,9 +128,11 @@ def test_a_restart_reclaims_reattaches_nothing_and_sweeps_what_is_no_longer_want
     for hook, entry in ((ING, egr_entry), (EGR, ing_entry)):
         prog = second.policies.installed(hook, entry)
         assert prog is not None and slot_prog_id(second, hook, entry) == sc.prog_info(prog.fds[0]).id
-        # The first run's program, adopted by tag and maps: not loaded again, the slot not rewritten.
+        # The first run's program, adopted by its pinned source, tag and maps: not generated or
+        # loaded again, the slot not rewritten.
         assert slot_prog_id(second, hook, entry) == first_ids[(hook, entry)]
     assert second.policies.stats["adopted"] == 2 and second.policies.stats["loads"] == 0
+    assert second.policies.stats["generated"] == 0
     _n, _f, b_egr, b_ing = state[b_index]
     assert slot_prog_id(second, ING, b_egr) is None and slot_prog_id(second, EGR, b_ing) is None
     assert second.maps.routes(False).get(mt.route_key(IFACES["calib"] + "/32")) is None

@@ -108,6 +108,8 @@ def test_restart_with_the_same_feed_reclaims_everything_and_reattaches_nothing()
     # holds each as installed (a later policy change swaps it like any other).
     assert acquired == [] and jump_slots(fb2) == before_slots
     assert fb2.kernel.policies.stats["adopted"] == len({v for v in before_slots.values()})
+    # Recognised by their sources: not one program generated to compare its instructions.
+    assert fb2.kernel.policies.stats["generated"] == 0
     idx = n2.ifindex("cali2")
     ing, egr = entries(fb2, idx, 4)
     for hook, entry in ((ING, ing), (EGR, egr)):
@@ -135,6 +137,45 @@ def test_restart_reloads_policy_programs_that_are_other_code() -> None:
     after = jump_slots(fb2)
     assert after.keys() == before.keys() and all(after[k] != before[k] for k in before)
     assert acquired and DENY_ALL not in acquired and fb2.kernel.policies.stats["adopted"] == 0
+    for i in ("cali1", "cali2", "cali3"):
+        assert programmed(n2, fb2, i)
+
+
+def test_restart_without_the_sources_compares_generated_code_and_writes_them_again() -> None:
+    """The sources gone (or another process's): each program is generated once and its tag compared;
+    the same code is adopted all the same, and its source is written for the next restart."""
+    n1, fb1 = first_run((4, 6))
+    before = jump_slots(fb1)
+    sources = fb1.kernel.policies.sources
+    names = sources.names()
+    for name in names:
+        sources.remove(name)
+    n2, fb2 = restart(n1, fb1, (4, 6))
+    n2.apply()
+    pol = fb2.kernel.policies
+    assert jump_slots(fb2) == before and pol.stats["loads"] == 0
+    assert pol.stats["adopted"] == pol.stats["generated"] == len(set(before.values()))
+    assert sources.names() == names
+    n3, fb3 = restart(n2, fb2, (4, 6))
+    n3.apply()
+    assert jump_slots(fb3) == before and fb3.kernel.policies.stats["generated"] == 0
+
+
+def test_restart_does_not_trust_a_source_the_slots_program_does_not_match() -> None:
+    """A source naming this code and input, but the slot holds a program with another tag (replaced
+    by hand under the same name, say) or one using other maps: reloaded, not adopted."""
+    n1, fb1 = first_run()
+    before = jump_slots(fb1)
+    retagged, other_maps = before[(ING, entries(fb1, n1.ifindex("cali2"))[0])], before[(EGR, entries(fb1, n1.ifindex("cali2"))[1])]
+    assert retagged != other_maps
+    fb1.progs.ktags[retagged] = b"\xee" * 8
+    fb1.progs.map_ids[other_maps] = (*fb1.progs.map_ids[other_maps], 999)
+    n2, fb2 = restart(n1, fb1)
+    n2.apply()
+    after = jump_slots(fb2)
+    changed = {k for k in before if after.get(k) != before[k]}
+    assert changed == {k for k, v in before.items() if v in (retagged, other_maps)}
+    assert fb2.kernel.policies.stats["generated"] == fb2.kernel.policies.stats["loads"] > 0
     for i in ("cali1", "cali2", "cali3"):
         assert programmed(n2, fb2, i)
 

@@ -21,7 +21,7 @@ from felixpy.bpf.hook import ProgramsMap
 from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.fake import FakeMap
 from felixpy.bpf.maps import ALL_SPECS, Map, MapSet, MapSpec
-from felixpy.bpf.policyload import PolicyPrograms
+from felixpy.bpf.policyload import MemorySources, PolicyPrograms, SourceStore
 from felixpy.bpf.syscall import ProgInfo
 from felixpy.drivers.bpfendpoints.attacher import HOOKS, NETKIT_FEATURE, AttachRequest
 from felixpy.drivers.bpfendpoints.kernel import BPFKernel, slot_allocators
@@ -221,7 +221,7 @@ class FakeBPF:
         """A new process's bundle over the same kernel: the pinned maps, the loaded programs and the
         attachments stay; the process state (generic-program layout, policy program cache, slot
         allocators) starts empty, and every program is loaded again with a new fd and id."""
-        return _bundle(self.kernel.maps, self.progs, self.attacher, self.xdp)
+        return _bundle(self.kernel.maps, self.progs, self.attacher, self.xdp, self.kernel.policies.sources)
 
 
 def fake_kernel(sizes: dict[str, int] | None = None) -> FakeBPF:
@@ -234,7 +234,8 @@ def fake_kernel(sizes: dict[str, int] | None = None) -> FakeBPF:
     return _bundle(maps, progs, FakeAttacher(progs), FakeXdpAttacher(progs))
 
 
-def _bundle(maps: MapSet, progs: FakePrograms, attacher: FakeAttacher, xdp: FakeXdpAttacher) -> FakeBPF:
+def _bundle(maps: MapSet, progs: FakePrograms, attacher: FakeAttacher, xdp: FakeXdpAttacher,
+            sources: SourceStore | None = None) -> FakeBPF:
 
     def loader(variant: Variant, _pin_root: str) -> _FakeLoaded:
         funcs = ([PREAMBLE_FUNC[variant.program]] if variant.program in PREAMBLE_FUNC
@@ -245,6 +246,8 @@ def _bundle(maps: MapSet, progs: FakePrograms, attacher: FakeAttacher, xdp: Fake
     kernel = BPFKernel(maps=maps, programs=ProgramsMap(maps, "fake", loader=loader),
                        policies=PolicyPrograms(maps, ids, prog_load=progs.load, close_fd=progs.close,
                                                prog_fd_by_id=progs.fd_by_id, prog_info=progs.info,
-                                               map_id=lambda fd: fd),
+                                               map_id=lambda fd: fd, sources=sources or MemorySources(),
+                                               # ``build`` is the code's version: its generator too.
+                                               generator=lambda: f"fake-{progs.build}"),
                        attacher=attacher, ipset_ids=ids, slots=slot_allocators(), xdp=xdp)
     return FakeBPF(kernel, progs, attacher, xdp)
