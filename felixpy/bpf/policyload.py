@@ -550,21 +550,29 @@ class PolicyPrograms:
 @dataclass
 class JumpMapAllocator:
     """Entry-slot allocator for a policy jump map (Felix's ``jumpMapAlloc``): TC entries
-    0..9999, XDP 0..99; sub-program k of an entry lives at ``entry + k*stride``."""
+    0..9999, XDP 0..99; sub-program k of an entry lives at ``entry + k*stride``.
+
+    A restart assigns the reclaimed entries in ``cali_iface``'s order, not the entries' order, so an
+    assign must not scan the free list: the list keeps the order entries are handed out in, the set
+    says which of its entries are still free (an assigned one is skipped when popped)."""
 
     size: int = defs.TC_POLICY_STRIDE
     _free: list[int] = field(default_factory=list)
+    _free_set: set[int] = field(default_factory=set)
     _next: int = 0
     _owner: dict[int, str] = field(default_factory=dict)
 
     def get(self, owner: str) -> int:
-        if self._free:
+        while self._free:
             idx = self._free.pop()
-        elif self._next < self.size:
+            if idx in self._free_set:
+                self._free_set.remove(idx)
+                break
+        else:
+            if self._next >= self.size:
+                raise RuntimeError("policy jump map exhausted")
             idx = self._next
             self._next += 1
-        else:
-            raise RuntimeError("policy jump map exhausted")
         self._owner[idx] = owner
         return idx
 
@@ -573,13 +581,16 @@ class JumpMapAllocator:
         if idx in self._owner:
             raise ValueError(f"index {idx} already owned by {self._owner[idx]}")
         self._owner[idx] = owner
-        if idx in self._free:
-            self._free.remove(idx)
+        self._free_set.discard(idx)  # (left in the list: get() skips it)
         while self._next <= idx:
             if self._next != idx:
-                self._free.append(self._next)
+                self._put_free(self._next)
             self._next += 1
 
     def put(self, idx: int) -> None:
         if self._owner.pop(idx, None) is not None:
-            self._free.append(idx)
+            self._put_free(idx)
+
+    def _put_free(self, idx: int) -> None:
+        self._free.append(idx)
+        self._free_set.add(idx)
