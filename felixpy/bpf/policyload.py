@@ -79,13 +79,33 @@ _SCALARS = (str, int, bool, float, type(None))
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # IR dataclass -> its field names, in order
 
 
+_RULE_FIELDS = tuple(f.name for f in fields(ir.Rule) if f.init)
+_RULE_PORT_FIELDS = tuple(n for n in _RULE_FIELDS if n.endswith("_ports"))
+
+
+def _plain_rule(r: ir.Rule) -> dict[str, Any]:
+    """A rule as :func:`_plain` gives any dataclass, without a call per field: the rules are most of
+    a policy set, and most of their fields are empty tuples or None, which JSON takes as they are."""
+    d = {n: getattr(r, n) for n in _RULE_FIELDS}
+    d["action"] = r.action.value
+    for n in _RULE_PORT_FIELDS:
+        if d[n]:
+            d[n] = [{"first": p.first, "last": p.last} for p in d[n]]
+    return d
+
+
 def _plain(v: Any) -> Any:
-    """``v`` as JSON-able values (dataclasses as dicts of every field, tuples as lists, enums as
-    values).  Called once per program load over the whole PolicySet, so the walk avoids
-    ``dataclasses.fields`` per object (it dominated a policy change's source writes)."""
+    """``v`` as JSON-able values (dataclasses as dicts of every field, enums as values; tuples of
+    scalars are left as they are, JSON writes them as lists).  Called once per program load over
+    the whole PolicySet, so the walk avoids ``dataclasses.fields`` per object and a call per field
+    of a rule (they dominated a policy change's source writes)."""
     cls = type(v)
     if cls in _SCALARS:
         return v
+    if cls is ir.Rule:
+        return _plain_rule(v)
+    if cls is ir.Action:
+        return v.value
     if cls is tuple:
         return [_plain(x) for x in v]
     names = _FIELD_NAMES.get(cls)
@@ -164,15 +184,20 @@ def source_doc(ps: PolicySet, *, name: str, hook: int, v6: bool, ipset_ids: Mapp
 
 def _recorded_parts(blob: bytes | None, want: Mapping[str, Any], generator: str) -> tuple[list[int], list[bytes]] | None:
     """The parts' instruction counts and tags the source *blob* records, if it was written by this
-    *generator* for exactly the input *want* (:func:`_doc`); else None."""
+    *generator* for exactly the input *want* (:func:`_doc`); else None.  The input is compared as
+    text: :func:`source_doc` writes it first, in a fixed key order, and the parts after it."""
     if blob is None or not generator:
         return None
+    prefix = json.dumps(want, separators=(",", ":"))[:-1] + ","
     try:
-        doc = json.loads(zlib.decompress(blob))
-        if doc.get("generator") != generator or any(doc.get(k) != v for k, v in want.items()):
+        text = zlib.decompress(blob).decode()
+        if not text.startswith(prefix):
             return None
-        counts, tags = [int(c) for c in doc["insn_counts"]], [bytes.fromhex(t) for t in doc["tags"]]
-    except (zlib.error, ValueError, TypeError, KeyError, AttributeError):
+        rest = json.loads("{" + text[len(prefix):])
+        if rest.get("generator") != generator:
+            return None
+        counts, tags = [int(c) for c in rest["insn_counts"]], [bytes.fromhex(t) for t in rest["tags"]]
+    except (zlib.error, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError):
         return None
     return (counts, tags) if counts and len(counts) == len(tags) else None
 

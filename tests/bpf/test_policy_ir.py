@@ -129,3 +129,17 @@ def test_the_generator_fingerprint_covers_the_generators_code(monkeypatch: pytes
         assert policyload.generator_fingerprint() == ""  # unreadable: no source is trusted
     finally:
         policyload.generator_fingerprint.cache_clear()
+
+
+def test_the_source_text_is_the_plain_walks_byte_for_byte() -> None:
+    """The rules' fast path (no call per field, tuples left to JSON) writes exactly the text the
+    generic dataclass walk did: program sources of earlier runs compare equal (a restart adopts)."""
+    for ps in (RICH, PolicySet(), PolicySet(profiles=(Profile("p", (Rule(Action.DENY, protocol=6,
+                                                                         not_src_ports=ports(1, (5, 9)),
+                                                                         icmp_type=3),)),))):
+        blob = source_doc(ps, name="p6e_00ff00ff", hook=defs.HOOK_TC_EGRESS, v6=True, ipset_ids={"s:a": 3},
+                          generator="g", insn_counts=[7], tags=[b"\x09" * 8])
+        want = {"format": 1, "program": "p6e_00ff00ff", "hook": defs.HOOK_TC_EGRESS, "ip_version": 6,
+                "ip_set_ids": {"s:a": 3}, "policy_set": _reference_plain(ps), "generator": "g",
+                "insn_counts": [7], "tags": ["09" * 8]}
+        assert zlib.decompress(blob).decode() == json.dumps(want, separators=(",", ":"))
