@@ -44,7 +44,10 @@ class AsmError(Exception):
     pass
 
 
-@dataclass
+_INSN = struct.Struct("<BBhi")
+
+
+@dataclass(slots=True)
 class Insn:
     op: int
     dst: int = 0
@@ -54,8 +57,7 @@ class Insn:
     target: str | None = None  # label a jump resolves to
 
     def encode(self) -> bytes:
-        return struct.pack("<BBhi", self.op, (self.src << 4) | self.dst, self.off,
-                           _s32(self.imm))
+        return _INSN.pack(self.op, (self.src << 4) | self.dst, self.off, _s32(self.imm))
 
 
 def _s32(v: int) -> int:
@@ -166,12 +168,14 @@ class Block:
         missing = self.pending_labels()
         if missing:
             raise AsmError(f"undefined labels: {missing[:5]}")
-        out = bytearray()
+        out = bytearray(len(self.insns) * _INSN.size)
+        pack, labels = _INSN.pack_into, self.labels
         for i, insn in enumerate(self.insns):
+            off = insn.off
             if insn.target is not None:
-                off = self.labels[insn.target] - i - 1
+                off = labels[insn.target] - i - 1
                 if not -MAX_OFF - 1 <= off <= MAX_OFF:
                     raise AsmError(f"jump to {insn.target!r} out of 16-bit range ({off})")
-                insn = Insn(insn.op, insn.dst, insn.src, off, insn.imm)
-            out += insn.encode()
+            imm = insn.imm & 0xFFFFFFFF
+            pack(out, i * 8, insn.op, (insn.src << 4) | insn.dst, off, imm - (1 << 32) if imm & 0x80000000 else imm)
         return bytes(out)
