@@ -39,6 +39,14 @@ def test_for_family_drops_rules_that_cannot_match_in_a_family() -> None:
     assert Rule(Action.DENY, dst_nets=("fd00::/8",)).for_family(True) is not None
 
 
+RICH = PolicySet(
+    tiers=(Tier("default", (Policy("default/p", (DUAL, Rule(Action.PASS)), staged=False),
+                            Policy("default/staged", (Rule(Action.LOG),), staged=True)), Action.PASS),),
+    profiles=(Profile("kns.default", (Rule(),)),),
+    host_normal_tiers=(Tier("t", (Policy("h", (Rule(Action.DENY, icmp_type=8, icmp_code=0),)),)),),
+    for_host_interface=True, suppress_normal_host_policy=False)
+
+
 def _reference_plain(ps: PolicySet) -> object:
     """The document's policy_set as the plain dataclass walk gives it (asdict, enums as values)."""
     def enc(o: object) -> object:
@@ -64,25 +72,12 @@ def test_policy_set_caches_are_not_part_of_the_value() -> None:
 
 
 def test_source_document_holds_every_field_of_the_policy_set_and_parses_back() -> None:
-    ps = PolicySet(
-        tiers=(Tier("default", (Policy("default/p", (DUAL, Rule(Action.PASS)), staged=False),
-                                Policy("default/staged", (Rule(Action.LOG),), staged=True)), Action.PASS),),
-        profiles=(Profile("kns.default", (Rule(),)),),
-        host_normal_tiers=(Tier("t", (Policy("h", (Rule(Action.DENY, icmp_type=8, icmp_code=0),)),)),),
-        for_host_interface=True, suppress_normal_host_policy=False)
+    ps = RICH
     blob = source_doc(ps, name="p4i_0123abcd", hook=defs.HOOK_TC_INGRESS, v6=False, ipset_ids={"s:a": 7})
     doc = json.loads(zlib.decompress(blob))
     assert doc["policy_set"] == _reference_plain(ps)
     assert doc["ip_set_ids"] == {"s:a": 7} and doc["program"] == "p4i_0123abcd"
     assert parse_source(blob).policy_set == ps
-
-
-RICH = PolicySet(
-    tiers=(Tier("default", (Policy("default/p", (DUAL, Rule(Action.PASS)), staged=False),
-                            Policy("default/staged", (Rule(Action.LOG),), staged=True)), Action.PASS),),
-    profiles=(Profile("kns.default", (Rule(),)),),
-    host_normal_tiers=(Tier("t", (Policy("h", (Rule(Action.DENY, icmp_type=8, icmp_code=0),)),)),),
-    for_host_interface=True, suppress_normal_host_policy=False)
 
 
 def test_a_source_is_recognised_only_for_its_generator_and_its_exact_input() -> None:
