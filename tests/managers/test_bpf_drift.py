@@ -140,3 +140,40 @@ def test_a_failed_reattach_is_counted_once_when_it_finally_succeeds() -> None:
     assert counts.moved() == {"bpf_attachment": 1}
     refresh(n)
     assert counts.moved() == {"bpf_attachment": 1}
+
+
+def test_a_refresh_of_many_endpoints_goes_a_batch_an_apply_and_repairs_them_all() -> None:
+    """A big node's refresh must not hold one apply for seconds: it checks and rewrites at most a
+    batch of interfaces an apply and asks for the next apply at once, until every one was checked."""
+    from felixpy.drivers.bpfendpoints.driver import BPFEndpoints
+    from felixpy.bpf import maptypes as mt
+
+    fb = fake_kernel()
+    n = Node(families=(4,), config=replace(Config(), BPFEnabled=True), bpf=fb)
+    names = [f"cali{i}" for i in range(1, 6)]
+    for name in names:
+        n.link_up(name)
+    n.send(profile("allow"), *[wep(f"w{i}", name, ipv4=[f"10.65.0.{i}/32"], profiles=["allow"])
+                               for i, name in enumerate(names, 1)])
+    n.apply()
+    driver = next(d for d in n.dp.devices if isinstance(d, BPFEndpoints))
+    driver._resync_batch = 2
+    k = fb.kernel.maps
+    for name in names:  # damage on every interface: a preamble's globals and a counters entry gone
+        k.ap_globals.delete(mt.ApKey(n.ifindex(name), EGR))
+        k.counters.delete(mt.CountersKey(n.ifindex(name), ING))
+
+    def repaired() -> int:
+        return sum(k.ap_globals.get(mt.ApKey(n.ifindex(nm), EGR)) is not None and
+                   k.counters.get(mt.CountersKey(n.ifindex(nm), ING)) is not None for nm in names)
+
+    assert driver.next_deadline() is None
+    for d in [*n.dp.devices, *n.dp.ipsets]:
+        d.queue_resync()
+    got = []
+    for _ in range(3):
+        n.apply()
+        got.append((repaired(), driver.next_deadline()))
+    assert got == [(2, 0.0), (4, 0.0), (5, None)]
+    for name in names:
+        assert fb.attacher.is_attached(name, n.ifindex(name), ING)

@@ -53,6 +53,9 @@ so damage done behind the driver's back is rewritten there, as every write used 
 checks each programmed interface's policy slots (the first part of each must still be in its jump map)
 and hooks (the preamble still attached), and what it had to put back is drift, counted once repaired
 as ``felixpy_drift_repairs{kind="bpf_policy"|"bpf_attachment"}`` (:mod:`felixpy.drivers.drift`).
+The pass goes :data:`RESYNC_BATCH` interfaces an apply, the next apply coming at once
+(:meth:`next_deadline`), so a refresh on a node of 5,000 workloads (~2.5 s of checks and rewrites)
+never holds one apply, and the updates queued behind it, for seconds.
 
 (The routes map -- the workload's addresses on this ifindex, which the from-workload source
 check needs -- is the routes driver's, :mod:`felixpy.drivers.bpfroutes`, a device syncer that
@@ -160,12 +163,16 @@ def _xdp_policy(want: dict[int, EndpointPolicy] | None) -> dict[int, PolicySet]:
     return {v: p.xdp for v, p in (want or {}).items() if isinstance(p, HostEndpointPolicy) and p.xdp is not None}
 
 
+RESYNC_BATCH = 250  # interfaces a periodic resync checks and rewrites per apply (~0.1 s of work)
+
+
 class BPFEndpoints:
     """Desired state per workload interface and family; one ordered reconcile per apply."""
 
     def __init__(self, kernel: BPFKernel, *, redirect_peer: bool = True, nat_exclude_hosts: bool = False,
                  hold_attach: Callable[[str], bool] | None = None,
-                 workload_prefixes: tuple[str, ...] = ("cali",), enforce_rpf: str = "Loose") -> None:
+                 workload_prefixes: tuple[str, ...] = ("cali",), enforce_rpf: str = "Loose",
+                 resync_batch: int = RESYNC_BATCH) -> None:
         self.kernel = kernel
         self._wl_prefixes = workload_prefixes
         self._host_ifstate: dict[str, int] = {}  # non-workload interface -> ifindex written NOT_MANAGED
@@ -193,8 +200,11 @@ class BPFEndpoints:
         self._counted: set[tuple[int, int]] = set()  # (ifindex, hook) with a counters entry
         self._globals: dict[tuple[int, int], AttachPoint] = {}  # (ifindex, hook) -> written from
         self._ifstate_written: dict[str, tuple[int, int, tuple[tuple[str, int], ...]]] = {}
-        # Interfaces whose slots and hooks the next reconcile checks against the kernel (queue_resync).
+        # Interfaces whose slots and hooks the next reconcile checks against the kernel (queue_resync),
+        # and those the periodic resync has still to come to, taken resync_batch an apply.
         self._verify: set[str] = set()
+        self._resync_todo: list[str] = []
+        self._resync_batch = max(1, resync_batch)
         self._failing: dict[str, str] = {}  # interface -> the error last logged for it (until it is programmed)
         self._drift = DriftTally(structlog.get_logger(__name__), driver="bpf_endpoints")  # own proxy per instance
 
@@ -243,16 +253,29 @@ class BPFEndpoints:
             self._dirty.add(name)
 
     def queue_resync(self) -> None:
-        self._dirty.update(self._want)
-        self._dirty.update(self._done)
-        self._verify.update(self._done)
-        self._counted.clear()
-        self._globals.clear()
-        self._ifstate_written.clear()
+        """Check and rewrite every interface, :attr:`_resync_batch` an apply (a refresh still under way
+        starts over: every interface is in the new pass)."""
+        self._resync_todo = sorted({*self._want, *self._done}, reverse=True)  # popped from the end
+
+    def _take_resync_batch(self) -> None:
+        """The next interfaces of the resync pass: checked against the kernel and rewritten in this apply."""
+        for _ in range(min(self._resync_batch, len(self._resync_todo))):
+            iface = self._resync_todo.pop()
+            self._dirty.add(iface)
+            done = self._done.get(iface)
+            if done is None:
+                continue
+            self._verify.add(iface)
+            self._ifstate_written.pop(iface, None)
+            for hook in (*HOOKS, XDP):
+                self._counted.discard((done.ifindex, hook))
+                self._globals.pop((done.ifindex, hook), None)
 
     def next_deadline(self) -> float | None:
-        """Detaches wait for the apply after the *tables dropped the interface: come back soon."""
-        return 0.0 if any(p.pending_detach for p in self._done.values()) else None
+        """Detaches wait for the apply after the *tables dropped the interface, and a resync pass
+        continues in the next apply: come back soon."""
+        pending = self._resync_todo or any(p.pending_detach for p in self._done.values())
+        return 0.0 if pending else None
 
     def status_counts(self) -> dict[str, int]:
         """For ``felixpy status``: policy programs loaded, and TC hooks carrying our preamble."""
@@ -269,6 +292,7 @@ class BPFEndpoints:
         if self._start_of_day:
             self._restart_sync()
             self._start_of_day = False
+        self._take_resync_batch()
         self._sync_host_ifstate()
         for ep in (EpType.WEP, EpType.HEP):
             fams = sorted({v for iface, fam in self._want.items() if self._ep_type(iface) is ep for v in fam})
