@@ -36,12 +36,12 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from felixpy.drivers.generictables.model import Action, Chain, DestNet, Goto, Jump, Rule, SourceNet
+from felixpy.drivers.generictables.model import Action, Chain, DestNet, Goto, Jump, Rule, SourceNet, rule_targets
 from felixpy.drivers.generictables.table import MapMetadata
 from felixpy.errors import DataplaneError
 from felixpy.rules.static import KERNEL_CHAINS
 
-__all__ = ["DanglingReferenceError", "FakeTable", "FakeTableState", "InvalidRuleError", "chain_targets",
+__all__ = ["DanglingReferenceError", "FakeTable", "FakeTableState", "InvalidRuleError", "rule_targets",
            "fake_tables"]
 
 
@@ -51,11 +51,6 @@ class DanglingReferenceError(DataplaneError):
 
 class InvalidRuleError(DataplaneError):
     """A programmed rule the kernel would refuse (the restore would fail)."""
-
-
-def chain_targets(rules: Iterable[Rule]) -> list[str]:
-    """Chains that rules jump or go to, in order."""
-    return [r.action.target for r in rules if isinstance(r.action, (Jump, Goto))]
 
 
 @dataclass
@@ -194,7 +189,7 @@ class FakeTable:
         dangling: set[tuple[str, str]] = set()
         sources: list[tuple[str, str]] = []
         for c in self.kernel_chain_names:
-            sources.extend((c, t) for t in chain_targets(self._kernel_rules_desired(c)))
+            sources.extend((c, t) for t in rule_targets(self._kernel_rules_desired(c)))
         for m, members in self._maps.items():
             sources.extend((f"map:{m}", a.target) for a in members.values() if isinstance(a, (Jump, Goto)))
         while sources:
@@ -207,7 +202,7 @@ class FakeTable:
                     dangling.add((src, name))
                 continue
             seen.add(name)
-            sources.extend((name, t) for t in chain_targets(chain.rules))
+            sources.extend((name, t) for t in rule_targets(chain.rules))
         return seen, dangling
 
     def desired_programmed_names(self) -> set[str]:
@@ -245,7 +240,7 @@ class FakeTable:
 
     def targets_of(self, name: str) -> list[str]:
         """Jump/goto targets of a programmed (or kernel) chain, in order."""
-        return chain_targets(self.rules(name))
+        return rule_targets(self.rules(name))
 
     def referenced_ip_sets(self) -> set[str]:
         """Kernel IP-set names referenced by any programmed rule."""

@@ -17,6 +17,7 @@ No rule ever travels as a string.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -500,4 +501,9 @@ class Chain:
 
     def targets(self) -> tuple[str, ...]:
         """Chains this chain jumps or goes to (the tables refcount these)."""
-        return tuple(r.action.target for r in self.rules if isinstance(r.action, (Jump, Goto)))
+        return tuple(rule_targets(self.rules))
+
+
+def rule_targets(rules: Iterable[Rule]) -> list[str]:
+    """Chains that *rules* jump or go to, in order."""
+    return [r.action.target for r in rules if isinstance(r.action, (Jump, Goto))]

@@ -66,7 +66,7 @@ import structlog
 from felixpy.config import Config
 from felixpy.drivers.cmdshim import BinaryLocator, CommandRunner, takes_stdin_lines
 from felixpy.drivers.drift import DriftTally, misplaced, rule_drift
-from felixpy.drivers.generictables.model import Chain, Goto, Jump, Rule
+from felixpy.drivers.generictables.model import Chain, Rule, rule_targets
 from felixpy.drivers.iptables import render
 from felixpy.drivers.iptables.detect import Features, FeatureDetector, detect_backend, find_best_binary
 from felixpy.drivers.generictables.readmerge import merge_written
@@ -112,10 +112,6 @@ class WriteAttempt:
     error: str
     failed_line: str
     input_lines: int
-
-
-def _targets(rules: Iterable[Rule]) -> list[str]:
-    return [r.action.target for r in rules if isinstance(r.action, (Jump, Goto))]
 
 
 class _DeleteRenderError(DataplaneError):
@@ -321,11 +317,11 @@ class IptablesTable:
 
     def _incref_targets(self, chain_name: str, rules: Iterable[Rule]) -> None:
         if self._referenced(chain_name):
-            self._incref_all(_targets(rules))
+            self._incref_all(rule_targets(rules))
 
     def _decref_targets(self, chain_name: str, rules: Iterable[Rule]) -> None:
         if self._referenced(chain_name):
-            self._decref_all(_targets(rules))
+            self._decref_all(rule_targets(rules))
 
     def _incref_all(self, names: list[str]) -> None:
         """Incref each chain; one that becomes referenced increfs its own targets (iteratively)."""
@@ -339,7 +335,7 @@ class IptablesTable:
                 chain = self._chains.get(name)
                 if chain is not None:
                     self._add_rules(len(chain.rules))
-                    stack.extend(_targets(chain.rules)[::-1])
+                    stack.extend(rule_targets(chain.rules)[::-1])
 
     def _decref_all(self, names: list[str]) -> None:
         """Decref each chain; one that becomes unreferenced decrefs its own targets."""
@@ -356,7 +352,7 @@ class IptablesTable:
             chain = self._chains.get(name)
             if chain is not None:
                 self._add_rules(-len(chain.rules))
-                stack.extend(_targets(chain.rules)[::-1])
+                stack.extend(rule_targets(chain.rules)[::-1])
             del self._refcounts[name]
             self._dirty_chains.add(name)  # no longer referenced: remove it
 

@@ -83,10 +83,6 @@ KEEP_TEXTS_MAX = TEXT_THRESHOLD
 _BIG_TRANSACTION = threading.Lock()
 
 
-def _targets(rules: Iterable[m.Rule]) -> list[str]:
-    return [r.action.target for r in rules if isinstance(r.action, (m.Jump, m.Goto))]
-
-
 @dataclass(slots=True)
 class _Plan:
     commands: list[Command] = field(default_factory=list)
@@ -202,7 +198,7 @@ class NftablesTable:
             self._dirty_chains.add(name)
             chain = self._chains.get(name)
             if chain is not None:
-                for target in _targets(chain.rules):
+                for target in m.rule_targets(chain.rules):
                     self._incref(target)
 
     def _decref(self, name: str) -> None:
@@ -212,7 +208,7 @@ class NftablesTable:
             self._dirty_chains.add(name)
             chain = self._chains.get(name)
             if count == 1 and chain is not None:
-                for target in _targets(chain.rules):
+                for target in m.rule_targets(chain.rules):
                     self._decref(target)
         else:
             self._refcounts[name] = count - 1
@@ -231,9 +227,9 @@ class NftablesTable:
                      hashes: list[str]) -> None:
         """Bookkeeping common to every content change of chain *name* (already validated)."""
         if self._is_referenced(name):
-            for target in _targets(new_rules):   # incref first: a kept target stays referenced
+            for target in m.rule_targets(new_rules):   # incref first: a kept target stays referenced
                 self._incref(target)
-            for target in _targets(old_rules):
+            for target in m.rule_targets(old_rules):
                 self._decref(target)
         self._hashes_by_chain[name] = hashes
         for obj in self._chain_objs.pop(name, ()):
