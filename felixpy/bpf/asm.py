@@ -54,10 +54,7 @@ class Insn:
     src: int = 0
     off: int = 0
     imm: int = 0
-    target: str | None = None  # label a jump resolves to
-
-    def encode(self) -> bytes:
-        return _INSN.pack(self.op, (self.src << 4) | self.dst, self.off, _s32(self.imm))
+    target: str | None = None  # label a jump resolves to (Block.assemble encodes: _INSN)
 
 
 def _s32(v: int) -> int:
@@ -176,6 +173,5 @@ class Block:
                 off = labels[insn.target] - i - 1
                 if not -MAX_OFF - 1 <= off <= MAX_OFF:
                     raise AsmError(f"jump to {insn.target!r} out of 16-bit range ({off})")
-            imm = insn.imm & 0xFFFFFFFF
-            pack(out, i * 8, insn.op, (insn.src << 4) | insn.dst, off, imm - (1 << 32) if imm & 0x80000000 else imm)
+            pack(out, i * 8, insn.op, (insn.src << 4) | insn.dst, off, _s32(insn.imm))
         return bytes(out)

@@ -16,11 +16,12 @@ instructions it would generate have the kernel's tag.
 Each loaded program's *source* is kept beside the pins for ``felixpy explain`` (which reads the
 kernel, never the daemon): ``<pin root>/felixpy-policy/<program name>`` holds the
 :class:`PolicySet` and the IP-set name -> id map it was built with (:func:`source_doc`, JSON,
-zlib-compressed), and the generator's fingerprint, each part's instruction count and kernel tag.  bpffs refuses regular files (``open(O_CREAT)`` is EPERM), so the source is a
-pinned one-entry array map (:class:`PinnedSources`; tests use :class:`MemorySources`).  It is
-written before :meth:`PolicyPrograms.acquire` returns, i.e. before any slot holds the program,
-and removed when the program is closed; :meth:`PolicyPrograms.sweep_sources` removes those an
-earlier run left once this run has replaced its programs.
+zlib-compressed), and the generator's fingerprint, each part's instruction count and kernel tag.
+bpffs refuses regular files (``open(O_CREAT)`` is EPERM), so the source is a pinned one-entry array
+map (:class:`PinnedSources`; tests use :class:`MemorySources`).  It is written before
+:meth:`PolicyPrograms.acquire` returns, i.e. before any slot holds the program, and removed when the
+program is closed; :meth:`PolicyPrograms.sweep_sources` removes those an earlier run left once this
+run has replaced its programs.
 
 Apply contract: :meth:`PolicyPrograms.install` writes part k at ``entry + k*stride`` and
 deletes any higher parts a previous, larger program left behind, so a slot is always either
@@ -197,7 +198,7 @@ def _recorded_parts(blob: bytes | None, want: Mapping[str, Any], generator: str)
         if rest.get("generator") != generator:
             return None
         counts, tags = [int(c) for c in rest["insn_counts"]], [bytes.fromhex(t) for t in rest["tags"]]
-    except (zlib.error, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError):
+    except (zlib.error, UnicodeDecodeError, ValueError, TypeError, KeyError):
         return None
     return (counts, tags) if counts and len(counts) == len(tags) else None
 
