@@ -149,12 +149,12 @@ def test_a_refresh_of_many_endpoints_goes_a_batch_an_apply_and_repairs_them_all(
     from felixpy.bpf import maptypes as mt
 
     fb = fake_kernel()
-    n = Node(families=(4,), config=replace(Config(), BPFEnabled=True), bpf=fb)
+    n = Node(families=(4, 6), config=replace(Config(), BPFEnabled=True), bpf=fb)
     names = [f"cali{i}" for i in range(1, 6)]
     for name in names:
         n.link_up(name)
-    n.send(profile("allow"), *[wep(f"w{i}", name, ipv4=[f"10.65.0.{i}/32"], profiles=["allow"])
-                               for i, name in enumerate(names, 1)])
+    n.send(profile("allow"), *[wep(f"w{i}", name, ipv4=[f"10.65.0.{i}/32"], ipv6=[f"fd00::{i}/128"],
+                                   profiles=["allow"]) for i, name in enumerate(names, 1)])
     n.apply()
     driver = next(d for d in n.dp.devices if isinstance(d, BPFEndpoints))
     driver._resync_batch = 2
