@@ -258,36 +258,58 @@ class MemberTracker(_WorkLists[K]):
     property tests run both side by side.
     """
 
-    __slots__ = ("_desired", "_pending_updates", "_pending_deletions", "_packed", "_sorted")
+    __slots__ = ("_desired", "_pending_updates", "_pending_deletions", "_packed", "_sorted", "_all_pending")
 
     def __init__(self) -> None:
         self._desired: dict[K, object] = {}
         self._pending_updates: dict[K, object] = {}     # desired, not in the dataplane
         self._pending_deletions: dict[K, object] = {}   # in the dataplane, not desired
         # Compact form (see compact()): the desired keys as 4-byte IPv4 addresses in desired order, and the
-        # same addresses as sorted ints for lookups.  While set, _desired is empty and nothing is pending.
+        # same addresses as sorted ints for lookups.  While set, the three dicts are empty and the dataplane
+        # is either the desired set (in sync) or, with _all_pending, empty (every key a pending update, in
+        # desired order: a set not yet written).
         self._packed: bytes | None = None
         self._sorted: array[int] | None = None
+        self._all_pending = False
 
     # -- compact form -------------------------------------------------------
     def compact(self, min_keys: int = 16) -> bool:
-        """In sync and every key a dotted-quad IPv4 string: hold the keys packed (4 + 4 bytes a key instead of
-        a str and a dict slot, ~90 bytes; issue #17).  Invisible to every query, orders included; the next
-        change unpacks them.  ``inet_pton`` accepts only the canonical spelling, so unpacking gives back the
-        very strings.  Returns whether the keys are (now) packed."""
+        """Every key a dotted-quad IPv4 string, and the set in sync or not yet in the dataplane at all (every
+        key pending, in desired order: a set just received): hold the keys packed (4 + 4 bytes a key instead
+        of a str and a dict slot, ~90 bytes, or twice that while pending; issue #17).  Invisible to every
+        query, orders included; the next change unpacks them.  ``inet_pton`` accepts only the canonical
+        spelling, so unpacking gives back the very strings.  Returns whether the keys are (now) packed."""
         if self._packed is not None:
             return True
-        desired = self._desired
-        if len(desired) < min_keys or self._pending_updates or self._pending_deletions:
+        desired, pu = self._desired, self._pending_updates
+        if len(desired) < min_keys or self._pending_deletions:
             return False
+        all_pending = bool(pu)
+        if all_pending and (len(pu) != len(desired) or not all(map(operator.eq, pu, desired))):
+            return False   # partly written, or pending in another order than desired
         pton, af = _socket.inet_pton, _socket.AF_INET
         try:
             packed = b"".join([pton(af, k) for k in desired])  # type: ignore[arg-type]
         except (OSError, ValueError, TypeError):   # not all IPv4 addresses (nets, ip,port, IPv6, not str)
             return False
         ints = array("I", sorted(_struct.unpack(f">{len(desired)}I", packed)))
-        self._packed, self._sorted, self._desired = packed, ints, {}
+        self._packed, self._sorted, self._desired, self._all_pending = packed, ints, {}, all_pending
+        self._pending_updates = {}
         return True
+
+    def packed_snapshot(self) -> bytes | None:
+        """The packed keys, if held packed: a token for :meth:`mark_written`."""
+        return self._packed
+
+    def mark_written(self, snapshot: bytes) -> None:
+        """The dataplane now holds exactly the keys *snapshot* (from :meth:`packed_snapshot`) packed: a
+        whole set written from its packed keys.  If nothing changed since, that is the desired set and it
+        stays packed, now in sync, without a str per key; otherwise as :meth:`replace_dataplane_keys`."""
+        if self._packed is snapshot:
+            self._all_pending = False
+            return
+        ntoa = _socket.inet_ntoa
+        self.replace_dataplane_keys([ntoa(snapshot[i:i + 4]) for i in range(0, len(snapshot), 4)])  # type: ignore[misc]
 
     def _unpacked_keys(self) -> list[K]:
         packed = self._packed
@@ -298,7 +320,10 @@ class MemberTracker(_WorkLists[K]):
     def _inflate(self) -> None:
         if self._packed is not None:
             self._desired = dict.fromkeys(self._unpacked_keys())
+            if self._all_pending:
+                self._pending_updates = dict.fromkeys(self._desired)
             self._packed = self._sorted = None
+            self._all_pending = False
 
     def _packed_has(self, key: object) -> bool:
         ints = self._sorted
@@ -317,7 +342,8 @@ class MemberTracker(_WorkLists[K]):
 
     def _in_dataplane(self, key: K) -> bool:
         if self._packed is not None:
-            return self._packed_has(key)   # in sync: the dataplane is the desired set
+            # In sync the dataplane is the desired set; all pending, it is empty.
+            return not self._all_pending and self._packed_has(key)
         if key in self._desired:
             return key not in self._pending_updates
         return key in self._pending_deletions
@@ -385,6 +411,8 @@ class MemberTracker(_WorkLists[K]):
     def dataplane_items(self) -> Iterator[tuple[K, bool]]:
         """What the dataplane holds as far as the tracker believes (the implied set, never stored)."""
         pu = self._pending_updates
+        if self._all_pending:
+            return
         for k in (self._unpacked_keys() if self._packed is not None else self._desired):
             if k not in pu:
                 yield k, True
@@ -412,8 +440,10 @@ class MemberTracker(_WorkLists[K]):
         self.replace_dataplane_keys(items.keys())
 
     def replace_dataplane_keys(self, keys: Iterable[K], value: object = True) -> None:
-        self._inflate()
         dp: dict[K, object] = dict.fromkeys(keys)   # transient: dropped once the work lists are known
+        if not dp and self._all_pending:
+            return   # packed, none of it in the dataplane: so it stays
+        self._inflate()
         desired = self._desired
         if not dp:
             self._pending_updates = dict(desired)
@@ -431,9 +461,20 @@ class MemberTracker(_WorkLists[K]):
         return True if self._in_dataplane(key) else None
 
     def dataplane_len(self) -> int:
+        if self._all_pending:
+            return 0
         return self.desired_len() - len(self._pending_updates) + len(self._pending_deletions)
 
     # -- work lists ---------------------------------------------------------
     def pending_updates(self) -> list[tuple[K, bool]]:
-        return [(k, True) for k in self._pending_updates]
+        return [(k, True) for k in self.pending_update_keys()]
+
+    def pending_update_keys(self) -> list[K]:
+        return self._unpacked_keys() if self._all_pending else list(self._pending_updates)
+
+    def num_pending_updates(self) -> int:
+        return self.desired_len() if self._all_pending else len(self._pending_updates)
+
+    def in_sync(self) -> bool:
+        return not self._all_pending and not self._pending_updates and not self._pending_deletions
 

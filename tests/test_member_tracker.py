@@ -23,7 +23,8 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("replace_dataplane_keys"), st.lists(KEYS, max_size=10)),
     st.tuples(st.just("replace_dataplane"), st.lists(KEYS, max_size=10)),
     st.tuples(st.just("write_pending"), st.just("")),
-    st.tuples(st.just("compact"), st.just("")),     # MemberTracker only: packs the keys when in sync
+    st.tuples(st.just("compact"), st.just("")),     # MemberTracker only: packs the keys when in sync or unwritten
+    st.tuples(st.just("write_whole"), st.just("")),  # the driver's write of a whole set (packed: by snapshot)
 ), max_size=40)
 
 
@@ -38,7 +39,14 @@ def _apply(t: Any, op: str, arg: Any) -> None:
         getattr(t, op)(dict.fromkeys(arg, True))
     elif op == "compact":
         if isinstance(t, MemberTracker):
-            assert t.compact(min_keys=1) == (t.in_sync() and t.desired_len() > 0)
+            unwritten = t.dataplane_len() == 0 and t.pending_update_keys() == t.desired_keys()
+            assert t.compact(min_keys=1) == ((t.in_sync() or unwritten) and t.desired_len() > 0)
+    elif op == "write_whole":
+        snap = t.packed_snapshot() if isinstance(t, MemberTracker) else None
+        if snap is not None:
+            t.mark_written(snap)
+        else:
+            t.replace_dataplane_keys(t.desired_keys(), True)
     else:  # what the driver does after a successful restore
         for k in t.pending_deletions():
             t.delete_dataplane(k)
@@ -78,7 +86,8 @@ def test_member_tracker_packs_ipv4_members_in_sync_and_unpacks_them_on_change() 
     mt: MemberTracker[str] = MemberTracker()
     members = [f"10.{i >> 8}.{i & 255}.{i % 7}" for i in range(5000)][::-1]   # not sorted: order is kept
     mt.replace_all_desired_keys(members, True)
-    assert not mt.compact()                         # pending updates: nothing packed
+    mt.set_dataplane(members[0], True)
+    assert not mt.compact()                         # partly written: nothing packed
     mt.replace_dataplane_keys(members, True)
     assert mt.compact() and mt._desired == {}       # in sync: no str, no dict slot per member
     assert mt.desired_keys() == members and mt.dataplane_len() == 5000 and mt.in_sync()
@@ -87,6 +96,38 @@ def test_member_tracker_packs_ipv4_members_in_sync_and_unpacks_them_on_change() 
     mt.delete_desired("10.0.3.3")                   # a change: unpacked, same order as before
     assert mt._packed is None and mt.pending_deletions() == ["10.0.3.3"]
     assert mt.desired_keys() == [m for m in members if m != "10.0.3.3"]
+
+
+def test_member_tracker_packs_an_unwritten_set_and_marks_it_written_without_unpacking() -> None:
+    """A set just received (nothing of it in the dataplane) is held packed too: the driver's intake of a
+    200,000-member node held each member as a str in two dicts until the first write (issue #17)."""
+    mt: MemberTracker[str] = MemberTracker()
+    members = [f"10.{i >> 8}.{i & 255}.{i % 5}" for i in range(3000)][::-1]
+    mt.replace_all_desired_keys(members, True)
+    assert mt.compact() and mt._desired == {} and mt._pending_updates == {}
+    assert mt.pending_update_keys() == members and mt.num_pending_updates() == 3000
+    assert mt.dataplane_len() == 0 and not mt.in_sync() and mt.get_dataplane(members[0]) is None
+    assert list(mt.dataplane_items()) == [] and mt.get_desired(members[0])
+    mt.replace_dataplane_keys([], True)             # a read-back that found nothing: still packed
+    assert mt._packed is not None
+    snap = mt.packed_snapshot()
+    assert snap is not None
+    mt.mark_written(snap)                           # written whole: in sync, still packed
+    assert mt._packed is snap and mt.in_sync() and mt.dataplane_len() == 3000
+    assert mt.get_dataplane(members[7]) and mt.pending_update_keys() == []
+
+
+def test_member_tracker_marked_with_a_stale_snapshot_holds_what_was_written() -> None:
+    mt: MemberTracker[str] = MemberTracker()
+    members = [f"10.0.{i >> 8}.{i & 255}" for i in range(100)]
+    mt.replace_all_desired_keys(members, True)
+    assert mt.compact()
+    snap = mt.packed_snapshot()
+    assert snap is not None
+    mt.set_desired("10.9.9.9", True)                # changed while the write ran: unpacked
+    mt.mark_written(snap)
+    assert mt.pending_update_keys() == ["10.9.9.9"] and mt.dataplane_len() == 100
+    assert mt.pending_deletions() == []
 
 
 def test_member_tracker_leaves_non_ipv4_members_unpacked() -> None:

@@ -91,6 +91,25 @@ def test_only_differing_members_are_written(env: Env) -> None:
     assert env.fake.members("cali40s:a") == ({f"10.0.0.{i}" for i in range(1, 101)} - {"10.0.0.50"}) | {"10.1.1.1"}
 
 
+def test_a_big_ipv4_set_is_held_packed_from_its_arrival_through_its_write(env: Env) -> None:
+    """#17, memory: a set received before the first apply is held packed (no str per member) and is marked
+    written from its packed keys; the restore text is what an unpacked set gives, members in feed order."""
+    d = env.driver()
+    members = [f"10.{i >> 8}.{i & 255}.7" for i in range(500)][::-1]
+    d.add_or_replace_ip_set(meta("s:a"), members)
+    tracker = d._members["cali40s:a"]
+    assert tracker.packed_snapshot() is not None and tracker.desired_len() == 500 and not tracker.in_sync()
+    apply_all(d)
+    (stdin,) = env.fake.restore_inputs()
+    assert stdin == ("create cali40s:a hash:ip family inet maxelem 1048576\n"
+                     + "".join(f"add cali40s:a {m}\n" for m in members) + "COMMIT\n")
+    assert env.fake.members("cali40s:a") == set(members)
+    assert tracker.packed_snapshot() is not None and tracker.in_sync() and d.in_sync()
+    d.add_members("s:a", ["10.200.0.1"])            # a change unpacks it; only the change is written
+    apply_all(d)
+    assert env.fake.restore_inputs()[-1] == "add cali40s:a 10.200.0.1\nCOMMIT\n"
+
+
 def test_nothing_to_do_runs_nothing(env: Env) -> None:
     d = env.driver()
     d.add_or_replace_ip_set(meta("s:a"), ["10.0.0.1"])
