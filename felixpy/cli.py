@@ -172,9 +172,11 @@ def _configure_logging(config_file: str | None) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from felixpy.daemon import Daemon
+    from felixpy.daemon import Daemon, limit_malloc_arenas
     from felixpy.dataplane.wiring import build_dataplane
     from felixpy.nodestatus import StatusServer
+
+    limit_malloc_arenas()  # before any thread of ours mallocs
 
     if not (args.driver or args.listen.startswith(("grpc:", "unix:"))):
         raise InputError(f"bad --listen {args.listen!r}: expected unix:PATH or grpc:unix:PATH")

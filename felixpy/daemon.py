@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import os
 import queue
 import signal
 import socketserver
@@ -498,6 +499,32 @@ class HeapTrimmer:
     def after_apply(self) -> None:
         if self._clock() - self._last >= self._interval:
             self.trim()
+
+
+MALLOC_ARENAS = 2   # glibc's default is 8 per core: one per thread that mallocs, here up to ~16
+_M_ARENA_MAX = -8   # mallopt's parameter number (malloc.h)
+
+
+def limit_malloc_arenas(environ: Mapping[str, str] = os.environ) -> bool:
+    """Cap glibc's malloc arenas at :data:`MALLOC_ARENAS`, before the daemon starts a thread.
+
+    Every thread that mallocs (the apply pool's workers: IP sets, tables, routes; the monitor) gets an arena of
+    its own, and what a start of day frees in one is not reused by the others: at the large-node profile the
+    cold peak was 112 MiB with the default and 108 MiB with two arenas, the steady state 111 -> 105 MiB (#17).
+    Python's small objects do not go through malloc, and the GIL serialises most of the rest, so the lock the
+    threads now share costs nothing measurable.  An operator's ``MALLOC_ARENA_MAX`` wins (glibc read it at
+    start); not glibc (musl): nothing to do.  Returns whether the cap was set."""
+    if "MALLOC_ARENA_MAX" in environ:
+        return False
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # no glibc
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_ARENA_MAX, MALLOC_ARENAS))
 
 
 def _malloc_trim() -> Callable[[int], int] | None:

@@ -46,3 +46,18 @@ def test_dataplane_in_sync_is_sent_before_the_start_of_day_collection_and_trim(m
     monkeypatch.setattr(daemon._heap, "trim", lambda: order.append("trimmed"))
     daemon._on_first_sync(d.Session(feed=Feed(), started=0.0), 1.0)  # type: ignore[arg-type]
     assert sent == ["dataplane_in_sync"] and order == ["sent", "collected", "trimmed"]
+
+
+def test_malloc_arenas_are_capped_unless_the_operator_chose(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """In a fresh interpreter (glibc here: the cap is set; an operator's MALLOC_ARENA_MAX is left alone)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from felixpy.daemon import limit_malloc_arenas; print(limit_malloc_arenas())"
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "MALLOC_ARENA_MAX": "4"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
