@@ -25,7 +25,7 @@ import structlog
 
 from felixpy.bpf import defs
 from felixpy.bpf import maptypes as mt
-from felixpy.bpf.maps import BPFMap, WriteIncomplete
+from felixpy.bpf.maps import BATCH_CHUNK, BPFMap, PackedKeys, WriteIncomplete
 from felixpy.bpf.policy_ir import PROTOCOL_NUMBERS
 from felixpy.memo import short_string_memo
 
@@ -105,6 +105,22 @@ def member_key_bytes(set_id: int, member: str, v6: bool) -> bytes | None:
 
 
 _STRAYS = ""  # the delta bucket of entries no set accounts for (a set's id is never empty)
+_SID = slice(4, 12)  # where a key (v4 or v6) holds its set id, right after the prefix length
+
+
+def _grouped(keys: Iterable[bytes], out: dict[bytes, bytearray] | None = None) -> dict[bytes, bytearray]:
+    """*keys* packed per set id, into *out* (consecutive keys of one set, as a trie walk gives them,
+    cost one lookup a run)."""
+    out = {} if out is None else out
+    sid: bytes | None = None
+    buf = bytearray()
+    for k in keys:
+        if k[_SID] != sid:
+            sid = k[_SID]
+            got = out.get(sid)
+            buf = out[sid] = bytearray() if got is None else got
+        buf += k
+    return out
 _PACK_MIN = 16  # members: a smaller set is not worth packing
 
 
@@ -120,9 +136,12 @@ class BPFIPSets:
     ``dels`` outside it.  Until the map has been read (start of day, :meth:`queue_resync`) changes only
     move the desired members; the read-back then derives the deltas from what it found.
 
-    Memory: a set that went a whole apply cycle without a change is held *packed* -- its keys joined
-    into one bytes object (20 or 32 bytes a member instead of a 53-byte object plus its slot in a hash
-    table: ~4 MB instead of ~18 MB at 200,000 members) -- and unpacked again by its next change."""
+    Memory: a set is held *packed* -- its keys joined into one bytes object (20 or 32 bytes a member
+    instead of a 53-byte object plus its slot in a hash table: ~4 MB instead of ~18 MB at 200,000
+    members) -- from a full update (its arrival: at start of day the whole node's members) and after a
+    whole apply cycle without a change; a member delta unpacks it.  A delta that is the whole of a
+    packed set (a set the map lacks entirely) is that same bytes object, and a write passes packed keys
+    to the map as they are: the start of day's write makes no object per member (#17)."""
 
     def __init__(self, m: BPFMap, ids: IPSetIDAllocator, v6: bool) -> None:
         self.map = m
@@ -131,12 +150,14 @@ class BPFIPSets:
         self._desired: dict[str, set[bytes] | bytes] = {}  # bytes: packed (see the class doc)
         self._ksize = ctypes.sizeof(mt.IPSetKey6 if v6 else mt.IPSetKey4)
         self._touched: set[str] = set()  # sets changed since the last apply (not packed at its end)
-        self._adds: dict[str, set[bytes]] = {}
-        self._dels: dict[str, set[bytes]] = {}
+        # Per set: a set of keys, or bytes (packed keys; only ever a whole packed set, or the part of one a
+        # failed write left), unpacked by _delta_set before a change.
+        self._adds: dict[str, set[bytes] | bytes] = {}
+        self._dels: dict[str, set[bytes] | bytes] = {}
         self._known = False  # whether the deltas describe the map (else: read it back first)
         # At a resync: the keys believed to be in the map until it is read back (None at start of
         # day: an earlier run's entries are cleanup, not drift); what the read-back found different.
-        self._believed: set[bytes] | None = None
+        self._believed: dict[bytes, bytes] | None = None  # packed per set id
         self._drift = 0
 
     def __contains__(self, name: str) -> bool:
@@ -195,20 +216,34 @@ class BPFIPSets:
     def _programmed(self, name: str, desired: set[bytes] | bytes) -> set[bytes]:
         """What the map holds of set *name* (the deltas known)."""
         adds, dels = self._adds.get(name), self._dels.get(name)
-        have = set(self._iter(desired))
-        if adds:
-            have -= adds
-        return have | dels if dels else have
+        have = set() if adds is desired else set(self._iter(desired))
+        if adds and adds is not desired:
+            have -= self._as_set(adds)
+        return have | self._as_set(dels) if dels else have
+
+    def _delta_set(self, deltas: dict[str, set[bytes] | bytes], name: str) -> set[bytes] | None:
+        """Set *name*'s delta in *deltas* as a set, for a change (unpacked if packed); None if none."""
+        d = deltas.get(name)
+        if isinstance(d, bytes):
+            d = deltas[name] = self._as_set(d)
+        return d
 
     def replace(self, name: str, members: Iterable[str]) -> None:
         keys = set(self._keys(name, members))
         old = self._desired.get(name)
-        self._desired[name] = keys
         self._touched.add(name)
-        if not self._known:
-            return
-        have = self._programmed(name, old) if old is not None else self._dels.get(name, set())
-        self._set_deltas(name, keys - have, have - keys)
+        if self._known:
+            have = self._programmed(name, old) if old is not None else \
+                self._as_set(self._dels.get(name) or set())
+            self._set_deltas(name, keys - have, have - keys)
+        # Held packed from here (the class doc): a whole set missing from the map is its own delta.
+        if len(keys) >= _PACK_MIN:
+            packed = b"".join(keys)
+            if self._known and len(self._adds.get(name) or ()) == len(keys):
+                self._adds[name] = packed
+            self._desired[name] = packed
+        else:
+            self._desired[name] = keys
 
     def add_members(self, name: str, members: Iterable[str]) -> None:
         cur = self._changing(name)
@@ -217,7 +252,7 @@ class BPFIPSets:
                 continue
             cur.add(k)
             if self._known:
-                self._pend(name, k, self._adds, cancels=self._dels)
+                self._pend(name, k, self._adds, self._dels)
 
     def remove_members(self, name: str, members: Iterable[str]) -> None:
         cur = self._changing(name)
@@ -226,24 +261,27 @@ class BPFIPSets:
                 continue
             cur.discard(k)
             if self._known:
-                self._pend(name, k, self._dels, cancels=self._adds)
+                self._pend(name, k, self._dels, self._adds)
 
-    @staticmethod
-    def _pend(name: str, key: bytes, deltas: dict[str, set[bytes]], *, cancels: dict[str, set[bytes]]) -> None:
+    def _pend(self, name: str, key: bytes, deltas: dict[str, set[bytes] | bytes],
+              cancels: dict[str, set[bytes] | bytes]) -> None:
         """*key* joined (or left) set *name*: if the opposite change is pending, the two cancel (removed
         and back again, or added and gone again, before an apply: the map is right as it is)."""
-        opposite = cancels.get(name)
+        opposite = self._delta_set(cancels, name)
         if opposite is not None and key in opposite:
             opposite.discard(key)
         else:
-            deltas.setdefault(name, set()).add(key)
+            mine = self._delta_set(deltas, name)
+            if mine is None:
+                mine = deltas[name] = set()
+            mine.add(key)
 
     def remove(self, name: str) -> None:
         old = self._desired.pop(name, None)
         if self._known and old is not None:
             self._set_deltas(name, set(), self._programmed(name, old))
 
-    def _set_deltas(self, name: str, adds: set[bytes], dels: set[bytes]) -> None:
+    def _set_deltas(self, name: str, adds: set[bytes] | bytes, dels: set[bytes]) -> None:
         for deltas, keys in ((self._adds, adds), (self._dels, dels)):
             if keys:
                 deltas[name] = keys
@@ -253,12 +291,17 @@ class BPFIPSets:
     def queue_resync(self) -> None:
         """Read the map back on the next apply (entries changed behind our back are fixed)."""
         if self._known:
-            believed: set[bytes] = set()
+            # What the map is believed to hold, packed per set id: a set without deltas (most are) is
+            # its own packed desired keys, so a refresh of a big node makes no object per member.
+            believed: dict[bytes, bytearray] = {}
             for name, desired in self._desired.items():
-                believed |= self._programmed(name, desired)
+                if isinstance(desired, bytes) and name not in self._adds and name not in self._dels:
+                    believed.setdefault(desired[_SID], bytearray()).extend(desired)  # one set, one id
+                else:
+                    _grouped(self._programmed(name, desired), believed)
             for name in self._dels.keys() - self._desired.keys():
-                believed |= self._dels[name]
-            self._believed = believed
+                _grouped(self._iter(self._dels[name]), believed)
+            self._believed = {sid: bytes(keys) for sid, keys in believed.items()}
         self._known = False
 
     def take_drift(self) -> int:
@@ -269,19 +312,39 @@ class BPFIPSets:
 
     def _read_back(self) -> None:
         """Read the map and derive the deltas from it (mark-and-sweep: whatever no desired set
-        accounts for is a stray, to be deleted)."""
-        found = set(self.map.raw_keys())  # batched: a syscall per 8,192
+        accounts for is a stray, to be deleted).  The keys read are held packed, grouped by set id
+        (the id leads every key), and compared a set at a time: a node's 200,000 members as a set of
+        bytes objects was ~16 MiB at a restart's peak (#17)."""
+        ks = self._ksize
+        found = {sid: bytes(keys) for sid, keys in _grouped(self.map.raw_keys()).items()}  # a syscall per 8,192
         if self._believed is not None:
-            self._drift += len(self._believed.symmetric_difference(found))
-            self._believed = None
+            believed, self._believed = self._believed, None
+            for sid in believed.keys() | found.keys():
+                was, now = believed.get(sid, b""), found.get(sid, b"")
+                if was != now:
+                    self._drift += len(set(self._iter(was)).symmetric_difference(self._iter(now)))
         self._adds, self._dels = {}, {}
+        strays: set[bytes] = set()
         for name, desired in self._desired.items():
-            missing = {k for k in self._iter(desired) if k not in found}
+            if not desired:
+                continue
+            first = desired[:ks] if isinstance(desired, bytes) else next(iter(desired))
+            have = found.pop(first[_SID], None)
+            if have is None:   # none of it in the map (a fresh map: every set): missing whole
+                self._adds[name] = desired if isinstance(desired, bytes) else set(desired)
+                continue
+            extra = set(self._iter(have))
+            missing = {k for k in self._iter(desired) if k not in extra}
             if missing:
-                self._adds[name] = missing
-            found.difference_update(self._iter(desired))
-        if found:
-            self._dels[_STRAYS] = found
+                # A packed set missing whole is its own delta: no object per member (the class doc).
+                whole = isinstance(desired, bytes) and len(missing) == self._len(desired)
+                self._adds[name] = desired if whole else missing
+            extra.difference_update(self._iter(desired))
+            strays |= extra
+        for keys in found.values():   # set ids no set has
+            strays.update(self._iter(keys))
+        if strays:
+            self._dels[_STRAYS] = strays
         self._known = True
 
     def apply(self) -> tuple[int, int]:
@@ -289,25 +352,53 @@ class BPFIPSets:
         partway keeps exact account: what it did leaves the deltas, the rest is retried next time."""
         if not self._known:
             self._read_back()
-        deleted = self._write(self._dels, lambda keys: self.map.delete_many(keys))
-        added = self._write(self._adds, lambda keys: self.map.set_many([(k, _PRESENT) for k in keys]))
+        ks = self._ksize
+        deleted = self._write(self._dels, lambda keys: self.map.delete_many(PackedKeys(keys, ks)))
+        added = self._write(self._adds, lambda keys: self.map.set_many(PackedKeys(keys, ks).items(_PRESENT)))
         self._pack_quiet_sets()
         if added or deleted:
             log.debug("bpf ip sets applied", v6=self.v6, added=added, deleted=deleted)
         return added, deleted
 
-    @staticmethod
-    def _write(deltas: dict[str, set[bytes]], op: Callable[[list[bytes]], object]) -> int:
-        if not deltas:
-            return 0
-        todo = [(name, k) for name, keys in deltas.items() for k in keys]
-        try:
-            op([k for _, k in todo])
-        except WriteIncomplete as e:
-            for name, k in todo[:e.done]:
-                deltas[name].discard(k)
-            for name in [n for n, keys in deltas.items() if not keys]:
+    def _write(self, deltas: dict[str, set[bytes] | bytes], op: Callable[[bytes], object]) -> int:
+        """Hand *op* the deltas' keys packed, a few sets' worth (up to about :data:`BATCH_CHUNK` keys) a
+        call; each set's delta goes once written.  Where *op* stops partway, what it did leaves the deltas
+        and the rest stays, packed in write order."""
+        ks, total = self._ksize, 0
+        group: list[tuple[str, bytes]] = []
+        size = 0
+
+        def flush() -> None:
+            nonlocal total
+            buf = group[0][1] if len(group) == 1 else b"".join(part for _, part in group)
+            try:
+                op(buf)
+            except WriteIncomplete as e:
+                left = e.done * ks
+                for name, part in group:
+                    if left < len(part):
+                        if left:
+                            deltas[name] = part[left:]
+                        break
+                    del deltas[name]
+                    left -= len(part)
+                raise
+            for name, _ in group:
                 del deltas[name]
-            raise
-        deltas.clear()
-        return len(todo)
+            total += len(buf) // ks
+            group.clear()
+
+        for name in list(deltas):
+            d = deltas[name]
+            if not d:
+                del deltas[name]
+                continue
+            part = d if isinstance(d, bytes) else b"".join(d)
+            group.append((name, part))
+            size += len(part)
+            if size >= BATCH_CHUNK * ks:
+                flush()
+                size = 0
+        if group:
+            flush()
+        return total

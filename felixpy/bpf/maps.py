@@ -35,7 +35,7 @@ import errno
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 import structlog
 
@@ -158,6 +158,67 @@ _NO_BATCH_ERRNOS = frozenset({errno.EINVAL, errno.EOPNOTSUPP, 524})  # 524: the 
 # A bulk write or delete (:meth:`MapCodec.set_many`, :meth:`MapCodec.delete_many`) stopped at a
 # failing element: the first ``done`` are written (or gone from the map).
 WriteIncomplete = sc.BatchIncomplete
+
+
+class PackedKeys(Sequence[bytes]):
+    """Keys packed back to back in one bytes object (*size* bytes each), as a sequence of keys: what
+    :meth:`MapCodec.delete_many` and (through :meth:`items`) :meth:`MapCodec.set_many` take, without an
+    object per key until one is asked for.  A slice is packed too, so a batch chunk is one slice."""
+
+    __slots__ = ("_buf", "_size")
+
+    def __init__(self, buf: bytes, size: int) -> None:
+        if len(buf) % size:
+            raise ValueError(f"{len(buf)} bytes are not whole {size}-byte keys")
+        self._buf, self._size = buf, size
+
+    def __len__(self) -> int:
+        return len(self._buf) // self._size
+
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+    @overload
+    def __getitem__(self, i: slice) -> PackedKeys: ...
+
+    def __getitem__(self, i: int | slice) -> bytes | PackedKeys:
+        ks = self._size
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step != 1:
+                raise ValueError("packed keys slice with step 1 only")
+            return PackedKeys(self._buf[start * ks:max(start, stop) * ks], ks)
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        return self._buf[i * ks:(i + 1) * ks]
+
+    def items(self, value: Any) -> PackedItems:
+        return PackedItems(self, value)
+
+
+class PackedItems(Sequence[tuple[bytes, Any]]):
+    """:class:`PackedKeys` each paired with one *value* (the same object for every key, so a batch write
+    encodes it once), for :meth:`MapCodec.set_many`."""
+
+    __slots__ = ("_keys", "_value")
+
+    def __init__(self, keys: PackedKeys, value: Any) -> None:
+        self._keys, self._value = keys, value
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[bytes, Any]: ...
+    @overload
+    def __getitem__(self, i: slice) -> PackedItems: ...
+
+    def __getitem__(self, i: int | slice) -> tuple[bytes, Any] | PackedItems:
+        if isinstance(i, slice):
+            return PackedItems(self._keys[i], self._value)
+        return self._keys[i], self._value
 
 
 class BPFMap(Protocol):

@@ -215,7 +215,7 @@ def test_a_resync_repairs_what_changed_behind_our_back_and_counts_it_once() -> N
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["replace", "add", "remove", "drop", "apply", "resync"]),
+@given(st.lists(st.tuples(st.sampled_from(["replace", "add", "remove", "drop", "apply", "resync", "apply_fails"]),
                           st.sampled_from(["s:a", "s:b", "s:c"]),
                           st.sets(st.integers(0, 7), max_size=5)), max_size=40))
 def test_after_any_sequence_of_changes_an_apply_leaves_exactly_the_desired_members(ops) -> None:  # type: ignore[no-untyped-def]
@@ -224,8 +224,10 @@ def test_after_any_sequence_of_changes_an_apply_leaves_exactly_the_desired_membe
     from felixpy.bpf import ipsets as ipsets_mod
 
     _run_ops(ops)
-    with mock.patch.object(ipsets_mod, "_PACK_MIN", 1):  # and with every quiet set packed
+    with mock.patch.object(ipsets_mod, "_PACK_MIN", 1):  # and with every set packed that can be
         _run_ops(ops)
+        with mock.patch.object(ipsets_mod, "BATCH_CHUNK", 2):  # and sets' deltas written a few at a time
+            _run_ops(ops)
 
 
 def _run_ops(ops) -> None:  # type: ignore[no-untyped-def]
@@ -244,6 +246,8 @@ def _run_ops(ops) -> None:  # type: ignore[no-untyped-def]
             w.remove(name)
         elif op == "resync":
             w.queue_resync()
+        elif op == "apply_fails":  # the (min(nums) + 1)-th element written fails: the rest is retried later
+            _apply_failing_at(m, w, min(nums, default=0))
         else:
             w.apply()
             assert _members(m) == _want(w)
@@ -252,16 +256,40 @@ def _run_ops(ops) -> None:  # type: ignore[no-untyped-def]
     assert w.apply() == (0, 0)
 
 
-def test_sets_left_alone_for_an_apply_are_packed_and_unpacked_by_their_next_change() -> None:
+def _apply_failing_at(m: FakeMap, w: BPFIPSets, n: int) -> None:
+    import errno
+
+    real_set, calls = m.set, {"n": 0}
+
+    def fails(key, value, flags=0):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == n + 1:
+            raise maps.BPFSyscallError("BPF_MAP_UPDATE_ELEM", errno.ENOMEM)
+        real_set(key, value, flags)
+
+    m.set = fails  # type: ignore[method-assign]
+    try:
+        w.apply()
+    except maps.WriteIncomplete:
+        pass
+    finally:
+        m.set = real_set  # type: ignore[method-assign]
+
+
+def test_sets_are_packed_from_a_full_update_or_a_quiet_cycle_and_unpacked_by_their_next_change() -> None:
     m = FakeMap(maps.IPSETS4.sized(10_000))
     w = BPFIPSets(m, IPSetIDAllocator(), v6=False)
     w.replace("s:quiet", [f"10.0.0.{i}" for i in range(100)])
     w.replace("s:busy", [f"10.1.0.{i}" for i in range(100)])
     w.replace("s:tiny", ["10.2.0.1"])
-    w.apply()  # all three just changed: none packed yet
-    assert not any(isinstance(k, bytes) for k in w._desired.values())
+    # A full update holds a set packed from its arrival (#17); s:tiny is too small to bother.
+    assert isinstance(w._desired["s:quiet"], bytes) and isinstance(w._desired["s:busy"], bytes)
+    assert isinstance(w._desired["s:tiny"], set)
+    assert w.apply() == (201, 0) and _members(m) == _want(w)
+    assert w._desired["s:quiet"] is not None and not w._adds   # the whole set was its own delta, written
     w.add_members("s:busy", ["10.1.1.1"])
-    w.apply()  # s:quiet went a whole cycle unchanged; s:busy did not; s:tiny is too small to bother
+    assert isinstance(w._desired["s:busy"], set)               # a delta unpacks it
+    w.apply()  # s:busy changed in this cycle: it stays a set until a quiet one
     assert isinstance(w._desired["s:quiet"], bytes) and len(w._desired["s:quiet"]) == 100 * 20
     assert isinstance(w._desired["s:busy"], set) and isinstance(w._desired["s:tiny"], set)
     assert w.size("s:quiet") == 100 and w.counts() == (3, 202) and "10.0.0.7" in (w.members_of("s:quiet") or ())
@@ -295,3 +323,59 @@ def test_ipv6_sets_pack_and_decode_too() -> None:
     w.remove_members("s:six", ["fd00:66::/64"])
     w.add_members("s:six", ["fd00:67::1"])
     assert w.apply() == (1, 1) and _members(m) == _want(w)
+
+
+def test_packed_keys_index_and_slice_as_the_list_of_keys_would() -> None:
+    import pytest
+
+    keys = [bytes([i]) * 4 for i in range(10)]
+    pk = maps.PackedKeys(b"".join(keys), 4)
+    assert len(pk) == 10 and list(pk) == keys and pk[3] == keys[3] and pk[-1] == keys[-1]
+    assert list(pk[2:5]) == keys[2:5] and list(pk[8:20]) == keys[8:] and list(pk[5:2]) == []
+    assert list(pk.items("v")[1:3]) == [(keys[1], "v"), (keys[2], "v")] and len(pk.items("v")) == 10
+    with pytest.raises(IndexError):
+        pk[10]
+    with pytest.raises(ValueError):
+        maps.PackedKeys(b"12345", 4)
+
+
+def test_a_resync_over_packed_sets_counts_drift_per_set_and_repairs_it() -> None:
+    """The refresh's believed state and read-back are held packed per set id (#17, memory); the drift they
+    count is the symmetric difference, as a set of every key would give: lost and foreign members of a
+    packed set, members of an id nobody has, a set changed (unpacked) while the read-back was queued."""
+    m = FakeMap(maps.IPSETS4.sized(10_000))
+    ids = IPSetIDAllocator()
+    w = BPFIPSets(m, ids, v6=False)
+    w.replace("s:a", [f"10.0.0.{i}" for i in range(100)])
+    w.replace("s:b", [f"10.1.0.{i}" for i in range(100)])
+    w.replace("s:c", [f"10.2.0.{i}" for i in range(100)])
+    w.apply()
+    assert all(isinstance(w._desired[n], bytes) for n in ("s:a", "s:b", "s:c"))
+    a, b = ids.get_or_alloc("s:a"), ids.get_or_alloc("s:b")
+    for i in (3, 4, 5):
+        m.delete(mt.ipset_key(a, f"10.0.0.{i}"))                 # three lost from a packed set
+    m.set(mt.ipset_key(a, "10.0.9.1"), 1)                        # two foreign under its id
+    m.set(mt.ipset_key(a, "10.0.9.2"), 1)
+    m.set(mt.ipset_key(424242, "10.7.7.7"), 1)                   # one under an id nobody has
+    m.delete(mt.ipset_key(b, "10.1.0.9"))                        # one lost from s:b ...
+    w.add_members("s:b", ["10.1.5.5"])                           # ... which changes meanwhile
+    w.remove("s:c")                                              # and a set removed meanwhile
+    w.queue_resync()
+    assert w.apply() == (5, 103) and _members(m) == _want(w)
+    assert w.take_drift() == 7
+    w.queue_resync()                                             # nothing behind our back: no drift
+    assert w.apply() == (0, 0) and w.take_drift() == 0
+
+
+def test_a_restarted_writer_keeps_what_is_right_in_packed_sets_and_sweeps_the_rest() -> None:
+    m = FakeMap(maps.IPSETS4.sized(10_000))
+    ids = IPSetIDAllocator()
+    first = BPFIPSets(m, ids, v6=False)
+    first.replace("s:a", [f"10.0.0.{i}" for i in range(100)])
+    first.replace("s:gone", [f"10.3.0.{i}" for i in range(50)])
+    first.apply()
+    m.set(mt.ipset_key(ids.get_or_alloc("s:a"), "10.0.9.1"), 1)  # a foreign member under s:a's id
+    restarted = BPFIPSets(m, ids, v6=False)
+    restarted.replace("s:a", [f"10.0.0.{i}" for i in range(2, 102)])
+    assert restarted.apply() == (2, 53) and _members(m) == _want(restarted)
+    assert restarted.take_drift() == 0                           # a start of day's sweep is not drift

@@ -310,3 +310,22 @@ def test_lookup_batch_asks_for_more_when_a_hash_bucket_is_bigger_than_the_count(
         assert sorted(keys) == sorted(bytes(ctypes.c_uint32(i)) for i in range(16)) and max(sizes) > 1
     finally:
         m.close()
+
+
+def test_packed_keys_are_written_and_deleted_in_batches_like_a_list(calls: dict[str, int]) -> None:
+    """The IP-set writer hands the map its keys packed (:class:`maps.PackedKeys`, no object per key): the
+    same entries as the same keys as a list, a syscall per chunk, in the kernel and in the fake."""
+    spec, entry = ENTRIES["lpm_v4"]
+    raw = [bytes(entry(i)[0]) for i in range(N)]
+    packed = maps.PackedKeys(b"".join(raw), spec.key_size)
+    present = ctypes.c_uint32(1)
+    m = maps.Map.create(spec)
+    fake = FakeMap(spec)
+    try:
+        for target in (m, fake):
+            target.set_many(packed.items(present))
+            assert set(target.raw_keys()) == set(raw)
+            assert target.delete_many(packed[:100]) == 100 and set(target.raw_keys()) == set(raw[100:])
+        assert calls["delete_batch"] == -(-100 // CHUNK) and calls["delete"] == 0 and not m._no_batch
+    finally:
+        m.close()
