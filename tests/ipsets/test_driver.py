@@ -236,6 +236,34 @@ def test_restart_sweeps_exactly_our_orphans(env: Env) -> None:
     assert "add cali40s:keep 10.0.0.1\n" not in "".join(f.restore_inputs())
 
 
+def test_restart_reads_a_big_save_a_set_at_a_time_and_takes_out_of_order_members(env: Env) -> None:
+    """The restart's read-back hands the driver one set's members at a time (#17, memory); an add line
+    out of its set's run (ipset save writes none, but the parser accepts it) still counts as found."""
+    from felixpy.drivers.cmdshim import CommandResult
+
+    a = [f"10.0.{i >> 8}.{i & 255}" for i in range(300)]
+    save = ("create cali40s:a hash:ip family inet hashsize 1024 maxelem 1048576\n"
+            + "".join(f"add cali40s:a {m}\n" for m in a[:-1])
+            + "create cali40s:b hash:ip family inet hashsize 1024 maxelem 1048576\nadd cali40s:b 10.9.0.1\n"
+            + f"add cali40s:a {a[-1]}\nadd cali40s:a 10.0.99.99\n")
+    real = env.fake.run
+
+    def run(argv, stdin=None, *, while_running=None):  # type: ignore[no-untyped-def]
+        if list(argv) == ["ipset", "save"]:
+            return CommandResult(0, save, "")
+        return real(argv, stdin, while_running=while_running)
+
+    env.fake.run = run  # type: ignore[method-assign]
+    for name, members in (("cali40s:a", a[:-1] + [a[-1], "10.0.99.99"]), ("cali40s:b", ["10.9.0.1"])):
+        env.fake.add_set(name, "hash:ip", members=members)
+    d = env.driver()
+    d.add_or_replace_ip_set(meta("s:a"), a)                     # 10.0.99.99 is not wanted
+    d.add_or_replace_ip_set(meta("s:b"), ["10.9.0.1"])
+    apply_all(d)
+    assert env.fake.restore_inputs() == ["del cali40s:a 10.0.99.99 --exist\nCOMMIT\n"]
+    assert env.fake.members("cali40s:a") == set(a) and d.in_sync()
+
+
 def test_restart_falls_back_to_per_set_listing_when_save_fails(env: Env) -> None:
     f = env.fake
     f.add_set("cali40s:a", "hash:ip", members=["10.0.0.1"])

@@ -358,7 +358,7 @@ class IPSets:
         if self._full_resync_via_save:
             result = self._run(["ipset", "save"])
             if result.ok:
-                self._load_full_dump(parse_save(result.stdout, self._wants_members))
+                self._load_full_dump(result.stdout)
                 self._bg_resync_requested = False
                 return
             self._log.warning("'ipset save' failed; re-reading Calico sets one by one",
@@ -371,12 +371,19 @@ class IPSets:
         # The full resync subsumes a pending background one.
         self._bg_resync_requested = False
 
-    def _load_full_dump(self, dumped: list[ListedSet]) -> None:
-        owned = [s for s in dumped if self.names.owns(s.name)]
+    def _load_full_dump(self, text: str) -> None:
+        """An ``ipset save``'s sets and members, read a set at a time (its member strings are let go
+        before the next set's are cut out)."""
+        def sink(s: ListedSet, members: list[str], whole: bool) -> None:
+            if not self.names.owns(s.name):
+                return
+            if whole:
+                self._load_members(s.name, members)
+            else:  # an add line out of order (ipset save writes none): one more member found
+                self._load_found_members(s.name, members)
+
+        owned = [s for s in parse_save(text, self._wants_members, sink) if self.names.owns(s.name)]
         self._sets.replace_dataplane({s.name: DataplaneMeta(s.type, s.family, s.max_size) for s in owned})
-        for s in owned:
-            if s.members is not None:
-                self._load_members(s.name, s.members)
         self._sweep_missing({s.name for s in owned})
         self._log.info("Resynced IP sets with the dataplane", owned=len(owned),
                        to_create_or_rebuild=self._sets.num_pending_updates(),
@@ -476,6 +483,15 @@ class IPSets:
             self._log.info("Resync found IP set members out of sync", set_name=name,
                            set_id=self._set_ids.get(name), num_missing=missing, num_extra=max(extras, 0))
         tracker.compact()  # a no-op unless the read-back found the set in sync
+        self._update_dirtiness(name)
+
+    def _load_found_members(self, name: str, members: list[str]) -> None:
+        tracker = self._members.get(name)
+        if tracker is None:
+            return
+        for m in members:
+            tracker.set_dataplane(m, True)
+        tracker.compact()
         self._update_dirtiness(name)
 
     def _list_owned_names(self) -> list[str]:

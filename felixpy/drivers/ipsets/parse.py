@@ -101,16 +101,34 @@ def parse_list(text: str, want_members: Callable[[str], bool] = lambda _n: True)
     return out
 
 
-def parse_save(text: str, want_members: Callable[[str], bool] = lambda _n: True) -> list[ListedSet]:
+MemberSink = Callable[[ListedSet, list[str], bool], None]
+
+
+def parse_save(text: str, want_members: Callable[[str], bool] = lambda _n: True,
+               sink: MemberSink | None = None) -> list[ListedSet]:
     """Parse ``ipset save`` output: create lines, then that set's add lines.
 
     The text is cut at its ``create`` lines; a set's members are the run of
     ``add NAME `` lines that follows its create line.  When that run is the
     whole of the set's block (as ``ipset save`` writes it) the members are cut
     out with one ``split`` instead of line by line.
+
+    With *sink*, members are not kept on the sets: ``sink(set, members, True)`` is
+    called with each wanted set's run as soon as its block is read, and an add
+    line out of order for a set already given comes as ``sink(set, [member],
+    False)`` (members to add to what it was given).  A restart of a node with
+    200,000 members then holds one set's member strings at a time, not all (#17).
     """
     out: list[ListedSet] = []
     by_name: dict[str, ListedSet] = {}
+    given: set[int] = set()  # id() of the sets handed to the sink
+
+    def take(s: ListedSet, members: list[str]) -> None:
+        if sink is None:
+            s.members = members
+        else:
+            given.add(id(s))
+            sink(s, members, True)
 
     def loose_lines(lines: list[str]) -> None:
         """Lines outside a set's run: an add line out of order is attached to its set."""
@@ -119,6 +137,10 @@ def parse_save(text: str, want_members: Callable[[str], bool] = lambda _n: True)
                 _, name, member = line.split(" ", 2)
                 s2 = by_name.get(name)
                 if s2 is not None and want_members(name):
+                    if id(s2) in given:
+                        assert sink is not None
+                        sink(s2, [member], False)
+                        continue
                     if s2.members is None:
                         s2.members = []
                     s2.members.append(member)
@@ -160,7 +182,8 @@ def parse_save(text: str, want_members: Callable[[str], bool] = lambda _n: True)
                 if wanted:
                     members = body[plen:].split(sep)
                     if body.count("\n") == len(members) - 1:  # every newline began an add line
-                        s.members = members
+                        take(s, members)
+                        del members
                         continue
                 elif body.count(sep) == body.count("\n"):
                     continue
@@ -170,10 +193,15 @@ def parse_save(text: str, want_members: Callable[[str], bool] = lambda _n: True)
             while run < n and lines[run].startswith(prefix):
                 run += 1
             if wanted:
-                s.members = [m[plen:] for m in lines[:run]]
+                take(s, [m[plen:] for m in lines[:run]])
             loose_lines(lines[run:])
     for s in out:
-        if s.members is None and want_members(s.name):
+        if id(s) in given or not want_members(s.name):
+            continue
+        if sink is not None:  # a set with no run of its own (members only out of order, or none)
+            members, s.members = s.members or [], None
+            sink(s, members, True)
+        elif s.members is None:
             s.members = []
     return out
 
