@@ -335,6 +335,20 @@ class MemberTracker(_WorkLists[K]):
         i = bisect_left(ints, value)
         return i < len(ints) and ints[i] == value
 
+    def _packed_equals(self, keys: Mapping[K, object]) -> bool:
+        """Whether *keys* are exactly the packed desired keys (a read-back of a set in sync: compared as
+        sorted addresses, without unpacking the set into a str and a dict slot per member)."""
+        ints = self._sorted
+        assert ints is not None
+        if len(keys) != len(ints):
+            return False
+        pton, af = _socket.inet_pton, _socket.AF_INET
+        try:
+            packed = b"".join([pton(af, k) for k in keys])  # type: ignore[arg-type]
+        except (OSError, ValueError, TypeError):
+            return False
+        return array("I", sorted(_struct.unpack(f">{len(keys)}I", packed))) == ints
+
     def _is_desired(self, key: K) -> bool:
         if self._packed is not None:
             return self._packed_has(key)
@@ -441,8 +455,12 @@ class MemberTracker(_WorkLists[K]):
 
     def replace_dataplane_keys(self, keys: Iterable[K], value: object = True) -> None:
         dp: dict[K, object] = dict.fromkeys(keys)   # transient: dropped once the work lists are known
-        if not dp and self._all_pending:
-            return   # packed, none of it in the dataplane: so it stays
+        if self._packed is not None:
+            if not dp and self._all_pending:
+                return   # packed, none of it in the dataplane: so it stays
+            if self._packed_equals(dp):
+                self._all_pending = False   # the dataplane holds exactly the desired keys: in sync, still packed
+                return
         self._inflate()
         desired = self._desired
         if not dp:

@@ -136,3 +136,21 @@ def test_member_tracker_leaves_non_ipv4_members_unpacked() -> None:
         mt.replace_all_desired_keys(members, True)
         mt.replace_dataplane_keys(members, True)
         assert not mt.compact(min_keys=1) and mt.desired_keys() == members
+
+
+def test_a_read_back_equal_to_a_packed_set_leaves_it_packed() -> None:
+    """A restart's or a refresh's read-back of a set in sync (in the kernel's order, not ours) is compared
+    as sorted addresses: no str and dict slot per member, even for a moment (#17)."""
+    members = [f"10.1.{i >> 8}.{i & 255}" for i in range(400)]
+    for written in (False, True):
+        mt: MemberTracker[str] = MemberTracker()
+        mt.replace_all_desired_keys(members, True)
+        if written:
+            mt.replace_dataplane_keys(members, True)
+        assert mt.compact()
+        packed = mt.packed_snapshot()
+        mt.replace_dataplane_keys(members[::-1], True)
+        assert mt.packed_snapshot() is packed and mt.in_sync() and mt.dataplane_len() == 400
+        mt.replace_dataplane_keys(members[1:] + ["10.9.9.9"], True)   # not equal: unpacked and diffed
+        assert mt.packed_snapshot() is None
+        assert mt.pending_update_keys() == [members[0]] and mt.pending_deletions() == ["10.9.9.9"]
