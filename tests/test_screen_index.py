@@ -119,3 +119,23 @@ def test_a_host_endpoint_that_keeps_its_tiers_but_changes_another_tier_list_is_i
     assert len(out) == 2 and not out[1].endpoint.tiers and not out[1].endpoint.pre_dnat_tiers
     assert not sc(hep("p1", pre_dnat="p2", addr="10.0.0.3"))[0].endpoint.tiers  # still missing p2
     assert sc(hep("p1", addr="10.0.0.4"))[0].endpoint.tiers  # p2 no longer named: programmed again
+
+
+def test_held_updates_are_kept_as_wire_bytes_and_replayed_whole() -> None:
+    """#17, memory: the screen keeps what it may replay as wire bytes (a parsed ten-rule policy is ~10 KiB
+    resident, its wire form 374 bytes); a replay is the latest update, parsed again, equal to what came."""
+    sc = Screen()
+    sc(ipset("s:a"))
+    sent_pol, sent_wep = pol("p", "s:a", port=81), wep("w", "p", addr="10.0.0.7/32")
+    sc(sent_pol)
+    sc(wep("w", "p"))
+    sc(sent_wep)
+    assert all(type(held[0]) is bytes for held in (*sc._holders.values(), *sc._endpoints.values()))
+    (denied_pol, _) = sc(pb.IPSetRemove(id="s:a"))
+    assert denied(denied_pol) and denied_pol.id == sent_pol.id
+    (_, replayed) = sc(ipset("s:a"))                 # the set first, then the policy that names it
+    assert replayed == sent_pol
+    (_, dropped) = sc(pol_remove("p"))
+    assert without_refs(dropped)
+    (_, back) = sc(pol("p"))
+    assert back == sent_wep

@@ -116,7 +116,25 @@ def rule_of(r: Any) -> Rule:
     return hit
 
 
+class HeldMessage:
+    """A policy or profile body held as its wire bytes and parsed when its rules are converted: a parsed
+    message stays resident at ~25 times its wire size (a ten-rule policy, 374 bytes on the wire, ~10 KiB
+    parsed; ~10 MiB at a node's 1,000 policies, #17).  Accepted wherever the message is (the rules of
+    either are the same)."""
+
+    __slots__ = ("_cls", "wire")
+
+    def __init__(self, msg: Any) -> None:
+        self._cls = type(msg)
+        self.wire: bytes = msg.SerializeToString()
+
+    def parsed(self) -> Any:
+        return self._cls.FromString(self.wire)
+
+
 def _rules(msg: Any, direction: str) -> tuple[Rule, ...]:
+    if isinstance(msg, HeldMessage):
+        msg = msg.parsed()
     rs = msg.inbound_rules if direction == INGRESS else msg.outbound_rules
     return tuple(rule_of(r) for r in rs)
 

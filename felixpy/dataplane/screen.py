@@ -170,7 +170,10 @@ class Screen:
     def __init__(self) -> None:
         self._policies: set[_PolicyKey] = set()
         self._profiles: set[str] = set()
-        self._endpoints: dict[_Key, tuple[Any, frozenset[_PolicyKey], frozenset[str]]] = {}
+        # The messages are held as their wire bytes, parsed again when replayed (rarely): a parsed protobuf
+        # message is resident at ~25 times its wire size (a ten-rule policy: 374 bytes on the wire, ~10 KiB
+        # parsed), and at the node-scale profiles the 1,000 policies alone were ~10 MiB (#17).
+        self._endpoints: dict[_Key, tuple[bytes, frozenset[_PolicyKey], frozenset[str]]] = {}
         self._blocked: set[_Key] = set()
         # Reverse indexes, so a policy or profile event costs its referrers, never a scan of all endpoints.
         self._by_policy: dict[_PolicyKey, set[_Key]] = {}
@@ -178,7 +181,7 @@ class Screen:
         # IP sets named by policy and profile rules: a rule matching a set nobody defined fails the
         # transaction too; its policy or profile is programmed to deny all until the set exists.
         self._sets: set[str] = set()
-        self._holders: dict[_Key, tuple[Any, frozenset[str]]] = {}
+        self._holders: dict[_Key, tuple[bytes, frozenset[str]]] = {}
         self._by_set: dict[str, set[_Key]] = {}
         self._denied: set[_Key] = set()
 
@@ -192,7 +195,7 @@ class Screen:
         if isinstance(msg, (pb.WorkloadEndpointUpdate, pb.HostEndpointUpdate)):
             key = _ep_key(msg)
             old = self._endpoints.get(key)
-            if old is not None and _same_refs(old[0], msg):  # the common resend: new addresses, same tiers
+            if old is not None and _same_refs(type(msg).FromString(old[0]), msg):  # the common resend: same tiers
                 policies, profiles = old[1], old[2]
             else:
                 policies, profiles = _refs(msg)
@@ -202,8 +205,8 @@ class Screen:
                         self._by_policy.setdefault(pk, set()).add(key)
                     for name in profiles:
                         self._by_profile.setdefault(name, set()).add(key)
-            self._endpoints[key] = (msg, policies, profiles)  # same references: the indexes stand
-            return [self._checked(key)]
+            self._endpoints[key] = (msg.SerializeToString(), policies, profiles)  # same references: the indexes stand
+            return [self._checked(key, msg)]
         if isinstance(msg, (pb.WorkloadEndpointRemove, pb.HostEndpointRemove)):
             self._forget(_ep_key(msg))
             return [msg]
@@ -251,11 +254,15 @@ class Screen:
                 _unindex(self._by_set, old[1], holder)
             for sid in sets:
                 self._by_set.setdefault(sid, set()).add(holder)
-        self._holders[holder] = (msg, sets)
-        return self._holder_checked(holder)
+        self._holders[holder] = (msg.SerializeToString(), sets)
+        return self._holder_checked(holder, msg)
 
-    def _holder_checked(self, holder: _Key) -> Any:
-        msg, sets = self._holders[holder]
+    def _holder_checked(self, holder: _Key, msg: Any = None) -> Any:
+        """*holder*'s update as it is to be programmed (*msg*: that update, if at hand; else the held
+        one, parsed again)."""
+        wire, sets = self._holders[holder]
+        if msg is None:
+            msg = (pb.ActivePolicyUpdate if holder[0] == "policy" else pb.ActiveProfileUpdate).FromString(wire)
         missing = sets - self._sets if sets else sets
         if not missing:
             if holder in self._denied:
@@ -275,8 +282,12 @@ class Screen:
         _unindex(self._by_policy, old[1], key)
         _unindex(self._by_profile, old[2], key)
 
-    def _checked(self, key: _Key) -> Any:
-        msg, policies, profiles = self._endpoints[key]
+    def _checked(self, key: _Key, msg: Any = None) -> Any:
+        """Endpoint *key*'s update as it is to be programmed (*msg*: that update, if at hand; else the
+        held one, parsed again)."""
+        wire, policies, profiles = self._endpoints[key]
+        if msg is None:
+            msg = (pb.WorkloadEndpointUpdate if key[0] == "workload" else pb.HostEndpointUpdate).FromString(wire)
         missing_pols = policies - self._policies
         missing_profs = profiles - self._profiles
         if not missing_pols and not missing_profs:

@@ -105,8 +105,9 @@ class BPFEndpointManager:
         self._filter = filter
         self._endpoints: dict[WlKey, pb.WorkloadEndpoint] = {}
         self._pending_eps: dict[WlKey, pb.WorkloadEndpoint | None] = {}  # since the last apply (None: removed)
-        self._policies: dict[from_proto.PolicyKey, Any] = {}
-        self._profiles: dict[str, Any] = {}
+        # Bodies held as wire bytes (from_proto.HeldMessage: a parsed one is ~25 times its size).
+        self._policies: dict[from_proto.PolicyKey, from_proto.HeldMessage] = {}
+        self._profiles: dict[str, from_proto.HeldMessage] = {}
         self._dirty_keys: set[WlKey] = set()
         # Policies/profiles changed since the last apply: only endpoints that use one are rebuilt.
         self._dirty_policies: set[from_proto.PolicyKey] = set()
@@ -144,7 +145,7 @@ class BPFEndpointManager:
         elif isinstance(msg, pb.ActivePolicyUpdate):
             key = from_proto.policy_key(msg.id)
             self._rules.forget(self._policies.get(key))
-            self._policies[key] = msg.policy
+            self._policies[key] = from_proto.HeldMessage(msg.policy)
             self._dirty_policies.add(key)
         elif isinstance(msg, pb.ActivePolicyRemove):
             key = from_proto.policy_key(msg.id)
@@ -152,7 +153,7 @@ class BPFEndpointManager:
             self._dirty_policies.add(key)
         elif isinstance(msg, pb.ActiveProfileUpdate):
             self._rules.forget(self._profiles.get(msg.id.name))
-            self._profiles[msg.id.name] = msg.profile
+            self._profiles[msg.id.name] = from_proto.HeldMessage(msg.profile)
             self._dirty_profiles.add(msg.id.name)
         elif isinstance(msg, pb.ActiveProfileRemove):
             self._rules.forget(self._profiles.pop(msg.id.name, None))

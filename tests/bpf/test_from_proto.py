@@ -57,6 +57,13 @@ def test_workload_tiers_profiles_and_staged() -> None:
     assert [t.name for t in ingress.tiers] == ["security"]
     assert ingress.tiers[0].end_action is Action.PASS
     assert ingress.profiles[0].rules[0].action is Action.ALLOW
+    # Bodies held as wire bytes (the BPF endpoint manager's form, #17) give the very same sets, cached or not.
+    held = {k: fp.HeldMessage(v) for k, v in policies.items()}
+    held_profiles = {k: fp.HeldMessage(v) for k, v in profiles.items()}
+    cache = fp.RuleCache()
+    for d, want in ((fp.EGRESS, egress), (fp.INGRESS, ingress)):
+        assert fp.workload_policy_set(ep, held, held_profiles, d) == want
+        assert fp.workload_policy_set(ep, held, held_profiles, d, rules_of=cache) == want
 
 
 def test_host_endpoint_sets() -> None:
