@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -67,6 +68,27 @@ def is_remote_tunnel_route(msg: Any, pool_type: int) -> bool:
     return bool(msg.borrowed) or _is_type(msg, pb.REMOTE_WORKLOAD)
 
 
+@dataclass(frozen=True, slots=True)
+class RouteInfo:
+    """What the routing managers keep of a ``RouteUpdate`` between updates (the fields their routes are
+    made from, named as the message names them).  Not the message itself: a parsed message stays resident
+    at ~560 bytes, this at about half (#17: 5,000 remote routes at the large-node profile)."""
+
+    dst: str
+    types: int
+    ip_pool_type: int
+    dst_node_name: str
+    dst_node_ip: str
+    same_subnet: bool
+    local_workload: bool
+    borrowed: bool
+
+    @classmethod
+    def of(cls, msg: Any) -> RouteInfo:
+        return cls(msg.dst, msg.types, msg.ip_pool_type, msg.dst_node_name, msg.dst_node_ip, msg.same_subnet,
+                   msg.local_workload, msg.borrowed)
+
+
 class RemoteRoutes:
     def __init__(self, *, ip_version: int, pool_type: int, route_table: RouteTableAPI,
                  class_tunnel: RouteClass, class_same_subnet: RouteClass, class_blackhole: RouteClass,
@@ -81,8 +103,8 @@ class RemoteRoutes:
         self.protocol = protocol
         self.tunnel_device = tunnel_device
         self.tunnel_route = tunnel_route
-        self.routes_by_dest: dict[str, Any] = {}
-        self.local_blocks: dict[str, Any] = {}
+        self.routes_by_dest: dict[str, RouteInfo] = {}
+        self.local_blocks: dict[str, RouteInfo] = {}
         self.parent_addr = ""
         self.parent_iface = ""
         self.addrs = InterfaceAddresses()
@@ -100,14 +122,15 @@ class RemoteRoutes:
             if _version(msg.dst) != self.ip_version:
                 return False
             self._delete(msg.dst)
-            if _is_type(msg, pb.REMOTE_WORKLOAD) and msg.ip_pool_type == self.pool_type:
-                self.routes_by_dest[msg.dst] = msg
+            info = RouteInfo.of(msg)
+            if _is_type(info, pb.REMOTE_WORKLOAD) and info.ip_pool_type == self.pool_type:
+                self.routes_by_dest[info.dst] = info
                 self.dirty = True
-            if is_remote_tunnel_route(msg, self.pool_type):
-                self.routes_by_dest[msg.dst] = msg
+            if is_remote_tunnel_route(info, self.pool_type):
+                self.routes_by_dest[info.dst] = info
                 self.dirty = True
-            if self._is_local_block(msg):
-                self.local_blocks[msg.dst] = msg
+            if self._is_local_block(info):
+                self.local_blocks[info.dst] = info
                 self.dirty = True
             return True
         if isinstance(msg, pb.RouteRemove):
