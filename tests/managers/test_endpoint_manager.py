@@ -27,6 +27,7 @@ from .harness import (
     tier,
     wep,
     wep_remove,
+    wid,
     wkey,
 )
 
@@ -168,6 +169,19 @@ def test_two_endpoints_on_one_interface_lower_id_wins_and_the_other_takes_over(n
     assert not f.recorded_names() & {"cali-tw-calishared", "cali-fw-calishared"}
     assert node.routes(v) == {}
     assert node.status == {}
+
+
+def test_active_endpoints_keep_their_name_state_and_wire_bytes_not_the_parsed_message(node: Node, v: int) -> None:
+    """#17, memory: a parsed endpoint update stays resident at ~2.4 KiB (its id alone keeps all of it alive),
+    so the manager keeps what it reads later; the loser of a shared interface is parsed again when it loses
+    (the takeover tests above and below run through that)."""
+    node.link_up("calishared")
+    _shared(node, "a", "b")
+    act = node.f(v).endpoints._active[wkey("a")]
+    assert (act.name, act.active, type(act.wire)) == ("calishared", True, bytes)
+    assert pb.WorkloadEndpoint.FromString(act.wire).profile_ids == ["prof-a"]
+    assert act.proto_id == pb.WorkloadEndpointID(orchestrator_id=wid("a").orchestrator_id,
+                                                 workload_id=wid("a").workload_id, endpoint_id=wid("a").endpoint_id)
 
 
 def test_shadowed_endpoint_takes_over_when_the_winner_is_renamed_away(node: Node, v: int) -> None:
