@@ -10,7 +10,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from felixpy.drivers.ipsets import IPSets
-from felixpy.drivers.ipsets.driver import MAX_RETRY_ATTEMPTS
+from felixpy.drivers.ipsets.driver import MAX_RETRY_ATTEMPTS, SETTLE_SECONDS
 from felixpy.drivers.ipsets.fake import FakeIPSet
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetsDataplane, IPSetType
 from felixpy.errors import FatalDataplaneError
@@ -108,6 +108,19 @@ def test_a_big_ipv4_set_is_held_packed_from_its_arrival_through_its_write(env: E
     d.add_members("s:a", ["10.200.0.1"])            # a change unpacks it; only the change is written
     apply_all(d)
     assert env.fake.restore_inputs()[-1] == "add cali40s:a 10.200.0.1\nCOMMIT\n"
+    # Under churn it stays unpacked (a delta to a packed set unpacks all of it): packed again only once no
+    # delta came for SETTLE_SECONDS, at the next apply.
+    assert tracker.packed_snapshot() is None
+    env.clock.advance(SETTLE_SECONDS / 2)
+    d.remove_members("s:a", ["10.200.0.1"])
+    apply_all(d)
+    env.clock.advance(SETTLE_SECONDS * 0.75)
+    apply_all(d)
+    assert tracker.packed_snapshot() is None        # the last delta is not SETTLE_SECONDS old yet
+    env.clock.advance(SETTLE_SECONDS)
+    apply_all(d)
+    assert tracker.packed_snapshot() is not None and tracker.in_sync()
+    assert env.fake.members("cali40s:a") == set(members) and len(env.fake.restore_inputs()) == 3
 
 
 def test_nothing_to_do_runs_nothing(env: Env) -> None:

@@ -128,6 +128,9 @@ def _excerpt(stdin: str, line_no: int | None, context: int = 2) -> str:
     return "\n".join(f"{i + 1}: {lines[i]}" for i in range(lo, min(len(lines), line_no + context)))
 
 
+SETTLE_SECONDS = 1.0  # a set's last delta this long ago: its members are packed again (IPSets._compact_settled)
+
+
 class IPSets:
     """All the IP sets of one IP family (Felix's ``IPSets``)."""
 
@@ -152,6 +155,9 @@ class IPSets:
         self._sets: DeltaTracker[str, DataplaneMeta] = DeltaTracker()
         # Members of each main set that is desired or still in the kernel (desired keys + the difference only).
         self._members: dict[str, MemberTracker[str]] = {}
+        # Sets a delta was written to, and when: held unpacked until SETTLE_SECONDS pass without another
+        # (a set under churn is not unpacked and packed again on every delta; #17).
+        self._settling: dict[str, float] = {}
         # Main sets whose member trackers are out of sync.
         self._dirty: dict[str, None] = {}
         self._oversized: set[str] = set()
@@ -305,6 +311,7 @@ class IPSets:
             self._drift.repaired()
             self._try_pending_renames()
             metrics.ipsets_total.set(self._sets.dataplane_len())
+            self._compact_settled()
             return
         self._dump_state()
         raise FatalDataplaneError(
@@ -560,7 +567,7 @@ class IPSets:
         lines: list[str] = []
         new_temps: list[str] = []
         new_renames: dict[str, str] = {}
-        written: list[tuple[MemberTracker[str], list[str], list[str] | bytes]] = []
+        written: list[tuple[str, MemberTracker[str], list[str], list[str] | bytes]] = []
         for name in names:
             self._write_set(name, lines, new_temps, new_renames, written)
         if not lines:
@@ -576,8 +583,8 @@ class IPSets:
         def record_written() -> None:
             # Optimistic, and overlapped with ipset's own work: on failure the
             # touched sets are re-read before anything is written again.
-            for tracker, dels, adds in written:
-                self._mark_written(tracker, dels, adds)
+            for name, tracker, dels, adds in written:
+                self._mark_written(name, tracker, dels, adds)
 
         result = self._run(["ipset", "restore"], lines, while_running=record_written)
         if not result.ok:
@@ -597,7 +604,7 @@ class IPSets:
                         secs=round(self._clock() - start, 4))
 
     def _write_set(self, name: str, lines: list[str], new_temps: list[str], new_renames: dict[str, str],
-                   written: list[tuple[MemberTracker[str], list[str], list[str] | bytes]]) -> None:
+                   written: list[tuple[str, MemberTracker[str], list[str], list[str] | bytes]]) -> None:
         desired = self._sets.get_desired(name)
         assert desired is not None
         dp = self._sets.get_dataplane(name)
@@ -647,10 +654,9 @@ class IPSets:
             self._sets.set_dataplane(swap_with, dp)  # the temp now holds the old set
             self._sets.set_dataplane(name, desired)
         if dels or adds:
-            written.append((tracker, dels, adds if snapshot is None else snapshot))
+            written.append((name, tracker, dels, adds if snapshot is None else snapshot))
 
-    @staticmethod
-    def _mark_written(tracker: MemberTracker[str], dels: list[str], adds: list[str] | bytes) -> None:
+    def _mark_written(self, name: str, tracker: MemberTracker[str], dels: list[str], adds: list[str] | bytes) -> None:
         if isinstance(adds, bytes):
             tracker.mark_written(adds)
         elif not dels and tracker.dataplane_len() == 0:
@@ -660,7 +666,23 @@ class IPSets:
                 tracker.delete_dataplane(m)
             for m in adds:
                 tracker.set_dataplane(m, True)
-        tracker.compact()  # in sync now: IPv4 members held packed until the set next changes (#17, memory)
+            self._settling[name] = self._clock()  # a delta: packed once it has settled (_compact_settled)
+            return
+        tracker.compact()  # written whole, in sync: IPv4 members held packed until the set next changes (#17)
+
+    def _compact_settled(self) -> None:
+        """Pack the sets whose last delta was written at least SETTLE_SECONDS ago (if in sync; a set that
+        is not stays unpacked until it is written again)."""
+        if not self._settling:
+            return
+        now = self._clock()
+        for name, written in list(self._settling.items()):
+            if now - written < SETTLE_SECONDS:
+                continue
+            del self._settling[name]
+            tracker = self._members.get(name)
+            if tracker is not None:
+                tracker.compact()
 
     def _create_line(self, name: str, meta: DataplaneMeta) -> str:
         return f"create {name} {meta.type} family {meta.family} maxelem {meta.max_size}"
