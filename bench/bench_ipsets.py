@@ -209,10 +209,16 @@ def bench(repeat: int) -> list[dict[str, object]]:
 
     def apply_delta() -> None:
         m.on_update(next(it))
+        m.complete_deferred_work()  # the manager defers deltas to here (issue #14): without it nothing is written
         d.apply_updates()
         d.apply_deletions()
 
     ours = median_of(repeat, lambda: None, apply_delta)
+    listed = subprocess.run(["ipset", "list", "cali40s:ten"], check=True, capture_output=True, text=True).stdout
+    last = deltas[-1]
+    if not (all(f"\n{a}\n" in listed for a in last.added_members)
+            and not any(f"\n{r}\n" in listed for r in last.removed_members)):
+        raise SystemExit("delta benchmark: the deltas did not reach the kernel (it would time nothing)")
     raw_lines = [f"add cali40s:ten 192.168.{200 + k}.{j}\n" for k in range(repeat) for j in range(50)]
     raw_chunks = iter(["".join(raw_lines[k * 50:(k + 1) * 50])
                        + "".join(f"del cali40s:ten {x} --exist\n" for x in base[5000 + k * 50:5000 + (k + 1) * 50])
