@@ -247,6 +247,23 @@ class DeltaTracker(_WorkLists[K], Generic[K, V]):
             self._pending_deletions[key] = None
 
 
+def _pack_ipv4(keys: Iterable[Any]) -> tuple[bytes, array[int]] | None:
+    """*keys* as 4-byte IPv4 addresses in their order, and the same as sorted ints (for lookups and
+    comparison); None unless every key is a dotted-quad IPv4 string (nets, ip,port, IPv6, not str).
+    ``inet_pton`` accepts only the canonical spelling, so :func:`_unpack_ipv4` gives back the very strings."""
+    pton, af = _socket.inet_pton, _socket.AF_INET
+    try:
+        packed = b"".join([pton(af, k) for k in keys])
+    except (OSError, ValueError, TypeError):
+        return None
+    return packed, array("I", sorted(_struct.unpack(f">{len(packed) // 4}I", packed)))
+
+
+def _unpack_ipv4(packed: bytes) -> list[str]:
+    ntoa = _socket.inet_ntoa
+    return [ntoa(packed[i:i + 4]) for i in range(0, len(packed), 4)]
+
+
 class MemberTracker(_WorkLists[K]):
     """:class:`DeltaTracker` for set-like state (every value ``True``: IP-set members) that stores only the
     difference: the desired keys and the two work lists, never a second copy of the keys for the dataplane.
@@ -287,13 +304,11 @@ class MemberTracker(_WorkLists[K]):
         all_pending = bool(pu)
         if all_pending and (len(pu) != len(desired) or not all(map(operator.eq, pu, desired))):
             return False   # partly written, or pending in another order than desired
-        pton, af = _socket.inet_pton, _socket.AF_INET
-        try:
-            packed = b"".join([pton(af, k) for k in desired])  # type: ignore[arg-type]
-        except (OSError, ValueError, TypeError):   # not all IPv4 addresses (nets, ip,port, IPv6, not str)
+        got = _pack_ipv4(desired)
+        if got is None:
             return False
-        ints = array("I", sorted(_struct.unpack(f">{len(desired)}I", packed)))
-        self._packed, self._sorted, self._desired, self._all_pending = packed, ints, {}, all_pending
+        self._packed, self._sorted = got
+        self._desired, self._all_pending = {}, all_pending
         self._pending_updates = {}
         return True
 
@@ -308,14 +323,11 @@ class MemberTracker(_WorkLists[K]):
         if self._packed is snapshot:
             self._all_pending = False
             return
-        ntoa = _socket.inet_ntoa
-        self.replace_dataplane_keys([ntoa(snapshot[i:i + 4]) for i in range(0, len(snapshot), 4)])  # type: ignore[misc]
+        self.replace_dataplane_keys(_unpack_ipv4(snapshot))  # type: ignore[arg-type]
 
     def _unpacked_keys(self) -> list[K]:
-        packed = self._packed
-        assert packed is not None
-        ntoa = _socket.inet_ntoa
-        return [ntoa(packed[i:i + 4]) for i in range(0, len(packed), 4)]  # type: ignore[misc]
+        assert self._packed is not None
+        return _unpack_ipv4(self._packed)  # type: ignore[return-value]
 
     def _inflate(self) -> None:
         if self._packed is not None:
@@ -342,12 +354,8 @@ class MemberTracker(_WorkLists[K]):
         assert ints is not None
         if len(keys) != len(ints):
             return False
-        pton, af = _socket.inet_pton, _socket.AF_INET
-        try:
-            packed = b"".join([pton(af, k) for k in keys])  # type: ignore[arg-type]
-        except (OSError, ValueError, TypeError):
-            return False
-        return array("I", sorted(_struct.unpack(f">{len(keys)}I", packed))) == ints
+        got = _pack_ipv4(keys)
+        return got is not None and got[1] == ints
 
     def _is_desired(self, key: K) -> bool:
         if self._packed is not None:
