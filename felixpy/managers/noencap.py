@@ -34,6 +34,7 @@ from felixpy.drivers.routetable.defs import Target, TargetType
 from felixpy.drivers.routetable.routeclass import RouteClass
 from felixpy.ifacemonitor.events import IfaceAddrsUpdate
 from felixpy.managers.hostaddrs import InterfaceAddresses
+from felixpy.messages import copy_fields
 from felixpy.proto import felixbackend_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -85,8 +86,7 @@ class RouteInfo:
 
     @classmethod
     def of(cls, msg: Any) -> RouteInfo:
-        return cls(msg.dst, msg.types, msg.ip_pool_type, msg.dst_node_name, msg.dst_node_ip, msg.same_subnet,
-                   msg.local_workload, msg.borrowed)
+        return copy_fields(cls, msg)
 
 
 class RemoteRoutes:

@@ -41,6 +41,7 @@ from felixpy.drivers.routetable.routeclass import RouteClass
 from felixpy.drivers.tunnels.api import TunnelDevicesAPI, VXLANDesired
 from felixpy.drivers.vxlanfdb.api import VTEP, VTEPSink
 from felixpy.managers.noencap import RemoteRoutes, is_remote_tunnel_route, route_protocol
+from felixpy.messages import copy_fields
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.kernelnames import vxlan_device_name
 from felixpy.rules.ipset_names import IPSET_ID_ALL_VXLAN_SOURCE_NETS
@@ -63,9 +64,7 @@ class VTEPInfo:
 
     @classmethod
     def of(cls, msg: Any) -> VTEPInfo:
-        return cls(msg.node, msg.mac, msg.ipv4_addr, msg.parent_device_ip, msg.mac_v6, msg.ipv6_addr,
-                   msg.parent_device_ipv6)
-
+        return copy_fields(cls, msg)
 
 
 class VXLANManager:
