@@ -106,6 +106,7 @@ def member_key_bytes(set_id: int, member: str, v6: bool) -> bytes | None:
 
 _STRAYS = ""  # the delta bucket of entries no set accounts for (a set's id is never empty)
 _SID = slice(4, 12)  # where a key (v4 or v6) holds its set id, right after the prefix length
+_PACK_MIN = 16  # members: a smaller set is not worth packing
 
 
 def _grouped(keys: Iterable[bytes], out: dict[bytes, bytearray] | None = None) -> dict[bytes, bytearray]:
@@ -121,7 +122,6 @@ def _grouped(keys: Iterable[bytes], out: dict[bytes, bytearray] | None = None) -
             buf = out[sid] = bytearray() if got is None else got
         buf += k
     return out
-_PACK_MIN = 16  # members: a smaller set is not worth packing
 
 
 class BPFIPSets:

@@ -198,7 +198,6 @@ class IPSets:
                 # read them before writing, or every add would be a duplicate.
                 self._queue.add(name, ResyncPriority.MUST)
         tracker.replace_all_desired_keys(canon, True)
-        del canon
         # A set not written yet (start of day) is held packed until its write, as an in-sync one is after it:
         # at a 200,000-member node a str per member in two dicts was ~25 MiB before the first apply (#17).
         tracker.compact()
