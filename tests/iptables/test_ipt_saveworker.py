@@ -23,6 +23,7 @@ from felixpy.drivers.iptables.fake import FakeIptables
 from felixpy.drivers.iptables.metrics import get_metrics
 from felixpy.drivers.iptables.savefile import (
     SaveParseError,
+    SaveState,
     hash_comment_regex,
     old_insert_regex,
     owned_chain_regex,
@@ -31,6 +32,7 @@ from felixpy.drivers.iptables.savefile import (
 from felixpy.drivers.iptables.savefile import split_tables
 from felixpy.drivers.iptables.sharedsave import SharedSave
 from felixpy.drivers.iptables.table import IptablesTable
+from felixpy.drivers.generictables.model import Accept, Chain, Match, Rule
 from felixpy.errors import FatalDataplaneError
 from felixpy.testing.clock import FakeClock
 from test_ipt_sharedsave import FEATURES, TABLES, program, programmed_fake
@@ -69,7 +71,7 @@ class WorkerOnFake:
                 return CommandResult(saveworker.EXIT_SAVE_FAILED, "", res.stderr, tuple(argv))
             table = save[save.index("-t") + 1] if "-t" in save else None
             out = saveworker.report(res.stdout, table, **SETTINGS)  # type: ignore[arg-type]
-            return CommandResult(0, json.dumps(out), "", tuple(argv))
+            return CommandResult(0, saveworker.encode_report(out), "", tuple(argv))
         return self.fake.run(argv, stdin, while_running=while_running)
 
 
@@ -93,7 +95,9 @@ def test_the_report_of_each_table_is_what_the_daemon_would_parse() -> None:
     assert set(got) == set(TABLES)
     for name, section in split_tables(full).items():
         assert got[name] == in_process(section)
-        assert saveworker.state_from_wire(json.loads(json.dumps(got[name]))).hashes == in_process(section)["hashes"]
+        wire = saveworker.parse_output(saveworker.encode_report(got))[name]
+        decoded = saveworker.state_from_wire(wire)
+        assert (decoded.hashes, decoded.full_rules) == (got[name]["hashes"], got[name]["full"])
     own = fake.run(["iptables-nft-save", "-t", "filter"]).stdout
     assert saveworker.report(own, "filter", **SETTINGS) == {"filter": in_process(own)}  # type: ignore[arg-type]
 
@@ -102,12 +106,30 @@ def test_a_refused_table_and_a_torn_report_are_parse_errors() -> None:
     text = "*raw\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n# Table `filter' is incompatible, use 'nft' tool.\n"
     got = saveworker.report(text, None, **SETTINGS)  # type: ignore[arg-type]
     assert "error" in got["filter"] and "hashes" in got["raw"]  # type: ignore[operator]
-    with pytest.raises(SaveParseError):
-        saveworker.state_from_wire(got["filter"])
-    with pytest.raises(SaveParseError):
-        saveworker.parse_output('{"filter": {"hashes"')
+    wire = saveworker.encode_report(got)
+    with pytest.raises(SaveParseError, match="incompatible"):
+        saveworker.state_from_wire(saveworker.parse_output(wire)["filter"])
+    assert saveworker.state_from_wire(saveworker.parse_output(wire)["raw"]).hashes == {"PREROUTING": []}
+    for cut in range(len(wire) - 1):  # a report cut short anywhere is refused whole
+        with pytest.raises(SaveParseError):
+            saveworker.parse_output(wire[:cut])
     with pytest.raises(SaveParseError):
         saveworker.state_from_wire({"hashes": {}})
+    for line in ('["h","cali-x",["abc"]', '["h","cali-x"]', '["x","cali-x",[]]', '["h",1,[]]', '{"h":1}'):
+        with pytest.raises(SaveParseError):  # torn or not a chain line
+            saveworker.state_from_wire(saveworker.WireTable(line + "\n", 0, len(line)))
+
+
+def test_chains_are_batched_into_lines_and_decode_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(saveworker, "LINE_ITEMS", 3)
+    hashes = {"cali-a": ["h1", "h2"], "cali-b": ["h3", "", "h4", "h5"], "cali-c": [], "cali-d": ["h6"]}
+    full = {"FORWARD": ["-", "-A FORWARD -j cali-FORWARD"]}
+    wire = saveworker.encode_report({"filter": {"hashes": hashes, "full": full}})
+    assert wire.count("\n") == 6  # header, a, b (over a line: its own), c d, f, end
+    known = {"cali-a": ["h1", "h2"], "cali-b": ["h3", "", "h4", "h5x"]}
+    state = saveworker.state_from_wire(saveworker.parse_output(wire)["filter"], known.get)
+    assert (state.hashes, state.full_rules) == (hashes, full)
+    assert state.hashes["cali-a"] is known["cali-a"] and state.hashes["cali-b"] is not known["cali-b"]
 
 
 def test_main_runs_the_save_and_prints_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -119,7 +141,7 @@ def test_main_runs_the_save_and_prints_the_report(tmp_path: Path, capsys: pytest
     stand_in.write_text(f"#!/bin/sh\ncat {saved}\n")
     stand_in.chmod(0o755)
     assert saveworker.main(["--owned-prefix", "cali-", "--", str(stand_in), "-t", "filter"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"filter": in_process(own)}
+    assert capsys.readouterr().out == saveworker.encode_report({"filter": in_process(own)})
     assert saveworker.main(["--", "false"]) == saveworker.EXIT_SAVE_FAILED
     assert json.loads(capsys.readouterr().err)["returncode"] == 1
 
@@ -141,6 +163,41 @@ def test_a_big_table_reads_through_the_worker_and_a_restart_rewrites_nothing() -
     second.invalidate_dataplane_cache("test")
     second.apply()
     assert len(restores(fake)) == 2 and fake.chain_specs("filter", "cali-filter-x")
+
+
+def test_a_restart_through_the_worker_holds_one_list_of_hashes_per_unchanged_chain() -> None:
+    """What decoding the report a chain at a time is for: a chain the save shows as expected keeps the
+    table's own list (the hash cache's), no decoded copy beside it; a drifted chain keeps what the save
+    says, and rewriting it later never changes the shared list in place."""
+    fake = FakeIptables(default_backend="legacy")
+    runner = WorkerOnFake(fake)
+    first = table(runner)
+    program(first)
+    first.apply()
+    fake.external_restore("*filter\n-A cali-FORWARD -j ACCEPT\nCOMMIT\n")  # drift in one chain only
+    second = table(runner)
+    program(second)
+    read: dict[str, list[str]] = {}
+    reconcile = second._reconcile
+
+    def spy(state: SaveState, *args: object) -> None:
+        read.update(state.hashes)  # the read as the table first gets it, before the apply compares
+        reconcile(state, *args)  # type: ignore[arg-type]
+
+    second._reconcile = spy  # type: ignore[method-assign]
+    second.apply()
+    assert len(runner.worker_runs) == 2
+    kept, drifted = "cali-filter-x", "cali-FORWARD"
+    shared = read[kept]
+    assert shared is second._hash_cache[kept]  # one list for the read-back and the expectation
+    assert read[drifted] != second.expected_hashes(drifted)
+    assert second._dp_hashes[kept] is shared
+    assert second.dataplane_hashes()[drifted] == second.expected_hashes(drifted)  # rewritten
+    before = list(shared)
+    second.update_chains([Chain(kept, (Rule(Match().source_net("10.1.0.0/16"), Accept()),))])
+    second.apply()
+    assert shared == before  # the new hashes are a new list
+    assert second.dataplane_hashes()[kept] == second.expected_hashes(kept) != before
 
 
 def test_a_small_table_parses_in_process_and_a_failed_worker_is_retried() -> None:

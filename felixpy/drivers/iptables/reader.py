@@ -15,7 +15,9 @@ checks, after a failure) and how often to retry; this module does one attempt:
 * **The prehash hook.** The table's hashing of its dirty chains runs while the save does
   (``while_running``): the same work the apply would do right after, off the critical path.
 
-It reads and never writes; what it returns is a :class:`~.savefile.SaveState` of hashes per chain.
+It reads and never writes; what it returns is a :class:`~.savefile.SaveState` of hashes per chain.  A
+worker's report is decoded a chain at a time, into the table's own list of hashes wherever the save shows
+what the table expects (``known``), so a big restart never holds two copies of them.
 """
 
 from __future__ import annotations
@@ -80,9 +82,12 @@ class SaveReader:
         return worker_argv(python, save_argv, hash_prefix=hash_prefix, owned_prefixes=owned,
                            extra_cleanup_regex=extra)
 
-    def read(self, desired_rules: int, write_stamp: int, hook: Callable[[], None] | None = None) -> SaveState:
+    def read(self, desired_rules: int, write_stamp: int, hook: Callable[[], None] | None = None,
+             known: Callable[[str], list[str] | None] | None = None) -> SaveState:
         """One read: this table's part of a shared dump (one taken after *write_stamp*), else its own ``-t``
-        save.  Raises CommandError (the save failed) or SaveParseError, for the caller's retries."""
+        save.  Raises CommandError (the save failed) or SaveParseError, for the caller's retries.  *known*:
+        a chain's expected hashes, asked once *hook* has run, so that a worker's report decodes into the
+        table's own lists where they are equal (:func:`~.saveworker.state_from_wire`)."""
         start = self._clock()
         worker = self.uses_worker(desired_rules)
         got: Any = None
@@ -101,7 +106,7 @@ class SaveReader:
         if isinstance(got, str):
             state = parse_save(got, hash_re=self.hash_re, owned_re=self.owned_re, old_insert_re=self.old_insert_re)
         else:  # the worker's report (state_from_wire refuses anything else)
-            state = state_from_wire(got)
+            state = state_from_wire(got, known)
         self._last_read_rules = sum(map(len, state.hashes.values()))
         return state
 

@@ -4,10 +4,15 @@
 -- SAVE [ARGS ...]`` runs ``SAVE ARGS`` (through :class:`~felixpy.drivers.cmdshim.SubprocessRunner`, so the
 text is decoded exactly as the daemon would decode it), cuts a full save into its tables
 (:func:`~.savefile.split_tables`; one ``-t`` table's output is that table), parses each with
-:func:`~.savefile.parse_save` and prints one JSON object: per table, its :class:`~.savefile.SaveState` in wire
-form, or ``{"error": …}`` when the parser refuses it (iptables-nft's "is incompatible").  The save's own
+:func:`~.savefile.parse_save` and prints a report: per table, its :class:`~.savefile.SaveState` in wire
+form, or an error when the parser refuses it (iptables-nft's "is incompatible").  The save's own
 failure is passed on: exit status :data:`EXIT_SAVE_FAILED`, its status and stderr as JSON on stderr.  It
 inherits the caller's network namespace and writes nothing to the kernel.
+
+The report is JSON a few chains to a line (:func:`encode_report`), and the daemon decodes it a line at a
+time (:func:`state_from_wire`), keeping its own list of hashes for a chain the save shows as it expects: at
+a restart of the stress profile the report is ~145,000 hashes, ~12 MiB as strings in lists, which a decode
+of the whole report at once held beside the table's own equal lists until the apply compared them.
 
 Why a process (issue #17): at the stress profile a filter table of ~145,000 rules saves as ~28 MB of text.
 Read and parsed in the daemon that is ~55 MB above the steady state while it lasts, and the parse's small
@@ -22,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from felixpy.drivers.iptables.savefile import (
@@ -69,27 +76,114 @@ def report(text: str, table: str | None, *, hash_prefix: str, owned_prefixes: Se
     return out
 
 
-def state_from_wire(entry: Any) -> SaveState:
-    """One table's entry of :func:`report`; :class:`SaveParseError` for a refused table or a torn entry."""
-    if not isinstance(entry, dict):
-        raise SaveParseError(f"save worker: not a table entry: {type(entry).__name__}")
-    if "error" in entry:
-        raise SaveParseError(str(entry["error"]))
-    hashes, full = entry.get("hashes"), entry.get("full")
-    if not isinstance(hashes, dict) or not isinstance(full, dict):
-        raise SaveParseError("save worker: table entry without hashes")
-    return SaveState(hashes, full)
+# ------------------------------------------------------------------------------ the wire form
+# One JSON value a line:
+#   {"table": NAME} or {"table": NAME, "error": MSG}   opens a table's section;
+#   ["h", CHAIN, [HASH, ...], CHAIN, [HASH, ...], ...]  chains' hashes (SaveState.hashes), "" = foreign;
+#   ["f", CHAIN, [RULE, ...], ...]                      chains' kept rule text (SaveState.full_rules);
+#   {"end": N}                                          the last line, after N sections: without it, torn.
+# A chain line holds chains up to LINE_ITEMS hashes or rules (a bigger chain is a line of its own): small
+# enough that a line's decoded copy is nothing beside the table, big enough that decoding ~31,000 chains
+# is not ~31,000 calls (a line a chain decoded the stress profile's report at about half the speed).
+LINE_ITEMS = 2_000
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # built once: the C encoder, no per-call setup
+_OBJECT_LINE = re.compile(r"^\{.*$", re.M)  # section headers and the end line; chain lines are arrays
 
 
-def parse_output(stdout: str) -> dict[str, Any]:
-    """The child's stdout; :class:`SaveParseError` if it is not a complete report."""
+def _chain_lines(kind: str, chains: dict[str, list[str]]) -> Iterator[str]:
+    line: list[Any] = [kind]
+    items = 0
+    for chain, values in chains.items():
+        if items and items + len(values) > LINE_ITEMS:
+            yield _ENCODE(line)
+            line, items = [kind], 0
+        line += (chain, values)
+        items += len(values)
+    if len(line) > 1:
+        yield _ENCODE(line)
+
+
+def encode_report(out: dict[str, Any]) -> str:
+    """*out* (:func:`report`) as the child prints it."""
+    lines = []
+    for name, entry in out.items():
+        if "error" in entry:
+            lines.append(_ENCODE({"table": name, "error": entry["error"]}))
+            continue
+        lines.append(_ENCODE({"table": name}))
+        lines.extend(_chain_lines("h", entry["hashes"]))
+        lines.extend(_chain_lines("f", entry["full"]))
+    lines.append(_ENCODE({"end": len(out)}))
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class WireTable:
+    """One table's section of a report, not decoded yet: *text*[*start*:*end*], a chain a line."""
+
+    text: str
+    start: int
+    end: int
+    error: str | None = None
+
+
+def parse_output(stdout: str) -> dict[str, WireTable]:
+    """The child's stdout cut into its tables' sections; :class:`SaveParseError` if it is not a complete
+    report.  Only the section headers are decoded here: a table decodes its own section
+    (:func:`state_from_wire`), so a shared dump's four tables never all sit decoded at once."""
+    heads: list[tuple[int, int, Any]] = []
     try:
-        out = json.loads(stdout)
+        for m in _OBJECT_LINE.finditer(stdout):
+            heads.append((m.start(), m.end(), json.loads(m.group())))
     except ValueError as e:
         raise SaveParseError(f"save worker printed no report: {e}") from e
-    if not isinstance(out, dict):
-        raise SaveParseError("save worker printed no report")
+    if not heads or not isinstance(heads[-1][2], dict) or heads[-1][2].get("end") != len(heads) - 1 \
+            or stdout[heads[-1][1]:] != "\n":
+        raise SaveParseError("save worker printed no complete report")
+    out: dict[str, WireTable] = {}
+    for (_, body, head), (nxt, _, _) in zip(heads, heads[1:]):
+        if not isinstance(head, dict) or not isinstance(head.get("table"), str):
+            raise SaveParseError(f"save worker: not a table header: {head!r}")
+        error = head.get("error")
+        out[head["table"]] = WireTable(stdout, body + 1, nxt, None if error is None else str(error))
     return out
+
+
+def state_from_wire(entry: Any, known: Callable[[str], list[str] | None] | None = None) -> SaveState:
+    """One table's section (:func:`parse_output`) decoded a chain at a time; :class:`SaveParseError` for a
+    refused table or a torn section.  Where *known* (the table's expected hashes of a chain, if it has
+    them) equals what the save shows, the state holds that very list and the decoded copy is dropped at
+    once: a restart with nothing to change then holds no second copy of the table's hashes."""
+    if not isinstance(entry, WireTable):
+        raise SaveParseError(f"save worker: not a table entry: {type(entry).__name__}")
+    if entry.error is not None:
+        raise SaveParseError(entry.error)
+    hashes: dict[str, list[str]] = {}
+    full: dict[str, list[str]] = {}
+    text, pos, end = entry.text, entry.start, entry.end
+    loads = json.loads
+    while pos < end:
+        nl = text.find("\n", pos, end)
+        nl = end if nl < 0 else nl
+        try:
+            line = loads(text[pos:nl])
+        except ValueError as e:
+            raise SaveParseError(f"save worker: torn chain line: {e}") from e
+        if not isinstance(line, list) or len(line) % 2 != 1 or line[0] not in ("h", "f"):
+            raise SaveParseError(f"save worker: not a chain line: {text[pos:nl][:200]!r}")
+        into = hashes if line[0] == "h" else full
+        for i in range(1, len(line), 2):
+            chain, values = line[i], line[i + 1]
+            if not isinstance(chain, str) or not isinstance(values, list):
+                raise SaveParseError(f"save worker: not a chain line: {text[pos:nl][:200]!r}")
+            if into is hashes and known is not None:
+                mine = known(chain)
+                if mine is not None and mine == values:
+                    values = mine
+            into[chain] = values
+        del line  # the decoded copies of what *known* had go now, not with the next line
+        pos = nl + 1
+    return SaveState(hashes, full)
 
 
 def _table_of(save_argv: Sequence[str]) -> str | None:
@@ -122,7 +216,7 @@ def main(argv: Sequence[str]) -> int:
     out = report(res.stdout, _table_of(save), hash_prefix=ns.hash_prefix,
                  owned_prefixes=tuple(ns.owned_prefix or DEFAULT_OWNED_PREFIXES),
                  extra_cleanup_regex=ns.extra_cleanup)
-    sys.stdout.write(json.dumps(out, separators=(",", ":")))  # one C-encoder call (json.dump is chunked Python)
+    sys.stdout.write(encode_report(out))
     return 0
 
 

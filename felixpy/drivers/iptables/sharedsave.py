@@ -76,7 +76,7 @@ class SharedSave:
              parse: Callable[[list[str]], list[str]] | None = None) -> tuple[Any, bool]:
         """(*table*'s part of a dump that started after stamp *not_before*, whether this call ran the
         dump).  The part is the table's section (text), or with *parse* — the save worker's command line
-        for a save argv (:func:`~.saveworker.worker_argv`) — its report entry
+        for a save argv (:func:`~.saveworker.worker_argv`) — its section of the report, not yet decoded
         (:func:`~.saveworker.state_from_wire` turns it into a state); None when the caller must read alone
         (the dump failed or lacks the table).  A table joins only a dump of its own kind.  *while_running*
         is called once while the dump runs, in this thread."""

@@ -542,7 +542,7 @@ class IptablesTable:
     def _attempt_read(self, features: Features | None = None) -> SaveState:
         """One read (reader.py); with *features*, the dirty chains are hashed while the save runs."""
         hook = None if features is None else (lambda: self._prehash_dirty_chains(features))
-        return self._reader.read(self._num_rules, self._write_stamp, hook)
+        return self._reader.read(self._num_rules, self._write_stamp, hook, self._hash_cache.get)
 
     # ------------------------------------------------------------------ apply
     def apply(self) -> float | None:
