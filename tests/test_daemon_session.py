@@ -177,6 +177,8 @@ def test_nothing_reaches_the_kernel_before_in_sync(node: Node) -> None:
     assert len(node.builds) == 1  # the config arrived: the dataplane is built...
     assert node.kernel.snapshot() == before  # ...but nothing reaches the kernel
     assert feed.sent == []
+    filter4 = next(t for t in node.builds[0].tables if t.name == "filter" and t.ip_version == 4)
+    assert "cali-pri-kns.default" in filter4._chains  # the profile is rendered ahead, in memory only
 
     node.send(feed, pb.InSync())
     assert {"cali-FORWARD", "cali-tw-calia", "cali-fw-calia", "cali-pri-kns.default"} <= node.chains()

@@ -146,6 +146,34 @@ def test_no_apply_before_insync_and_iface_sync() -> None:
     assert mgr.programmed == ["a"]
 
 
+class AheadManager(FakeManager):
+    renders_ahead = True
+
+
+def test_only_managers_that_render_ahead_do_so_before_insync_and_nothing_else_runs() -> None:
+    dp, clock, tl = make()
+    ahead, other = AheadManager(tl, "ahead"), FakeManager(tl, "other")
+    ahead.fail_times = 1
+    dp.register_manager(ahead)
+    dp.register_manager(other)
+    dp.on_datastore_message(Update("a"))
+    assert dp.maybe_apply() is None  # raised inside: logged, the loop goes on
+    dp.on_datastore_message(Update("b"))
+    dp.set_iface_in_sync()
+    assert dp.maybe_apply() is None
+    assert tl == ["complete:ahead", "complete:ahead"]  # no other manager, no driver, no apply
+    assert ahead.programmed == ["a", "b"] and other.programmed == []
+    assert dp.maybe_apply() is None and len(tl) == 2  # nothing new arrived: not run again
+    dp.on_datastore_message(InSync())
+    report = dp.maybe_apply()
+    assert report is not None and other.programmed == ["a", "b"]
+    tl.clear()
+    dp.on_datastore_message(Update("c"))
+    clock.advance(10)
+    dp.maybe_apply()
+    assert "complete:ahead" in tl and "complete:other" in tl and ahead.programmed == ["a", "b", "c"]
+
+
 def test_insync_without_iface_sync_still_waits() -> None:
     dp, clock, tl = make()
     dp.register_manager(FakeManager(tl))

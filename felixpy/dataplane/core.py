@@ -211,6 +211,7 @@ class InternalDataplane:
         self.needs_sync = True  # the start-of-day apply (resync) is always needed
         self.applied_once = False
         self.in_sync_reported = False
+        self._ahead_due = False  # a feed message arrived since the last render_ahead()
         self._reschedule_at: float | None = None
         self.apply_count = 0
         self.last_apply: ApplyReport | None = None
@@ -256,6 +257,7 @@ class InternalDataplane:
         out to every manager."""
         for screened in self._screen(msg):
             self._fan_out(screened)
+        self._ahead_due = True
         if isinstance(msg, pb.InSync) and not self.datastore_in_sync:
             log.info("Datastore in sync; kernel writes may start")
             self.datastore_in_sync = True
@@ -318,14 +320,35 @@ class InternalDataplane:
         return max(now, min(cands)) if cands else None
 
     def maybe_apply(self) -> ApplyReport | None:
-        """Apply if in sync, dirty and the throttle admits it."""
+        """Apply if in sync, dirty and the throttle admits it; before that, render ahead."""
         now = self._clock.monotonic()
         self._pop_timers(now)
-        if not (self.ready_to_apply() and self.needs_sync):
+        if not self.ready_to_apply():
+            if self._ahead_due:
+                self._ahead_due = False
+                self.render_ahead()
+            return None
+        if not self.needs_sync:
             return None
         if not self.throttle.try_take(now):
             return None
         return self.apply()
+
+    def render_ahead(self) -> None:
+        """Before the first apply: the managers that declare ``renders_ahead`` (managers/base.py) render
+        what has arrived so far into the tables' desired state.  At a big node's start of day the policy
+        render (~0.3-0.4 s for 1,000 policies x 10 rules) then happens while the feed is still arriving
+        instead of after ``InSync``, where the apply waits for it before the devices and tables (Felix's
+        policy manager renders in ``OnUpdate``).  Nothing reaches the kernel: the apply after ``InSync``
+        reads it back and writes, as it would have.  An exception is logged as the apply's own step
+        would log it, and the loop goes on."""
+        for mgr in self.managers:
+            if getattr(mgr, "renders_ahead", False):
+                try:
+                    mgr.complete_deferred_work()
+                except Exception:
+                    log.exception("Manager failed to render ahead of InSync",
+                                  manager=type(mgr).__name__)
 
     # -------------------------------------------------------------------------- apply
     def apply(self) -> ApplyReport:
