@@ -92,14 +92,14 @@ class KeyCodec(ABC):
     There is one codec per kind (:func:`codec_for`), so that packed members can tell by identity that
     their keys are alike."""
 
-    __slots__ = ("set_type", "ip_version", "kind", "width", "_af", "_bits", "_alen", "_full")
+    __slots__ = ("set_type", "ip_version", "kind", "width", "bits", "_af", "_alen", "_full")
 
     def __init__(self, set_type: IPSetType, ip_version: int, extra: int) -> None:
         self.set_type, self.ip_version = set_type, ip_version
         self.kind = kind_for(set_type, ip_version)
-        self._af, self._bits = _AF[ip_version], _BITS[ip_version]
-        self._alen = self._bits // 8
-        self._full = f"/{self._bits}"
+        self._af, self.bits = _AF[ip_version], _BITS[ip_version]
+        self._alen = self.bits // 8
+        self._full = f"/{self.bits}"
         self.width = self._alen + extra
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -176,27 +176,27 @@ class _NetCodec(KeyCodec):
             packed = socket.inet_pton(self._af, addr)
         except (OSError, ValueError):
             raise BadMember(f"{member!r} is not an IPv{self.ip_version} address or CIDR") from None
-        plen = _number(plen_s, self._bits) if slash else self._bits
+        plen = _number(plen_s, self.bits) if slash else self.bits
         if plen is None:
             raise BadMember(f"{member!r} has a bad prefix length")
         return self._net(packed, plen)
 
     def _net(self, packed: bytes, plen: int) -> bytes:
-        if plen != self._bits:
-            host_bits = self._bits - plen
+        if plen != self.bits:
+            host_bits = self.bits - plen
             packed = (int.from_bytes(packed, "big") >> host_bits << host_bits).to_bytes(self._alen, "big")
         return packed + bytes((plen,))
 
     def text(self, key: bytes) -> str:
         addr, plen = socket.inet_ntop(self._af, key[:-1]), key[-1]
-        return addr if plen == self._bits else f"{addr}/{plen}"
+        return addr if plen == self.bits else f"{addr}/{plen}"
 
     def key_from_element(self, elem: Any) -> bytes | None:
         try:
             if isinstance(elem, str):
-                return self._net(socket.inet_pton(self._af, elem), self._bits)
+                return self._net(socket.inet_pton(self._af, elem), self.bits)
             addr, plen = elem["prefix"]["addr"], elem["prefix"]["len"]
-            if isinstance(addr, str) and type(plen) is int and 0 <= plen <= self._bits:
+            if isinstance(addr, str) and type(plen) is int and 0 <= plen <= self.bits:
                 return self._net(socket.inet_pton(self._af, addr), plen)
         except (OSError, ValueError, TypeError, KeyError):
             pass
