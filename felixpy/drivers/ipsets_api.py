@@ -16,7 +16,7 @@ policy matches (:mod:`felixpy.drivers.ipsets_filter`).
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Set as AbstractSet
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -50,7 +50,9 @@ class IPSetsDataplane(Protocol):
 
     def get_type_of(self, set_id: str) -> IPSetType | None: ...
 
-    def get_desired_members(self, set_id: str) -> frozenset[str] | None: ...
+    def get_desired_members(self, set_id: str) -> AbstractSet[str] | None:
+        """The desired members, immutable (nftables holds them packed, not as a frozenset); None for an unknown set."""
+        ...
 
     def queue_resync(self) -> None:
         """Re-read the kernel on the next apply (periodic refresh or after errors)."""

@@ -30,7 +30,7 @@ Apply contract
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Set as AbstractSet
 
 import structlog
 
@@ -116,7 +116,7 @@ class FilteredIPSets:
         meta = self._meta.get(set_id)
         return None if meta is None else meta.type
 
-    def get_desired_members(self, set_id: str) -> frozenset[str] | None:
+    def get_desired_members(self, set_id: str) -> AbstractSet[str] | None:
         return self._inner.get_desired_members(set_id) if set_id in self._passed else None
 
     def queue_resync(self) -> None:

@@ -31,7 +31,7 @@ Differences from Felix, on purpose:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set as AbstractSet
 from typing import Any
 
 import structlog
@@ -85,9 +85,9 @@ class IPSetsManager:
                 return t
         return None
 
-    def get_ip_set_members(self, set_id: str) -> frozenset[str] | None:
+    def get_ip_set_members(self, set_id: str) -> AbstractSet[str] | None:
         self._push_deltas(set_id)
-        found: frozenset[str] | None = None
+        found: AbstractSet[str] | None = None
         for dp in self._dataplanes:
             members = dp.get_desired_members(set_id)
             if members is not None:

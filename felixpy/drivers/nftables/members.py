@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from typing import Any, NamedTuple
 
 from felixpy.drivers.ipsets_api import IPSetType
@@ -248,11 +248,6 @@ def codec_for_kind(kind: SetKind | None) -> KeyCodec | None:
     return _CODECS_BY_KIND.get(kind) if kind is not None else None
 
 
-def canonicalise(set_type: IPSetType, ip_version: int, member: str) -> str:
-    """Validate *member* for a set of *set_type* in family *ip_version*; raise BadMember."""
-    codec = codec_for(set_type, ip_version)
-    return codec.text(codec.key(member))
-
 def element_json(member: str) -> Any:
     """A canonical member (or a read-back foreign range ``a-b``) as a libnftables element."""
     if "," in member:
@@ -296,27 +291,3 @@ def member_from_element(elem: Any, ip_version: int) -> str | None:
         return None
     key = codec.key_from_element(elem)
     return None if key is None else codec.text(key)
-
-
-def is_prefix(member: str) -> bool:
-    return "/" in member
-
-
-def _interval(member: str, ip_version: int) -> tuple[int, int]:
-    addr, _, plen_s = member.partition("/")
-    bits = _BITS[ip_version]
-    start = int.from_bytes(socket.inet_pton(_AF[ip_version], addr), "big")
-    plen = int(plen_s) if plen_s else bits
-    return start, start + (1 << (bits - plen)) - 1
-
-
-def reduce_nets(members: Iterable[str], ip_version: int) -> set[str]:
-    """Drop members contained in another member (CIDRs either nest or are disjoint)."""
-    spans = sorted(((*_interval(mem, ip_version), mem) for mem in members), key=lambda t: (t[0], -t[1]))
-    out: set[str] = set()
-    end = -1
-    for start, stop, mem in spans:
-        if start > end:
-            out.add(mem)
-            end = stop
-    return out

@@ -16,17 +16,16 @@ that rules referencing it stay valid); each is logged with the set ID.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
-from felixpy.drivers.nftables.members import (
-    BadMember, SetKind, canonicalise, element_json, is_prefix, kind_for, reduce_nets,
-)
+from felixpy.drivers.nftables.members import BadMember, KeyCodec, SetKind, codec_for, element_json
 from felixpy.drivers.nftables.names import TABLE_NAME, family_for, set_name_for_id
+from felixpy.drivers.nftables.packed import PackedMembers, pack_members, reduce_nets
 from felixpy.drivers.nftables.readback import SetSnapshot
 
 log = structlog.get_logger(__name__)
@@ -38,17 +37,17 @@ _MAX_LOGGED_BAD = 5
 @dataclass(slots=True)
 class _SetState:
     meta: IPSetMetadata
-    kind: SetKind
-    # Immutable, replaced on every change: the dataplane view of a written set (SetSnapshot.members) is
-    # this very object, not a copy (at large node a copy per set was ~8 MiB for 200,000 members).
-    desired: frozenset[str]
-    n_prefixes: int = 0
+    # Packed (packed.py) and immutable, replaced on every change: the dataplane view of a written set
+    # (SetSnapshot.members) is this very object, not a copy.
+    desired: PackedMembers
 
-    def effective(self, ip_version: int) -> frozenset[str]:
+    @property
+    def kind(self) -> SetKind:
+        return self.desired.codec.kind
+
+    def effective(self) -> PackedMembers:
         """What to write: nets covered by another member are left out (interval sets refuse overlaps)."""
-        if self.kind.interval and self.n_prefixes:
-            return frozenset(reduce_nets(self.desired, ip_version))
-        return self.desired
+        return reduce_nets(self.desired) if self.kind.interval else self.desired
 
 
 @dataclass(slots=True)
@@ -76,36 +75,29 @@ class NftSets:
     def name_for(self, set_id: str) -> str:
         return set_name_for_id(set_id, self.ip_version)
 
-    def _canon(self, set_id: str, set_type: IPSetType, members: Iterable[str]) -> set[str]:
-        out: set[str] = set()
-        bad: list[str] = []
-        v = self.ip_version
-        for mem in members:
-            try:
-                out.add(canonicalise(set_type, v, mem))
-            except BadMember:
-                bad.append(mem)
+    def _pack(self, set_id: str, codec: KeyCodec, members: Iterable[str]) -> PackedMembers:
+        packed, bad = pack_members(codec, members)
         if bad:
             self._log.warning("Skipping invalid IP set members", set_id=set_id, num_skipped=len(bad),
                               examples=bad[:_MAX_LOGGED_BAD])
-        return out
+        return packed
 
     def add_or_replace(self, meta: IPSetMetadata, members: Iterable[str]) -> None:
         try:
-            kind = kind_for(meta.type, self.ip_version)
+            codec = codec_for(meta.type, self.ip_version)
         except BadMember as e:
             self._log.error("Skipping IP set of unsupported type", set_id=meta.set_id, error=str(e))
             return
         name = self.name_for(meta.set_id)
-        canon = frozenset(self._canon(meta.set_id, meta.type, members))
+        packed = self._pack(meta.set_id, codec, members)
         old = self._sets.get(name)
-        if len(canon) > meta.max_size:
+        if len(packed) > meta.max_size:
             self._log.error("IP set exceeds its maximum size; not updating it", set_id=meta.set_id,
-                            size=len(canon), max_size=meta.max_size)
-            if old is not None and old.kind == kind:
+                            size=len(packed), max_size=meta.max_size)
+            if old is not None and old.kind == codec.kind:
                 return
-            canon = frozenset()
-        self._sets[name] = _SetState(meta, kind, canon, sum(1 for m in canon if is_prefix(m)))
+            packed = PackedMembers(codec)
+        self._sets[name] = _SetState(meta, packed)
         self.dirty.add(name)
 
     def add_members(self, set_id: str, members: Iterable[str]) -> None:
@@ -114,14 +106,13 @@ class NftSets:
         if st is None:
             self._log.warning("Members added to an unknown IP set; ignoring", set_id=set_id)
             return
-        new = self._canon(set_id, st.meta.type, members) - st.desired
+        new = self._pack(set_id, st.desired.codec, members) - st.desired
         if len(st.desired) + len(new) > st.meta.max_size:
             self._log.error("IP set would exceed its maximum size; skipping the additions", set_id=set_id,
                             size=len(st.desired) + len(new), max_size=st.meta.max_size)
             return
         if new:
-            st.desired = st.desired | new     # a new object: never mutated in place
-            st.n_prefixes += sum(1 for m in new if is_prefix(m))
+            st.desired = st.desired.union(new)     # a new object: never mutated in place
             self.dirty.add(name)
 
     def remove_members(self, set_id: str, members: Iterable[str]) -> None:
@@ -130,10 +121,9 @@ class NftSets:
         if st is None:
             self._log.warning("Members removed from an unknown IP set; ignoring", set_id=set_id)
             return
-        gone = self._canon(set_id, st.meta.type, members) & st.desired
+        gone = self._pack(set_id, st.desired.codec, members) & st.desired
         if gone:
             st.desired = st.desired - gone
-            st.n_prefixes -= sum(1 for m in gone if is_prefix(m))
             self.dirty.add(name)
 
     def remove(self, set_id: str) -> None:
@@ -145,7 +135,7 @@ class NftSets:
         st = self._sets.get(self.name_for(set_id))
         return st.meta.type if st else None
 
-    def get_desired_members(self, set_id: str) -> frozenset[str] | None:
+    def get_desired_members(self, set_id: str) -> AbstractSet[str] | None:
         st = self._sets.get(self.name_for(set_id))
         return st.desired if st else None
 
@@ -164,7 +154,7 @@ class NftSets:
         self.dirty = {n for n in dp if n not in self._sets}
         for name, st in self._sets.items():
             snap = dp.get(name)
-            if snap is None or snap.kind != st.kind or snap.unparsed or snap.members != st.effective(self.ip_version):
+            if snap is None or snap.kind != st.kind or snap.unparsed or snap.members != st.effective():
                 self.dirty.add(name)
 
     def drift(self, believed: dict[str, SetSnapshot], found: dict[str, SetSnapshot]) -> tuple[int, int]:
@@ -179,7 +169,7 @@ class NftSets:
                 continue
             if old.members == new.members:
                 continue
-            want = st.effective(self.ip_version) if st is not None else set()
+            want: AbstractSet[str] = st.effective() if st is not None else frozenset()
             members += len((old.members - new.members) & want) + len((new.members - old.members) - want)
         return sets, members
 
@@ -200,7 +190,7 @@ class NftSets:
         if st.kind.interval:
             spec["flags"] = ["interval"]
         cmds: list[dict[str, Any]] = [{"add": {"set": spec}}]
-        eff = st.effective(self.ip_version)
+        eff = st.effective()
         if eff:
             cmds.append({"add": {"element": {**tbl, "name": name, "elem": [element_json(m) for m in eff]}}})
         return cmds
@@ -211,7 +201,6 @@ class NftSets:
         elements (a small change stays in the table's one transaction).  Never a deletion or a type
         change: both need the rules that use the set flushed in the same transaction."""
         recreate = set(self.needs_recreate(dp, False))
-        v = self.ip_version
         names: list[str] = []
         elements = 0
         for name in sorted(self.dirty):
@@ -220,7 +209,7 @@ class NftSets:
                 continue
             names.append(name)
             snap = dp.get(name)
-            eff = st.effective(v)
+            eff = st.effective()
             elements += len(eff) if snap is None else len(eff ^ snap.members)
         if elements < min_elements:
             return None
@@ -232,7 +221,6 @@ class NftSets:
         *only*, and no deletions, if given)."""
         plan = SetPlan()
         tbl = {"family": self._family, "table": TABLE_NAME}
-        v = self.ip_version
         names = only if only is not None else list(self._sets) if full else list(self.dirty)
         recreate = set(self.needs_recreate(dp, full))
         for name in names:
@@ -240,7 +228,7 @@ class NftSets:
             snap = None if full else dp.get(name)
             if st is None:
                 continue
-            eff = st.effective(v)
+            eff = st.effective()
             if snap is None:
                 plan.create.extend(self._add_set(name, st, tbl))
             elif name in recreate:

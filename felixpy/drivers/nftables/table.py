@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -326,7 +326,7 @@ class NftablesTable:
     def get_type_of(self, set_id: str) -> IPSetType | None:
         return self.sets.get_type_of(set_id)
 
-    def get_desired_members(self, set_id: str) -> frozenset[str] | None:
+    def get_desired_members(self, set_id: str) -> AbstractSet[str] | None:
         return self.sets.get_desired_members(set_id)
 
     def queue_resync(self) -> None:
