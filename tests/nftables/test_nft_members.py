@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from felixpy.drivers.ipsets_api import IPSetType
 from felixpy.drivers.nftables.members import BadMember, SetKind, codec_for, element_json, kind_for, member_from_element
 from felixpy.drivers.nftables.names import BaseChainSpec, namespaced, set_name_for_id
+from felixpy.drivers.nftables.packed import PackedMembers
 from felixpy.drivers.nftables.readback import parse_table
 
 IP, NET, IPP = IPSetType.HASH_IP, IPSetType.HASH_NET, IPSetType.HASH_IP_PORT
@@ -117,3 +120,29 @@ def test_parse_table() -> None:
     assert snap.maps["m1"].elements == {"eth0": ("return",), "cali1234": ("goto", "c1")}
     assert snap.others == [("flowtable", "ft")]
     assert snap.num_rules == 3
+
+
+def test_parse_table_packs_the_sets_we_write_and_keeps_strings_for_the_rest() -> None:
+    """Packed when a set is of a kind we write and every element of a shape we write; otherwise today's
+    canonical strings (a range as ``a-b``), which never equal a packed set: the set is rewritten."""
+    def listed(name: str, typ: Any, elems: list[Any], flags: tuple[str, ...] = ()) -> dict[str, Any]:
+        return {"set": {"family": "ip", "name": name, "table": "calico", "type": typ, "elem": elems,
+                        **({"flags": list(flags)} if flags else {})}}
+
+    snap = parse_table(LISTING + [
+        listed("r", "ipv4_addr", ["10.0.0.1", {"range": ["10.0.1.1", "10.0.1.9"]}], ("interval",)),
+        listed("bad", "ipv4_addr", ["10.0.0.1", {"elem": {"val": "10.0.0.2", "timeout": 5}}]),
+        listed("v6", "ipv6_addr", ["fd00::1"]),
+        listed("empty", "ipv4_addr", []),
+    ], 4)
+    for name, codec in [("s1", codec_for(NET, 4)), ("s2", codec_for(NET, 4)), ("s3", codec_for(IPP, 4)),
+                        ("empty", codec_for(IP, 4))]:
+        members = snap.sets[name].members
+        assert isinstance(members, PackedMembers) and members.codec is codec, name
+    assert snap.sets["s3"].members.data.hex() == "0a000001060050" + "0a000002840009"   # type: ignore[attr-defined]
+    assert snap.sets["r"].members == frozenset({"10.0.0.1", "10.0.1.1-10.0.1.9"}) and snap.sets["r"].unparsed == 0
+    assert not isinstance(snap.sets["r"].members, PackedMembers)
+    assert snap.sets["r"].members != PackedMembers(codec_for(NET, 4))
+    assert snap.sets["bad"].members == {"10.0.0.1"} and snap.sets["bad"].unparsed == 1
+    assert snap.sets["v6"].members == frozenset() and snap.sets["v6"].unparsed == 1   # not of this table's family
+    assert snap.sets["s4"].kind is None and not isinstance(snap.sets["s4"].members, PackedMembers)

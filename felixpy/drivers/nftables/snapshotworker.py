@@ -10,7 +10,7 @@ daemon inside its namespace) and writes nothing to the kernel.
 Why a process (issue #17): one listing of a 135k-rule table is 27 MB of JSON and ~500 MiB of decoded
 objects, resident in the daemon after the parse (glibc keeps the freed arenas) and decoded under the
 GIL for seconds, stalling the apply thread; here both live and die with the child, and the daemon
-decodes a few MB of hashes and members.
+decodes a few MB of hashes and, per set, one base64 string of its packed members (no member strings).
 """
 
 from __future__ import annotations
