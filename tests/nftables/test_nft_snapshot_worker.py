@@ -160,8 +160,9 @@ def _program(h: Harness) -> None:
 def test_a_restart_read_through_the_worker_rewrites_nothing_and_finds_member_drift(
         in_netns: str, make: Callable[..., Harness], v: int) -> None:
     """Against a kernel holding exactly the desired sets (a covered net left out of an interval set, as
-    written) a restart writes nothing, its view of the sets packed; members changed behind its back are
-    found, counted as drift and repaired, a foreign range among them."""
+    written) a restart writes nothing, and its view of the sets is the desired members themselves, not
+    the listing's copy; members changed behind its back are found, counted as drift and repaired, a
+    foreign range among them."""
     if os.geteuid() != 0:
         pytest.skip("needs root")
     assert hp.inside_netns(in_netns), "refusing to touch nftables outside the throwaway namespace"
@@ -178,6 +179,7 @@ def test_a_restart_read_through_the_worker_rewrites_nothing_and_finds_member_dri
     assert shim.runs == 0
     dp = h.root._dp_sets
     assert dp and all(isinstance(s.members, PackedMembers) for s in dp.values())
+    assert dp[f"cali{v}0s-hosts"].members is h.root.get_desired_members("s:hosts")
 
     far = ["10.7.0.1", "10.7.0.9"] if v == 4 else ["fd07::1", "fd07::9"]
     shim.run([{"delete": {"element": {**hp.tbl(v), "name": f"cali{v}0s-hosts", "elem": [h.addr(1)]}}},

@@ -85,6 +85,8 @@ def test_restart_finds_everything_right_and_writes_nothing(make: Callable[..., H
     h2.root.apply()
     assert fake.run_calls == runs
     assert hp.handles(fake, v) == before
+    for set_id, name in [("s:hosts", f"cali{v}0s-hosts"), ("s:web", f"cali{v}0s-web"), ("n:ports", f"cali{v}0n-ports")]:
+        assert h2.root._dp_sets[name].members is h2.root.get_desired_members(set_id)   # not the listing's copy
 
 
 def test_restart_with_different_desired_state_sweeps_the_rest(make: Callable[..., Harness],

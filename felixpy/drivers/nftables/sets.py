@@ -153,9 +153,11 @@ class NftSets:
         """After a listing: dirty is exactly what differs from the dataplane."""
         self.dirty = {n for n in dp if n not in self._sets}
         for name, st in self._sets.items():
-            snap = dp.get(name)
-            if snap is None or snap.kind != st.kind or snap.unparsed or snap.members != st.effective():
+            snap, eff = dp.get(name), st.effective()
+            if snap is None or snap.kind != st.kind or snap.unparsed or snap.members != eff:
                 self.dirty.add(name)
+            else:  # the view shares the desired members, as after a write, and the listing's copy goes
+                snap.members = eff
 
     def drift(self, believed: dict[str, SetSnapshot], found: dict[str, SetSnapshot]) -> tuple[int, int]:
         """(sets, members) changed behind our back (*believed* → *found*) that the next plan rewrites."""
