@@ -1,17 +1,20 @@
 """Packed set members (``nftables/packed.py``, issue #17), pinned on what the table relies on: a key decodes to
 the canonical string a manager's spelling stands for (``ipaddress`` as the independent judge), equal sets are
 equal bytes however they were built, the set operators answer as frozenset's do (a model test on random sets,
-each operator on both of its paths: few keys against many, and many against many), and the wire form round
-trips."""
+each operator on both of its paths: runs of keys merged in order, and sets of keys for operands that
+interleave), and the wire form round trips."""
 
 from __future__ import annotations
 
 import ipaddress
 import random
+from collections import Counter
+from typing import Any
 
 import pytest
 
 from felixpy.drivers.ipsets_api import IPSetType
+from felixpy.drivers.nftables import packed as packed_mod
 from felixpy.drivers.nftables.members import KeyCodec, codec_for
 from felixpy.drivers.nftables.packed import PackedMembers, pack_members, reduce_nets
 
@@ -129,9 +132,18 @@ SIZES = [0, 1, 3, 40, 400]
 
 
 @pytest.mark.parametrize("t,v", KINDS)
-def test_set_algebra_matches_frozensets(t: IPSetType, v: int) -> None:
+def test_set_algebra_matches_frozensets(t: IPSetType, v: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(42 * v + len(t.value))
     codec = codec_for(t, v)
+    paths: Counter[str] = Counter()
+    merged = packed_mod._runs
+
+    def counted(*args: Any) -> Any:
+        runs = merged(*args)
+        paths["sets" if runs is None else "runs"] += 1
+        return runs
+
+    monkeypatch.setattr(packed_mod, "_runs", counted)
     for trial in range(60):
         na, nb = rng.choice(SIZES), rng.choice(SIZES)
         fa, fb = frozenset(_members(rng, codec, na)), frozenset(_members(rng, codec, nb))
@@ -146,6 +158,7 @@ def test_set_algebra_matches_frozensets(t: IPSetType, v: int) -> None:
         assert len(a) == len(fa) and set(a) == fa and list(a) == [codec.text(k) for k in a.iter_keys()]
         for m in list(fb)[:5]:
             assert (m in a) == (m in fa)
+    assert paths["runs"] and paths["sets"], paths
 
 
 @pytest.mark.parametrize("t,v", KINDS)

@@ -16,20 +16,15 @@ strings, as the :class:`collections.abc.Set` mixins would.
 from __future__ import annotations
 
 import base64
+import operator
 import struct
-from collections.abc import Collection, Iterable, Iterator, Set
-from operator import itemgetter
+from collections.abc import Callable, Collection, Iterable, Iterator, Set
 from typing import Any, TypeGuard, TypeVar
 
 from felixpy.drivers.nftables.members import BadMember, KeyCodec
 
 _S = TypeVar("_S")
-_first = itemgetter(0)
-
-
-def _few(m: int, n: int) -> bool:
-    """Whether *m* binary searches among *n* keys cost less than going through all *n* of them."""
-    return m * n.bit_length() < n
+_first = operator.itemgetter(0)
 
 
 class PackedMembers(Set[str]):
@@ -96,7 +91,7 @@ class PackedMembers(Set[str]):
 
     def __sub__(self, other: Set[Any]) -> PackedMembers:
         if self._alike(other):
-            return self._difference(other)
+            return self._combine(other, _OURS, operator.sub)
         if not isinstance(other, Set):
             return NotImplemented
         text = self.codec.text
@@ -104,7 +99,7 @@ class PackedMembers(Set[str]):
 
     def __and__(self, other: Set[Any]) -> PackedMembers:
         if self._alike(other):
-            return self._intersection(other)
+            return self._combine(other, _BOTH, operator.and_)
         if not isinstance(other, Set):
             return NotImplemented
         text = self.codec.text
@@ -116,31 +111,16 @@ class PackedMembers(Set[str]):
         return super().__or__(other)
 
     def __xor__(self, other: Set[_S]) -> Set[str | _S]:
-        if not self._alike(other):
-            return super().__xor__(other)
-        if _few(len(self), len(other)) or _few(len(other), len(self)):
-            return self._difference(other).union(other._difference(self))
-        return PackedMembers.from_keys(self.codec, set(self.iter_keys()).symmetric_difference(other.iter_keys()))
+        if self._alike(other):
+            return self._combine(other, _OURS | _THEIRS, operator.xor)
+        return super().__xor__(other)
 
     # -- on the keys --------------------------------------------------------------------------------
     def union(self, other: PackedMembers) -> PackedMembers:
         """The members of both, packed alike (the operator ``|`` gives a frozenset for another codec)."""
         if not self._alike(other):
             raise ValueError(f"{other.codec!r} members cannot join {self.codec!r} ones")
-        small, big = (self, other) if len(self) <= len(other) else (other, self)
-        if not small.data:
-            return big
-        if not _few(len(small), len(big)):
-            return PackedMembers.from_keys(self.codec, [*big.iter_keys(), *small.iter_keys()])
-        d, w = big.data, big.codec.width
-        pieces: list[bytes] = []
-        start = 0
-        for key, i, there in big._places(small.iter_keys()):
-            if not there:
-                pieces += (d[start:i * w], key)
-                start = i * w
-        pieces.append(d[start:])
-        return PackedMembers(self.codec, b"".join(pieces))
+        return self._combine(other, _OURS | _BOTH | _THEIRS, operator.or_)
 
     def _alike(self, other: object) -> TypeGuard[PackedMembers]:
         return isinstance(other, PackedMembers) and other.codec is self.codec
@@ -149,49 +129,69 @@ class PackedMembers(Set[str]):
         """Some of our own keys, in our order."""
         return PackedMembers(self.codec, b"".join(keys))
 
-    def _difference(self, other: PackedMembers) -> PackedMembers:
-        if not self.data or not other.data:
-            return self
-        if _few(len(other), len(self)):
-            d, w = self.data, self.codec.width
-            pieces, start = [], 0
-            for _key, i, there in self._places(other.iter_keys()):
-                if there:
-                    pieces.append(d[start:i * w])
-                    start = (i + 1) * w
-            pieces.append(d[start:])
-            return PackedMembers(self.codec, b"".join(pieces))
-        if _few(len(self), len(other)):
-            return self._with(k for k, _i, there in other._places(self.iter_keys()) if not there)
-        drop = set(other.iter_keys())
-        return self._with(k for k in self.iter_keys() if k not in drop)
-
-    def _intersection(self, other: PackedMembers) -> PackedMembers:
-        small, big = (self, other) if len(self) <= len(other) else (other, self)
-        if _few(len(small), len(big)):
-            return self._with(k for k, _i, there in big._places(small.iter_keys()) if there)
-        keep = set(big.iter_keys())
-        return self._with(k for k in small.iter_keys() if k in keep)
+    def _combine(self, other: PackedMembers, keep: int,
+                 on_sets: Callable[[set[bytes], set[bytes]], set[bytes]]) -> PackedMembers:
+        """The keys of the runs of the *keep* sides, in order; *on_sets* of the keys' sets when the two
+        interleave key by key, where a run per key costs more than hashing every key."""
+        runs = _runs(self.data, other.data, self.codec.width)
+        if runs is None:
+            return PackedMembers.from_keys(self.codec, on_sets(set(self.iter_keys()), set(other.iter_keys())))
+        return PackedMembers(self.codec, b"".join(run for side, run in runs if side & keep))
 
     def _has(self, key: bytes) -> bool:
-        (_key, _i, there), = self._places((key,))
-        return there
-
-    def _places(self, keys: Iterable[bytes]) -> Iterator[tuple[bytes, int, bool]]:
-        """Each of *keys* (sorted) with the index it has or would have among ours and whether it is there:
-        a binary search each, for an operand of a few keys against many."""
         d, w = self.data, self.codec.width
-        n = len(d) // w
-        lo = 0   # the keys come sorted: each one's place is at or after the last one's
-        for key in keys:
-            hi = n
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if d[mid * w:mid * w + w] < key:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            yield key, lo, d[lo * w:lo * w + w] == key
+        below = _gallop(lambda n: d[(n - 1) * w:n * w] < key, len(self))
+        return d[below * w:below * w + w] == key
+
+
+# The sides of a run of keys (flags, for the runs an operator keeps).
+_OURS, _BOTH, _THEIRS = 1, 2, 4
+
+
+def _runs(ours: bytes, theirs: bytes, w: int) -> list[tuple[int, bytes]] | None:
+    """Both sorted key strings merged as runs of keys, in order, each with its side: keys only in *ours*,
+    in both, only in *theirs*.  Each run's end is found by galloping, comparing keys and stretches of
+    keys as bytes, so sets that differ by a few stretches (a delta against a big set, a set against its
+    last written self) cost a few steps each.  None once the runs pass an eighth of the keys: the two
+    interleave, and hashing every key is cheaper."""
+    runs: list[tuple[int, bytes]] = []
+    budget = (len(ours) + len(theirs)) // w // 8 + 4
+    i = j = 0
+    while i < len(ours) and j < len(theirs):
+        if len(runs) > budget:
+            return None
+        our_key, their_key = ours[i:i + w], theirs[j:j + w]
+        if our_key == their_key:
+            n = _gallop(lambda k: ours[i:i + k * w] == theirs[j:j + k * w],
+                        min(len(ours) - i, len(theirs) - j) // w) * w
+            runs.append((_BOTH, ours[i:i + n]))
+            i, j = i + n, j + n
+        elif our_key < their_key:
+            n = _gallop(lambda k: ours[i + (k - 1) * w:i + k * w] < their_key, (len(ours) - i) // w) * w
+            runs.append((_OURS, ours[i:i + n]))
+            i += n
+        else:
+            n = _gallop(lambda k: theirs[j + (k - 1) * w:j + k * w] < our_key, (len(theirs) - j) // w) * w
+            runs.append((_THEIRS, theirs[j:j + n]))
+            j += n
+    runs += [(_OURS, ours[i:]), (_THEIRS, theirs[j:])]   # what is left of one (the other's is empty)
+    return runs
+
+
+def _gallop(holds: Callable[[int], bool], most: int) -> int:
+    """The greatest n <= *most* for which *holds*(n), given that it holds up to some n and not beyond (and
+    trivially for 0): doubling, then halving, so a count n costs about 2 log n calls."""
+    lo, hi = 0, 1
+    while hi <= most and holds(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, most + 1)   # holds(hi) is false, or hi is past the end
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def reduce_nets(members: PackedMembers) -> PackedMembers:
