@@ -60,7 +60,7 @@ class PackedMembers(Set[str]):
         return len(self.data) // self.codec.width
 
     def __iter__(self) -> Iterator[str]:
-        return map(self.codec.text, self.iter_keys())
+        return self.codec.texts(self.iter_keys())
 
     def __contains__(self, member: object) -> bool:
         if not isinstance(member, str):
