@@ -205,6 +205,7 @@ def nft_drift(v: int) -> dict[str, tuple[Any, dict[str, int]]]:
     p = f"cali{v}0"
     a1 = "10.0.0.1" if v == 4 else "fd00::1"
     a9 = "10.9.9.9" if v == 4 else "fd00::99"
+    far = ["10.7.0.1", "10.7.0.9"] if v == 4 else ["fd07::1", "fd07::9"]
     return {
         "rule deleted": (lambda f: _nft(f, {"delete": {"rule": {
             **T, "chain": "filter-cali-INPUT", "handle": hp.rule_handle(f, v, "filter-cali-INPUT", 1)}}}),
@@ -218,6 +219,10 @@ def nft_drift(v: int) -> dict[str, tuple[Any, dict[str, int]]]:
                                                                          "elem": [a1]}}}), {"set_member": 1}),
         "set member added": (lambda f: _nft(f, {"add": {"element": {**T, "name": f"{p}s-hosts", "elem": [a9]}}}),
                              {"set_member": 1}),
+        # A shape we never write: read back as strings, not packed, and still one member to delete.
+        "foreign range in a net set": (lambda f: _nft(f, {"add": {"element": {**T, "name": f"{p}s-web",
+                                                                              "elem": [{"range": far}]}}}),
+                                       {"set_member": 1}),
     }
 
 
