@@ -150,29 +150,20 @@ class AheadManager(FakeManager):
     renders_ahead = True
 
 
-class AheadTable(FakeTable):
-    def render_ahead(self) -> None:
-        self.tl.append(f"ahead:{self.name}")
-
-
 def test_only_managers_that_render_ahead_do_so_before_insync_and_nothing_else_runs() -> None:
     dp, clock, tl = make()
     ahead, other = AheadManager(tl, "ahead"), FakeManager(tl, "other")
     ahead.fail_times = 1
     dp.register_manager(ahead)
     dp.register_manager(other)
-    table, plain = AheadTable(tl, "filter"), FakeTable(tl, "nat")
-    dp.register_table(table)
-    dp.register_table(plain)
     dp.on_datastore_message(Update("a"))
     assert dp.maybe_apply() is None  # raised inside: logged, the loop goes on
     dp.on_datastore_message(Update("b"))
     dp.set_iface_in_sync()
     assert dp.maybe_apply() is None
-    # No other manager, no driver apply; the tables that can, render what they hold (after the managers).
-    assert tl == ["complete:ahead", "ahead:filter", "complete:ahead", "ahead:filter"]
+    assert tl == ["complete:ahead", "complete:ahead"]  # no other manager, no driver, no apply
     assert ahead.programmed == ["a", "b"] and other.programmed == []
-    assert dp.maybe_apply() is None and len(tl) == 4  # nothing new arrived: not run again
+    assert dp.maybe_apply() is None and len(tl) == 2  # nothing new arrived: not run again
     dp.on_datastore_message(InSync())
     report = dp.maybe_apply()
     assert report is not None and other.programmed == ["a", "b"]

@@ -75,7 +75,6 @@ from felixpy.managers.base import (
     ManagerWithStatus,
     NamedSyncer,
     PrefetchesReadBack,
-    RendersAhead,
     Syncer,
     UpdateBatchResolver,
     WaitsOnChild,
@@ -350,12 +349,6 @@ class InternalDataplane:
                 except Exception:
                     log.exception("Manager failed to render ahead of InSync",
                                   manager=type(mgr).__name__)
-        for t in self.tables:
-            if _conforms(t, RendersAhead):
-                try:
-                    t.render_ahead()
-                except Exception:
-                    log.exception("Table failed to render ahead of InSync", table=type(t).__name__)
 
     # -------------------------------------------------------------------------- apply
     def apply(self) -> ApplyReport:

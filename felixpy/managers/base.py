@@ -52,9 +52,7 @@ Drivers the loop applies declare their optional hooks the same way:
 again — grace periods, device re-checks, retries) and :class:`WatchesIfaces`
 (``on_iface_state()``: interface state, forwarded by the loop as Felix does), and
 :class:`WatchesLinkKinds` (``on_iface_kind()``: the link kind the monitor decoded, given just
-before the state of the same update).  Tables may declare :class:`PrefetchesReadBack` (a start of
-day's read-back begun as the apply starts) and :class:`RendersAhead` (before ``InSync``, hash and
-render what they were given so far).
+before the state of the same update).
 """
 
 from __future__ import annotations
@@ -142,14 +140,6 @@ class PrefetchesReadBack(Protocol):
     a driver with nothing to read does nothing."""
 
     def prefetch(self) -> None: ...
-
-
-@runtime_checkable
-class RendersAhead(Protocol):
-    """A table that can do its share of the first apply's pure work -- hashing and rendering the chains
-    recorded so far -- before ``InSync``, while the feed arrives.  Writes nothing."""
-
-    def render_ahead(self) -> None: ...
 
 
 @runtime_checkable

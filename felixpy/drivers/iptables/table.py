@@ -44,11 +44,7 @@ Read-backs
     (:mod:`.sharedsave`).  With ``background_rechecks`` (on in the daemon) the
     refresh and post-write checks of an in-sync table read off the apply path
     (:mod:`.recheck`) and a later apply merges them; docs/iptables.md has the
-    rules and the why.  With it too, the read a start of day (or a failure)
-    needs begins as the loop's apply does (:meth:`IptablesTable.prefetch`) and
-    runs while the managers render and the IP sets and devices are written; and
-    before ``InSync`` the table hashes the chains rendered so far
-    (:meth:`IptablesTable.render_ahead`), so that the first apply finds both done.
+    rules and the why.
 
 Thread safety: none; call from one thread (a background recheck touches only
 its own job and the shared save).  One instance per table per family.
@@ -75,7 +71,7 @@ from felixpy.drivers.iptables import render
 from felixpy.drivers.iptables.detect import Features, FeatureDetector, detect_backend, find_best_binary
 from felixpy.drivers.generictables.readmerge import merge_written
 from felixpy.drivers.iptables.metrics import IptablesMetrics, get_metrics
-from felixpy.drivers.iptables.recheck import RECHECK_POLL, Recheck, Rechecks
+from felixpy.drivers.iptables.recheck import RECHECK_POLL, Rechecks
 from felixpy.drivers.iptables.restore_buffer import RestoreBuffer, RestoreInput
 from felixpy.drivers.iptables.reader import SaveReader
 from felixpy.drivers.iptables.sharedsave import SharedSave
@@ -91,9 +87,6 @@ MIN_POST_WRITE_INTERVAL = 0.05
 MAX_POST_WRITE_INTERVAL = 3600.0
 WRITE_RETRIES = 10
 SAVE_RETRIES = 3
-# How old a prefetched read may be when its apply comes (s): past that (the tables were held back, e.g.
-# by failing IP sets) it is dropped and the table reads again.
-PREFETCH_MAX_AGE = 10.0
 
 KERNEL_CHAINS: dict[str, tuple[str, ...]] = {
     "filter": ("INPUT", "FORWARD", "OUTPUT"),
@@ -177,8 +170,6 @@ class IptablesTable:
         self._write_stamp = 0
         self._background_rechecks = background_rechecks
         self._rechecks = Rechecks(start_background)  # the background read in progress or finished, not merged
-        self._prefetched: Recheck | None = None  # the start of day's read, begun by prefetch(), not taken yet
-        self._prefetched_at = 0.0
         self._features: FeatureSource = features or FeatureDetector(runner)
         self._insert_mode = insert_mode
         self._render = render.IptablesRenderer(hash_prefix)
@@ -465,53 +456,7 @@ class IptablesTable:
         self._features.refresh_features()
         features = self._check_features()
         self._last_read = self._clock()
-        state = self._take_prefetched()
-        self._reconcile(state if state is not None else self._read_with_retries(features), features)
-
-    def prefetch(self) -> None:
-        """Begin the read the next apply needs (start of day, or after a failure left the view unknown) on
-        a thread of its own, now, while the loop's apply renders and writes the IP sets and devices: at a
-        big node's restart the save (through the save worker, on another core) is then done before the
-        tables' turn.  Reads only; only with ``background_rechecks`` (the daemon).
-
-        The read is never older than our own last write: the table writes only after taking a read, and
-        this one is taken by the next apply that reads (or dropped once :data:`PREFETCH_MAX_AGE` old, when
-        the tables were held back meanwhile), bar what others changed in those seconds, which the
-        post-write checks and the refresh catch as they would anyway."""
-        if self._in_sync or not self._background_rechecks or self._prefetched is not None:
-            return
-        job = Recheck("start-of-day prefetch")
-        self._rechecks.start_background(lambda: job.run(self._attempt_read))  # no prehash hook: not this thread
-        self._prefetched, self._prefetched_at = job, self._clock()
-
-    def _take_prefetched(self) -> SaveState | None:
-        """The prefetched read, waited for; None (read on this path) if there is none, it failed or it is
-        too old."""
-        job, self._prefetched = self._prefetched, None
-        if job is None or self._clock() - self._prefetched_at > PREFETCH_MAX_AGE:
-            return None
-        self._on_still_alive()
-        job.done.wait()
-        if job.error is not None or job.state is None:
-            self._metrics.save_errors.inc()
-            self._log.warning("Prefetched iptables-save failed; reading again", cmd=self.save_cmd,
-                              error=str(job.error))
-            return None
-        return job.state
-
-    def render_ahead(self) -> None:
-        """Before ``InSync``: hash (and render) the chains recorded so far, referenced or not yet -- at a
-        start of day the policy chains arrive before the endpoint chains that will reference them -- so
-        that the first apply compares and writes without hashing them first.  Reads no kernel state
-        beyond the feature detection (``iptables --version``, the kernel version); writes nothing."""
-        features = self._check_features()
-        cache = self._hash_cache
-        for name, chain in self._chains.items():
-            if name not in cache:
-                try:
-                    self._chain_hashes(chain, features)
-                except Exception:  # deferred: the apply renders that chain again and raises there
-                    pass
+        self._reconcile(self._read_with_retries(features), features)
 
     def _reconcile(self, state: SaveState, features: Features, written: set[str] | None = None) -> None:
         """Take a read-back as the dataplane view, marking what differs from our belief dirty.  *written*:
