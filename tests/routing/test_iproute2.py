@@ -6,6 +6,7 @@ All captured from iproute2 6.1 on kernel 6.18 (``LC_ALL=C``); no kernel needed.
 from __future__ import annotations
 
 import errno
+import json
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -427,3 +428,23 @@ def test_ifnames_match_the_socket_module_and_unknown_index_is_none() -> None:
     for index, name in socket.if_nameindex():
         assert ifnames.if_indextoname(index) == name
     assert ifnames.if_indextoname(2**31 - 1) is None
+
+
+def test_dumps_decode_an_element_at_a_time_as_json_would_whole() -> None:
+    """``_load`` yields a dump's elements one by one (a 10,000-link dump never exists decoded whole), and
+    takes and refuses exactly what ``json.loads`` of a list does."""
+    from felixpy.drivers.netlink.iproute2 import _load
+
+    for text in ("[]", " [ ] \n", "[{}]", '[{"a":[1,{"b":"],"}]},\n {"c":null} ]\n', LINKS, NEIGHS, ""):
+        assert list(_load(text)) == (json.loads(text) if text.strip() else [])
+    for bad in ("[", "[{}", '[{"a":1},', "[{}]]", "[{}] x", "{}", '[{"a":1} {"b":2}]', "[,]"):
+        with pytest.raises(ValueError):
+            list(_load(bad))
+
+
+def test_a_vxlan_parent_listed_after_its_device_is_found() -> None:
+    text = ('[{"ifindex":9,"ifname":"vxlan.calico","flags":["UP"],"mtu":1450,"address":"66:00:00:00:00:07",'
+            '"linkinfo":{"info_kind":"vxlan","info_data":{"id":4096,"link":"eth9","port":4789}}},'
+            '{"ifindex":12,"ifname":"eth9","flags":["UP"],"mtu":1500,"address":"aa:bb:cc:00:00:12"}]')
+    vx = parse_link_dump(text)[0].vxlan
+    assert vx is not None and vx.parent_index == 12
