@@ -19,14 +19,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Self
 
 from google.protobuf.message import Message
 
 from felixpy.errors import FelixpyError
 from felixpy.proto import felixbackend_pb2 as pb
-
-R = TypeVar("R")
 
 _ONEOF = "payload"
 
@@ -79,10 +77,16 @@ def _field_for(by_type: Mapping[str, str], envelope_name: str, payload: Message)
         raise UnknownPayload(f"{full_name} is not a {envelope_name} payload") from None
 
 
-def copy_fields(record_type: type[R], msg: Any) -> R:
-    """A dataclass *record_type* whose fields are named as *msg*'s, filled from it: what a manager keeps of a
-    message instead of the message (a parsed one stays resident at several times a plain record's size)."""
-    return record_type(*(getattr(msg, f.name) for f in dataclasses.fields(record_type)))  # type: ignore[arg-type]
+class MessageRecord:
+    """Base of a dataclass whose fields are named as a message's: what a manager keeps of a message instead
+    of the message (a parsed one stays resident at several times a plain record's size).  ``Record.of(msg)``
+    fills one from *msg*."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, msg: Any) -> Self:
+        return cls(*(getattr(msg, f.name) for f in dataclasses.fields(cls)))  # type: ignore[arg-type]
 
 
 def payload_of(msg: pb.ToDataplane) -> tuple[str, Any]:

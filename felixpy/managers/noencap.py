@@ -34,7 +34,7 @@ from felixpy.drivers.routetable.defs import Target, TargetType
 from felixpy.drivers.routetable.routeclass import RouteClass
 from felixpy.ifacemonitor.events import IfaceAddrsUpdate
 from felixpy.managers.hostaddrs import InterfaceAddresses
-from felixpy.messages import copy_fields
+from felixpy.messages import MessageRecord
 from felixpy.proto import felixbackend_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -70,7 +70,7 @@ def is_remote_tunnel_route(msg: Any, pool_type: int) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class RouteInfo:
+class RouteInfo(MessageRecord):
     """What the routing managers keep of a ``RouteUpdate`` between updates (the fields their routes are
     made from, named as the message names them).  Not the message itself: a parsed message stays resident
     at ~560 bytes, this at about half (#17: 5,000 remote routes at the large-node profile)."""
@@ -83,10 +83,6 @@ class RouteInfo:
     same_subnet: bool
     local_workload: bool
     borrowed: bool
-
-    @classmethod
-    def of(cls, msg: Any) -> RouteInfo:
-        return copy_fields(cls, msg)
 
 
 class RemoteRoutes:
