@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import pytest
 
@@ -362,20 +362,20 @@ def test_route_list_argv_missing_table_and_interrupted_dump() -> None:
     assert exc.value.not_found
 
 
-class NameOf:
-    """One-by-one lookups (IpTool.name_of) over a sequence of index -> name maps, one per call round."""
+class NamesOf:
+    """Lookups of named interfaces (IpTool.names_of) over a sequence of index -> name maps, one per call."""
 
     def __init__(self, *maps: dict[int, str]) -> None:
         self.maps = list(maps)
-        self.asked: list[int] = []
+        self.asked: list[set[int]] = []
 
-    def __call__(self, index: int) -> str | None:
-        self.asked.append(index)
-        return self.maps[0].get(index)
-
-    def next_round(self) -> None:
+    def __call__(self, indexes: Iterable[int]) -> dict[int, str]:
+        wanted = set(indexes)
+        self.asked.append(wanted)
+        got = {i: n for i, n in self.maps[0].items() if i in wanted}
         if len(self.maps) > 1:
             self.maps.pop(0)
+        return got
 
 
 class NoFullMap:
@@ -383,51 +383,54 @@ class NoFullMap:
         raise AssertionError("the whole interface map was asked for")
 
 
-def test_a_dump_or_batch_about_few_interfaces_looks_up_their_names_alone() -> None:
+def test_a_batch_or_one_device_dump_looks_up_the_names_it_uses_alone() -> None:
     dump = '[{"type":"1","dst":"10.0.0.1","protocol":"3","scope":"253","flags":[]}]'
     ip = ScriptedIp(CommandResult(0, dump), CommandResult(0))
-    name_of = NameOf({3: "cali1", 4: "cali2"})
-    tool = IpTool(ip, NoFullMap(), name_of=name_of)
+    names_of = NamesOf({3: "cali1", 4: "cali2", 5: "cali3"})
+    tool = IpTool(ip, NoFullMap(), names_of=names_of)
     assert tool.route_list(AF_INET, 254, oif=3) == [Route(AF_INET, "10.0.0.1/32", scope=253, oif=3)]
-    assert ip.calls[0][0][-2:] == ["dev", "cali1"] and name_of.asked == [3, 3]   # before and after the dump
+    assert ip.calls[0][0][-2:] == ["dev", "cali1"] and names_of.asked == [{3}, {3}]   # before and after the dump
     routes = [Route(AF_INET, "10.0.0.1/32", oif=3), Route(AF_INET, "10.0.0.2/32", oif=4),
               Route(AF_INET, "10.0.0.3/32", oif=9)]                              # 9: no such interface
     assert tool.routes_replace(routes) == [0, 0, errno.ENODEV]
+    assert names_of.asked[2:] == [{3, 4, 9}, {3, 4}]   # before the batch; after it, the ones sent
+    assert "cali3" not in ip.calls[1][1]
+
+
+def test_many_interfaces_are_looked_up_by_index_never_through_the_whole_map() -> None:
+    """A batch about 1,000 interfaces costs 1,000 lookups, not a link dump of every interface."""
+    names = {i: f"cali{i}" for i in range(2, 1002)}
+    ip = ScriptedIp(CommandResult(0))
+    names_of = NamesOf(names)
+    tool = IpTool(ip, NoFullMap(), names_of=names_of)
+    routes = [Route(AF_INET, f"10.0.{i // 250}.{i % 250}/32", oif=i) for i in names]
+    assert tool.routes_replace(routes) == [0] * len(routes)
+    assert [len(a) for a in names_of.asked] == [1000, 1000]
+
+
+def test_interface_renamed_during_a_batch_fails_its_lines() -> None:
+    ip = ScriptedIp(CommandResult(0))
+    tool = IpTool(ip, NoFullMap(), names_of=NamesOf({3: "cali1", 4: "cali2"}, {3: "cali1", 4: "renamed"}))
+    routes = [Route(AF_INET, "10.0.0.1/32", oif=3), Route(AF_INET, "10.0.0.2/32", oif=4)]
+    assert tool.routes_replace(routes) == [0, errno.ENODEV]
 
 
 def test_interface_gone_during_a_one_interface_dump_is_reported() -> None:
-    class Vanishing(NameOf):
-        def __call__(self, index: int) -> str | None:
-            name = super().__call__(index)
-            self.next_round()     # the interface goes between the lookup before the dump and the one after
-            return name
-
     ip = ScriptedIp(CommandResult(0, "[]"))
-    tool = IpTool(ip, NoFullMap(), name_of=Vanishing({3: "cali1"}, {}))
+    tool = IpTool(ip, NoFullMap(), names_of=NamesOf({3: "cali1"}, {}))
     with pytest.raises(NetlinkCallError) as exc:
         tool.route_list(AF_INET, 254, oif=3)
     assert exc.value.errno == errno.ENODEV
 
 
-def test_many_interfaces_still_take_the_whole_map_once() -> None:
-    from felixpy.drivers.netlink.iproute2 import FEW_NAMES
-    n = FEW_NAMES + 1
-    names = {i: f"cali{i}" for i in range(1, n + 1)}
-    ip = ScriptedIp(CommandResult(0))
-    name_of = NameOf(names)
-    tool = IpTool(ip, Names(names), name_of=name_of)
-    assert tool.routes_replace([Route(AF_INET, f"10.0.0.{i}/32", oif=i) for i in names]) == [0] * n
-    assert name_of.asked == []
-
-
-def test_ifnames_match_the_socket_module_and_unknown_index_is_none() -> None:
+def test_ifnames_match_the_socket_module_and_unknown_index_is_absent() -> None:
     import socket
 
     from felixpy.drivers.netlink import ifnames
     assert ifnames.if_nameindex() == socket.if_nameindex()
-    for index, name in socket.if_nameindex():
-        assert ifnames.if_indextoname(index) == name
-    assert ifnames.if_indextoname(2**31 - 1) is None
+    every = dict(socket.if_nameindex())
+    assert ifnames.indextonames([*every, 2**31 - 1, 0, -1]) == every
+    assert ifnames.indextonames([]) == {}
 
 
 def test_dumps_decode_an_element_at_a_time_as_json_would_whole() -> None:

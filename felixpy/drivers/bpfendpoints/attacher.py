@@ -125,7 +125,7 @@ class KernelAttacher:
         self._modes: dict[str, bpfattach.AttachMode] = {}
         self._kinds: dict[str, str] = {}  # link kinds the monitor reported (learn_kind)
         self.nl = nl or bpfattach.RouteSocket()
-        self._tc = IpTool(runner or SubprocessRunner(timeout=TC_TIMEOUT), _names, tc=tc, name_of=ifnames.if_indextoname)
+        self._tc = IpTool(runner or SubprocessRunner(timeout=TC_TIMEOUT), _names, tc=tc, names_of=ifnames.indextonames)
         self._pinned: dict[int, int] = {}  # hook -> the program fd this attacher pinned for it
 
     def _mode(self, iface: str) -> bpfattach.AttachMode:

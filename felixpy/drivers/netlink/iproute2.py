@@ -18,10 +18,10 @@ Writes
 
 Interface names
     ``ip`` speaks names; the shim's values carry indexes.  The index->name map
-    comes from ``if_nameindex(3)`` inside the namespace (:mod:`.ifnames`: a full
-    link dump, ~26 ms at 2,000 interfaces, the GIL let go; a dump or batch about
-    a few interfaces looks those up one by one instead, ``name_of``), taken
-    before a batch (an index with no interface fails with ENODEV without being
+    of a batch or a one-device dump is looked up for the indexes it names alone
+    (:func:`.ifnames.indextonames`, ~2 µs an index); a dump that may name any
+    interface takes the whole map (``if_nameindex(3)``, a full link dump, 15-26 ms
+    at 2,000 interfaces, the GIL let go).  Either is taken before a batch (an index with no interface fails with ENODEV without being
     sent) and again after it: an item whose interface vanished or changed name
     meanwhile is reported ENODEV (the route table then rescans the interface).
     Dumps map ``dev`` names back through the names that kept the same index
@@ -307,9 +307,14 @@ def parse_route_dump(text: str, family: int, table: int, *, oif: int | None = No
     no top-level ``dev``/``gateway`` and come back with ``oif`` 0.
     """
     out = []
+    # Every interface has the same link-local prefix in the IPv6 table: each spelling is canonicalised once.
+    dsts: dict[str, str] = {}
     for r in _load(text):
         if "table" in r and _int(r["table"], table) != table:
             continue
+        dst = dsts.get(r["dst"])
+        if dst is None:
+            dst = dsts[r["dst"]] = _dst(r["dst"], family)
         dev = r.get("dev")
         if oif:
             ifindex = oif
@@ -327,7 +332,7 @@ def parse_route_dump(text: str, family: int, table: int, *, oif: int | None = No
         tos = r.get("tos")
         out.append(Route(
             family=family,
-            dst=_dst(r["dst"], family),
+            dst=dst,
             table=table,
             tos=int(tos, 16) if isinstance(tos, str) else _int(tos, 0),  # ip prints TOS in hex
             priority=_int(r.get("metric"), 0),
@@ -445,10 +450,6 @@ def parse_fdb_dump(text: str, ifindex: int) -> list[FDBEntry]:
     return out
 
 
-# A dump or batch about at most this many interfaces looks their names up one by one (IpTool.name_of).
-FEW_NAMES = 8
-
-
 # ---------------------------------------------------------------------------- running ip
 class IpTool:
     """Runs ``ip`` through a :class:`CommandRunner`; ``names()`` gives the index->name map.
@@ -459,12 +460,12 @@ class IpTool:
 
     def __init__(self, runner: CommandRunner, names: Callable[[], dict[int, str]], ip: str = "ip",
                  max_dump_attempts: int = 5, bridge: str = "bridge", tc: str = "tc",
-                 name_of: Callable[[int], str | None] | None = None) -> None:
+                 names_of: Callable[[Iterable[int]], dict[int, str]] | None = None) -> None:
         self.runner = runner
         self.names = names
-        # One interface's name (ifnames.if_indextoname): a dump or batch about a few interfaces asks for
-        # those alone instead of the whole map, a full link dump in the kernel (~26 ms at 2,000).
-        self.name_of = name_of
+        # The names of some interfaces (ifnames.indextonames): what a batch or a one-device dump asks for
+        # instead of the whole map, a full link dump in the kernel.
+        self.names_of = names_of
         self.ip = ip
         self.bridge = bridge
         self.tc = tc
@@ -475,10 +476,9 @@ class IpTool:
 
     def _names_for(self, indexes: Iterable[int]) -> dict[int, str]:
         """index -> name for *indexes* (others may be in it too; a missing interface is absent)."""
-        wanted = {i for i in indexes if i}
-        if self.name_of is not None and len(wanted) <= FEW_NAMES:
-            return {i: n for i in wanted if (n := self.name_of(i)) is not None}
-        return self.names()
+        if self.names_of is None:
+            return self.names()
+        return self.names_of({i for i in indexes if i})
 
     # -- writes ------------------------------------------------------------------
     def routes_replace(self, routes: Sequence[Route]) -> list[int]:

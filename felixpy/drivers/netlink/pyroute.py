@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import errno as _errno
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -104,7 +104,7 @@ class PyrouteNetlink:
         except (OSError, PyNetlinkError) as exc:
             raise ConnectFailed(f"cannot open netlink (netns={netns}): {exc}") from exc
         self._ip = IpTool(runner if runner is not None else SubprocessRunner(netns, timeout=IP_TIMEOUT), self._names,
-                          name_of=self._name_of)
+                          names_of=self._names_of)
 
     def _names(self) -> dict[int, str]:
         """index -> name of every interface in the namespace (libc ``if_nameindex``, GIL released)."""
@@ -113,10 +113,10 @@ class PyrouteNetlink:
         except OSError as exc:
             raise NetlinkCallError("interface names", exc.errno or _errno.EIO) from exc
 
-    def _name_of(self, index: int) -> str | None:
-        """One interface's name in the namespace, or None if it has none."""
+    def _names_of(self, indexes: Iterable[int]) -> dict[int, str]:
+        """index -> name of those of *indexes* that are interfaces of the namespace."""
         try:
-            return call_in_netns(self.netns, lambda: ifnames.if_indextoname(index))
+            return call_in_netns(self.netns, lambda: ifnames.indextonames(indexes))
         except OSError as exc:
             raise NetlinkCallError("interface name", exc.errno or _errno.EIO) from exc
 
