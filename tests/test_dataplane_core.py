@@ -706,6 +706,55 @@ def test_a_device_syncer_waiting_on_a_child_runs_the_later_device_steps_during_t
     assert report.failed_steps == (["devices:ChildSyncer"] if fail_before else [])
 
 
+def test_bpf_mode_starts_fdb_and_routes_before_the_attach_that_waits_on_a_child() -> None:
+    """Routes never depend on the BPF attach (a route to an interface whose programs are not yet
+    attached is the attach gap that the dispatch chains and ifstate close), so they run beside it, the
+    FDB still before them and the devices before both: the route tables' ~300 ms at 1,000 workloads
+    no longer follow the attach's ~600 ms."""
+    dp, _clock, tl = make()
+    started = threading.Event()
+
+    class StartedRoutes(FakeSyncer):
+        def apply(self) -> None:
+            super().apply()
+            started.set()
+
+    class Attach(ChildSyncer):
+        def apply_during(self, during: Any) -> None:
+            self.tl.append("attach:start" if started.wait(5) else "attach:start (routes not started)")
+            during()
+            self.tl.append("attach:ready-marks")
+
+    fdb, routes = FakeSyncer(tl, "fdb"), StartedRoutes(tl, "route-table")
+    for s in (FakeSyncer(tl, "devices"), Attach(tl, "during"), FakeSyncer(tl, "sysctls")):
+        dp.register_device_syncer(s)
+    dp.register_fdb(fdb)
+    dp.register_manager(RouteMgr(tl, routes))
+    dp.register_table(FakeTable(tl, "filter"))
+    dp.on_datastore_message(Update("k"))
+    ready(dp)
+    report = dp.maybe_apply()
+    assert report is not None and report.ok
+    order = [e for e in tl if e.split(":")[0] in ("devices", "fdb", "route-table", "attach", "sysctls", "table")]
+    assert order == ["devices", "fdb", "route-table", "attach:start", "sysctls", "attach:ready-marks",
+                     "table:filter"]
+
+
+def test_without_a_child_waiting_device_routes_start_after_every_device_step() -> None:
+    dp, _clock, tl = make()
+    routes = FakeSyncer(tl, "route-table")
+    for s in (FakeSyncer(tl, "devices"), FakeSyncer(tl, "sysctls")):
+        dp.register_device_syncer(s)
+    dp.register_fdb(FakeSyncer(tl, "fdb"))
+    dp.register_manager(RouteMgr(tl, routes))
+    dp.on_datastore_message(Update("k"))
+    ready(dp)
+    report = dp.maybe_apply()
+    assert report is not None and report.ok
+    assert [e for e in tl if e in ("devices", "sysctls", "fdb", "route-table")] == \
+        ["devices", "sysctls", "fdb", "route-table"]
+
+
 class FatalSyncer(FakeSyncer):
     def apply(self) -> None:
         self.tl.append(self.name)

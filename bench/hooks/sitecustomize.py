@@ -20,6 +20,9 @@
   without the cold start or restart in it) to ``PATH.<pid>``, and of the table applies, which run on
   worker threads: nftables to ``PATH.table.<pid>``, iptables (one table at a time) to
   ``PATH.iptables.<pid>``; rewritten every 50 applies (``FELIXPY_BENCH_CPROFILE_EVERY``: every N).
+* ``FELIXPY_BENCH_CPROFILE_SLOW=PATH`` — cProfile of every apply on the loop's thread; one that took at least
+  ``FELIXPY_BENCH_CPROFILE_SLOW_MS`` (300) is written to ``PATH.<pid>.<n>``: a cold start's or a restart's
+  apply, which ``FELIXPY_BENCH_CPROFILE`` leaves out.
 * ``FELIXPY_BENCH_NFTLOG=DIR`` — in the nft transaction worker: every transaction's script to
   ``DIR/tx-<pid>-<n>.nft``, its libnftables time to ``DIR/times.jsonl``, and the whole ruleset once (at
   the 50th) to ``DIR/ruleset-<pid>.nft``, for replaying the transactions by hand against the same state.
@@ -197,6 +200,33 @@ if _RSS:
 
     _rcore.InternalDataplane.apply = _traced_apply  # type: ignore[method-assign]
     _rcore.InternalDataplane._step = _traced_step  # type: ignore[method-assign]
+
+
+_CSLOW = os.environ.get("FELIXPY_BENCH_CPROFILE_SLOW")
+if _CSLOW:
+    import cProfile as _cprof
+    import time as _ctime
+    from typing import Any as _CAny
+
+    from felixpy.dataplane import core as _ccore
+
+    _capply = _ccore.InternalDataplane.apply
+    _cslow_ms = float(os.environ.get("FELIXPY_BENCH_CPROFILE_SLOW_MS", "300"))
+    _cn = [0]
+
+    def _slow_profiled_apply(self: _CAny) -> _CAny:
+        prof = _cprof.Profile()
+        t0 = _ctime.perf_counter()
+        prof.enable()
+        try:
+            return _capply(self)
+        finally:
+            prof.disable()
+            if (_ctime.perf_counter() - t0) * 1000 >= _cslow_ms:
+                _cn[0] += 1
+                prof.dump_stats(f"{_CSLOW}.{os.getpid()}.{_cn[0]}")
+
+    _ccore.InternalDataplane.apply = _slow_profiled_apply  # type: ignore[method-assign]
 
 
 _NFTLOG = os.environ.get("FELIXPY_BENCH_NFTLOG")
