@@ -7,7 +7,7 @@
   top allocation sites (by line, and by file) of what is held right now, plus the traced peak, to PATH.
 * ``FELIXPY_BENCH_PYSPY=PATH`` — py-spy (next to the interpreter: ``.venv/bin/pip install py-spy``) samples
   this process from its start until it exits (100 Hz, all threads, non-blocking), raw collapsed stacks to
-  PATH: a profile of a daemon a benchmark starts itself.
+  PATH (``{pid}`` in it: this process's id, one profile a daemon): a profile of a daemon a benchmark starts itself.
 * ``FELIXPY_BENCH_STEPTIMES=PATH`` — every apply appends one JSON line to PATH: its wall time and, for each
   step (``InternalDataplane._step``, and each background future the apply collects), when it started after
   the apply began and how long it ran, in milliseconds: where an apply's time goes, without a sampler;
@@ -44,7 +44,8 @@ if _SPY:
     import sys
 
     subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--pid", str(os.getpid()),
-                      "--rate", "100", "--format", "raw", "--nonblocking", "--threads", "-o", _SPY],
+                      "--rate", "100", "--format", "raw", "--nonblocking", "--threads", "-o",
+                      _SPY.replace("{pid}", str(os.getpid()))],
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 _TM = os.environ.get("FELIXPY_BENCH_TRACEMALLOC")

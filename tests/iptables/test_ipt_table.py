@@ -647,3 +647,74 @@ def test_restore_input_is_not_kept_after_a_successful_write(make_table: Callable
     t.apply()
     assert fake.restore_count() >= 1 and t.last_restore_input == ""
     assert_converged(fake, foreign_in_forward=0)
+
+
+def _many_chains(n: int) -> list[Chain]:
+    """A dispatch chain jumping to *n* endpoint chains, each with a few rules (an unhooked start of day)."""
+    eps = [Chain(f"cali-tw-ep{i}", (Rule(Match().source_net(f"10.0.{i}.0/24"), Accept()), Rule(action=Drop())))
+           for i in range(n)]
+    dispatch = Chain("cali-to-wl", tuple(Rule(Match().out_interface(f"cali{i}"), Goto(f"cali-tw-ep{i}"))
+                                         for i in range(n)))
+    return [*eps, dispatch]
+
+
+def _transactions(text: str) -> list[list[str]]:
+    out: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("*"):
+            out.append([])
+        elif line != "COMMIT":
+            out[-1].append(line)
+    return out
+
+
+def test_unhooked_iptables_nft_write_is_split_with_the_hooks_last(
+        make_table: Callable[..., IptablesTable], fake: FakeIptables, backend: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing of ours in the kernel's own chains no packet reaches our chains, so iptables-nft takes
+    the write in transactions of about UNHOOKED_TRANSACTION_LINES (one big --noflush transaction is
+    quadratic); the jump into our chains comes in the last one, once every chain is complete.  Legacy
+    rewrites the whole table per transaction: never split.  The result is the same kernel state."""
+    from felixpy.drivers.iptables import table as table_mod
+    monkeypatch.setattr(table_mod, "UNHOOKED_TRANSACTION_LINES", 20)
+    chains = _many_chains(30)
+    t = make_table()
+    t.insert_or_append_rules("FORWARD", [Rule(action=Jump("cali-to-wl"))])
+    t.update_chains(chains)
+    t.apply()
+    txs = _transactions(fake.restore_inputs[-1])
+    if backend == "legacy":
+        assert len(txs) == 1
+    else:
+        assert len(txs) >= 4 and all(len(tx) <= 20 + 31 for tx in txs)   # a chain (up to 31 lines) stays whole
+        hook = [i for i, tx in enumerate(txs) if any(line.startswith("-I FORWARD") for line in tx)]
+        assert hook == [len(txs) - 1]
+        lines = [line for tx in txs for line in tx]
+        declared = [i for i, line in enumerate(lines) if line.startswith(":cali-")]
+        filled = [i for i, line in enumerate(lines) if line.startswith("-A cali-")]
+        assert max(declared) < min(filled)   # every jump target exists before a rule names it
+    assert owned_in(fake) == expected_owned(chains)
+    assert hashes_in(fake)["FORWARD"] == render.rule_hashes("FORWARD", [Rule(action=Jump("cali-to-wl"))], FEATURES)
+    # Hooked now: a later big write is one transaction again (plus nft's chain-deletion one, if any).
+    t.update_chains(_many_chains(40))
+    t.apply()
+    assert len(_transactions(fake.restore_inputs[-1])) == 1
+    assert owned_in(fake) == expected_owned(_many_chains(40))
+
+
+def test_a_hook_someone_else_left_keeps_the_write_whole(
+        make_table: Callable[..., IptablesTable], fake: FakeIptables, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule of ours in a foreign chain found at the read (a previous run's hook) makes our chains
+    reachable: the write is not split, even before this process wrote anything."""
+    from felixpy.drivers.iptables import table as table_mod
+    monkeypatch.setattr(table_mod, "UNHOOKED_TRANSACTION_LINES", 20)
+    old = make_table()
+    old.insert_or_append_rules("FORWARD", [Rule(action=Jump("cali-to-wl"))])
+    old.update_chains(_many_chains(2))
+    old.apply()
+    new = make_table()
+    new.insert_or_append_rules("FORWARD", [Rule(action=Jump("cali-to-wl"))])
+    new.update_chains(_many_chains(30))
+    new.apply()
+    assert len(_transactions(fake.restore_inputs[-1])) == 1
+    assert owned_in(fake) == expected_owned(_many_chains(30))

@@ -44,12 +44,13 @@ class RestoreInput:
 
 
 class RestoreBuffer:
-    __slots__ = ("_lines", "_table", "_opened", "lines_written")
+    __slots__ = ("_lines", "_table", "_opened", "_started_at", "lines_written")
 
     def __init__(self) -> None:
         self._lines: list[_Segment] = []
         self._table = ""
         self._opened = False
+        self._started_at = 0  # lines_written when the current transaction started
         self.lines_written = 0
 
     def empty(self) -> bool:
@@ -66,6 +67,16 @@ class RestoreBuffer:
             raise RuntimeError("start_transaction() without ending the previous transaction")
         self._table = table
         self._opened = False
+        self._started_at = self.lines_written
+
+    def split_if_over(self, limit: int) -> None:
+        """End the current transaction and start another of the same table once it holds *limit* lines or
+        more (0: never).  Only for a write no traffic can see half done: each ``COMMIT`` takes effect on
+        its own (iptables/table.py, the unhooked write)."""
+        if limit and self.lines_written - self._started_at >= limit:
+            table = self._table
+            self.end_transaction()
+            self.start_transaction(table)
 
     def end_transaction(self) -> None:
         if not self._table:
