@@ -347,9 +347,12 @@ class InternalDataplane:
         reads it back and writes, as it would have.  An exception is logged as the apply's own step
         would log it, and the loop goes on."""
         for mgr in self.managers:
-            if getattr(mgr, "renders_ahead", False):
+            ahead = getattr(mgr, "render_ahead", None)  # a part of its work (managers/base.py)
+            if ahead is None and getattr(mgr, "renders_ahead", False):
+                ahead = mgr.complete_deferred_work
+            if ahead is not None:
                 try:
-                    mgr.complete_deferred_work()
+                    ahead()
                 except Exception:
                     log.exception("Manager failed to render ahead of InSync",
                                   manager=type(mgr).__name__)

@@ -31,7 +31,10 @@ kernel, no interface state, no other manager's results, no IP-set dataplane -- m
 ``renders_ahead = True``: before the first ``InSync`` the loop then runs it as the feed arrives
 (:meth:`~felixpy.dataplane.core.InternalDataplane.render_ahead`), so the start of day's first apply
 finds its chains rendered.  Felix's policy manager renders in ``OnUpdate`` itself; the table still
-writes nothing until the apply after ``InSync``.
+writes nothing until the apply after ``InSync``.  A manager whose work only partly qualifies defines
+``render_ahead()`` instead, doing that part (the endpoint manager: each endpoint's chains and routes,
+into the tables' and route tables' desired state; not the dispatch chains, rendered once by the apply,
+nor anything that reads interface state).
 
 Optional extras are discovered structurally (``isinstance`` on the runtime
 checkable protocols below):
