@@ -309,3 +309,30 @@ def test_append_mode_and_always_appended_rules(netns: str, flavour: tuple[str, i
     t2.update_chain(chains_for(ipv)[2])
     t2.apply()
     assert t2._runner.restores() == []  # type: ignore[attr-defined]
+
+
+def test_an_unhooked_write_in_several_transactions_lands_whole_and_restarts_clean(
+        netns: str, flavour: tuple[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start of day's write cut into transactions (iptables-nft; legacy keeps one) ends as one
+    transaction would: every chain and rule in place, the hook last, the foreign rule kept, and a
+    restarted table finds nothing to write."""
+    from felixpy.drivers.iptables import table as table_mod
+    monkeypatch.setattr(table_mod, "UNHOOKED_TRANSACTION_LINES", 7)
+    backend, ipv = flavour
+    ipt(netns, backend, ipv, "-A", "OUTPUT", "-p", "udp", "-j", "ACCEPT")  # a foreign rule
+    r1 = RecordingRunner(netns)
+    t1 = make_table(r1, backend, ipv)
+    program(t1, ipv)
+    t1.apply()
+    (text_in,) = r1.restores()
+    commits = text_in.count("\nCOMMIT\n")
+    assert commits == 1 if backend == "legacy" else commits >= 3
+    assert text_in.rstrip("\n").split("\n")[-2].startswith("-I OUTPUT")  # the hook: in the last transaction
+    text = save(netns, backend, ipv)
+    assert owned_hashes(text) == {c.name: t1.expected_hashes(c.name) for c in chains_for(ipv)}
+    assert "-p udp" in text
+    r2 = RecordingRunner(netns)
+    t2 = make_table(r2, backend, ipv)
+    program(t2, ipv)
+    t2.apply()
+    assert r2.restores() == []
