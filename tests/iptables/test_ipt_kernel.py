@@ -105,13 +105,18 @@ def program(t: IptablesTable, ipv: int) -> None:
     t.update_chains(chains_for(ipv))
 
 
+def programmed_beside_a_foreign_rule(netns: str, backend: str, ipv: int) -> tuple[RecordingRunner, IptablesTable]:
+    ipt(netns, backend, ipv, "-A", "OUTPUT", "-p", "udp", "-j", "ACCEPT")
+    runner = RecordingRunner(netns)
+    t = make_table(runner, backend, ipv)
+    program(t, ipv)
+    t.apply()
+    return runner, t
+
+
 def test_program_restart_and_counters(netns: str, flavour: tuple[str, int]) -> None:
     backend, ipv = flavour
-    ipt(netns, backend, ipv, "-A", "OUTPUT", "-p", "udp", "-j", "ACCEPT")  # a foreign rule
-    r1 = RecordingRunner(netns)
-    t1 = make_table(r1, backend, ipv)
-    program(t1, ipv)
-    t1.apply()
+    r1, t1 = programmed_beside_a_foreign_rule(netns, backend, ipv)
     assert len(r1.restores()) == 1
     text = save(netns, backend, ipv)
     want = {c.name: t1.expected_hashes(c.name) for c in chains_for(ipv)}
@@ -319,11 +324,7 @@ def test_an_unhooked_write_in_several_transactions_lands_whole_and_restarts_clea
     from felixpy.drivers.iptables import table as table_mod
     monkeypatch.setattr(table_mod, "UNHOOKED_TRANSACTION_LINES", 7)
     backend, ipv = flavour
-    ipt(netns, backend, ipv, "-A", "OUTPUT", "-p", "udp", "-j", "ACCEPT")  # a foreign rule
-    r1 = RecordingRunner(netns)
-    t1 = make_table(r1, backend, ipv)
-    program(t1, ipv)
-    t1.apply()
+    r1, t1 = programmed_beside_a_foreign_rule(netns, backend, ipv)
     (text_in,) = r1.restores()
     commits = text_in.count("\nCOMMIT\n")
     assert commits == 1 if backend == "legacy" else commits >= 3
