@@ -483,6 +483,16 @@ class MemberTracker(_WorkLists[K]):
         self._pending_deletions = {} if dp.keys() <= desired.keys() else \
             dict.fromkeys([k for k in dp if k not in desired])
 
+    def mark_dataplane_desired(self) -> None:
+        """The dataplane holds exactly the desired keys (a read-back found them equal without handing them
+        over: the IP-set save worker's digest): the state :meth:`replace_dataplane_keys` of the desired keys
+        would leave, in O(1), and a packed set stays packed."""
+        if self._packed is not None:
+            self._all_pending = False
+            return
+        self._pending_updates = {}
+        self._pending_deletions = {}
+
     def get_dataplane(self, key: K) -> bool | None:
         return True if self._in_dataplane(key) else None
 

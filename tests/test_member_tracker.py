@@ -25,6 +25,7 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("write_pending"), st.just("")),
     st.tuples(st.just("compact"), st.just("")),     # MemberTracker only: packs the keys when in sync or unwritten
     st.tuples(st.just("write_whole"), st.just("")),  # the driver's write of a whole set (packed: by snapshot)
+    st.tuples(st.just("read_back_equal"), st.just("")),  # a read-back found the desired keys (by digest)
 ), max_size=40)
 
 
@@ -41,6 +42,15 @@ def _apply(t: Any, op: str, arg: Any) -> None:
         if isinstance(t, MemberTracker):
             unwritten = t.dataplane_len() == 0 and t.pending_update_keys() == t.desired_keys()
             assert t.compact(min_keys=1) == ((t.in_sync() or unwritten) and t.desired_len() > 0)
+    elif op == "read_back_equal":
+        # MemberTracker: in O(1), without the keys (the save worker's digest matched); the reference is
+        # told the very keys.  Same state, orders included, whatever the state before.
+        if isinstance(t, MemberTracker):
+            packed = t.packed_snapshot()
+            t.mark_dataplane_desired()
+            assert t.packed_snapshot() is packed   # a packed set stays packed
+        else:
+            t.replace_dataplane_keys(t.desired_keys(), True)
     elif op == "write_whole":
         snap = t.packed_snapshot() if isinstance(t, MemberTracker) else None
         if snap is not None:
