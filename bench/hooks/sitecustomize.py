@@ -26,11 +26,18 @@
 * ``FELIXPY_BENCH_NFTLOG=DIR`` — in the nft transaction worker: every transaction's script to
   ``DIR/tx-<pid>-<n>.nft``, its libnftables time to ``DIR/times.jsonl``, and the whole ruleset once (at
   the 50th) to ``DIR/ruleset-<pid>.nft``, for replaying the transactions by hand against the same state.
+
+The hooks that patch the apply (steps, RSS trace, cProfile) act in the daemon only (``-m felixpy run``): the
+daemon's children (the save workers) inherit its environment, and importing ``felixpy.dataplane.core`` there
+would add most of a second to a child that starts in ~50 ms, on the start of day's critical path.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+
+_DAEMON = sys.orig_argv[1:4] == ["-m", "felixpy", "run"]
 
 if os.environ.get("FELIXPY_BENCH_NFT_SHIM") == "child":
     import felixpy.drivers.nftables as _nft
@@ -68,7 +75,7 @@ if _TM:
 
     signal.signal(signal.SIGUSR2, _dump)
 
-_STEPS = os.environ.get("FELIXPY_BENCH_STEPTIMES")
+_STEPS = os.environ.get("FELIXPY_BENCH_STEPTIMES") if _DAEMON else None
 if _STEPS:
     import json
     import time
@@ -151,7 +158,7 @@ if _STEPS:
     _core.InternalDataplane._collect = _timed_collect  # type: ignore[method-assign]
 
 
-_RSS = os.environ.get("FELIXPY_BENCH_RSSTRACE")
+_RSS = os.environ.get("FELIXPY_BENCH_RSSTRACE") if _DAEMON else None
 if _RSS:
     import json as _json
     import threading as _threading
@@ -203,7 +210,7 @@ if _RSS:
     _rcore.InternalDataplane._step = _traced_step  # type: ignore[method-assign]
 
 
-_CSLOW = os.environ.get("FELIXPY_BENCH_CPROFILE_SLOW")
+_CSLOW = os.environ.get("FELIXPY_BENCH_CPROFILE_SLOW") if _DAEMON else None
 if _CSLOW:
     import cProfile as _cprof
     import time as _ctime
@@ -268,7 +275,7 @@ if _NFTLOG:
         _nftables.Nftables.cmd = _logged_cmd
 
 
-_CPROF = os.environ.get("FELIXPY_BENCH_CPROFILE")
+_CPROF = os.environ.get("FELIXPY_BENCH_CPROFILE") if _DAEMON else None
 if _CPROF:
     # cProfile over the applies after this process's first three (so a restart's or a cold start's big
     # apply stays out of it): the steady state's applies alone, e.g. a churn's.  The table applies run on
