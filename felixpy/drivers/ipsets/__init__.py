@@ -4,6 +4,8 @@
 * :mod:`.naming` — Felix's set names and ownership prefixes.
 * :mod:`.members` — member validation and canonical forms.
 * :mod:`.parse` — parsers of ``ipset list`` / ``ipset save`` output.
+* :mod:`.digest` — the digest that finds an unchanged set in sync at the start of day.
+* :mod:`.meta` — a set's metadata as the driver believes it.
 * :mod:`.resync_queue` — the two-tier re-read queue of the incremental refresh.
 * :mod:`.fake` — a stateful fake ``ipset`` for tests.
 * :mod:`.metrics` — Felix's ipset metrics.
@@ -11,8 +13,8 @@
 The driver is given a :class:`felixpy.drivers.cmdshim.CommandRunner`.
 """
 
-from felixpy.drivers.ipsets.driver import (MAX_IPSET_DELETIONS_PER_ITERATION, MAX_RETRY_ATTEMPTS, DataplaneMeta,
-                                           IPSets)
+from felixpy.drivers.ipsets.driver import MAX_IPSET_DELETIONS_PER_ITERATION, MAX_RETRY_ATTEMPTS, IPSets
+from felixpy.drivers.ipsets.meta import DataplaneMeta
 from felixpy.drivers.ipsets.naming import IPVersionConfig
 
 __all__ = [

@@ -68,7 +68,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import structlog
 
@@ -76,6 +75,7 @@ from felixpy.deltatracker import DeltaTracker, MemberTracker
 from felixpy.drivers.cmdshim import CommandResult, CommandRunner, stdin_text, takes_stdin_lines
 from felixpy.drivers.ipsets import metrics
 from felixpy.drivers.ipsets.members import BadMembers, canonicalise_members
+from felixpy.drivers.ipsets.meta import UNREAD, DataplaneMeta, stdin_excerpt
 from felixpy.drivers.ipsets.naming import IPVersionConfig
 from felixpy.drivers.ipsets.parse import (ListedSet, is_not_found, parse_list, parse_list_names,
                                           parse_save, restore_error_line)
@@ -91,41 +91,6 @@ MAX_RETRY_ATTEMPTS = 10
 BACKGROUND_RESYNC_TIME_BUDGET = 0.100  # seconds of per-set listing per apply_updates call
 RETRY_INITIAL_DELAY = 0.001
 _MAX_BAD_MEMBERS_LOGGED = 5
-_KNOWN_TYPES = frozenset(t.value for t in IPSetType)
-
-
-@dataclass(frozen=True, slots=True)
-class DataplaneMeta:
-    """A set's metadata, desired or as read from the kernel (Felix's dataplaneMetadata)."""
-
-    type: str
-    family: str
-    max_size: int
-    list_failed: bool = False
-    delete_failed: bool = False
-
-    def swappable_with(self, other: DataplaneMeta) -> bool:
-        """Whether the kernel will ``swap`` these: only sets of the same type and family.
-
-        A set we could not read (``list_failed``: typically made by a newer
-        ipset, a newer *revision* of the same type) is assumed swappable, as
-        Felix assumes; if it is not, the swap fails and the retries escalate.
-        """
-        if self.list_failed:
-            return True
-        return self.type == other.type and self.family == other.family and self.type in _KNOWN_TYPES
-
-
-# A set seen in a name listing but not read yet.
-UNREAD = DataplaneMeta("", "", 0)
-
-
-def _excerpt(stdin: str, line_no: int | None, context: int = 2) -> str:
-    lines = stdin.splitlines()
-    if line_no is None:
-        return "\n".join(lines[:5])
-    lo = max(0, line_no - 1 - context)
-    return "\n".join(f"{i + 1}: {lines[i]}" for i in range(lo, min(len(lines), line_no + context)))
 
 
 SETTLE_SECONDS = 1.0  # a set's last delta this long ago: its members are packed again (IPSets._compact_settled)
@@ -591,7 +556,7 @@ class IPSets:
             # ipset restore is not atomic: re-read what we touched before writing again.
             for name in [*names, *new_temps]:
                 self._queue.add(name, ResyncPriority.MUST)
-            excerpt = _excerpt(stdin_text(lines) or "", line_no)
+            excerpt = stdin_excerpt(stdin_text(lines) or "", line_no)
             self._log.warning("Failed to complete ipset restore; IP sets may be out of sync",
                               stderr=result.stderr.strip()[:500], input=excerpt)
             raise CommandError(["ipset", "restore"], result.returncode, result.stderr, excerpt)
