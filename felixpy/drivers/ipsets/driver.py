@@ -74,6 +74,7 @@ import structlog
 from felixpy.deltatracker import DeltaTracker, MemberTracker
 from felixpy.drivers.cmdshim import CommandResult, CommandRunner, stdin_text, takes_stdin_lines
 from felixpy.drivers.ipsets import metrics
+from felixpy.drivers.ipsets.digest import local_digest
 from felixpy.drivers.ipsets.members import BadMembers, canonicalise_members
 from felixpy.drivers.ipsets.meta import UNREAD, DataplaneMeta, stdin_excerpt
 from felixpy.drivers.ipsets.naming import IPVersionConfig
@@ -123,6 +124,10 @@ class IPSets:
         # Sets a delta was written to, and when: held unpacked until SETTLE_SECONDS pass without another
         # (a set under churn is not unpacked and packed again on every delta; #17).
         self._settling: dict[str, float] = {}
+        # Digests (.digest) of whole sets' desired members, taken as they arrive (before InSync), for the
+        # start-of-day read-back to find an unchanged set in sync without comparing it key by key; dropped
+        # when a delta or a removal changes the set.
+        self._digests: dict[str, tuple[int, int, int]] = {}
         # Main sets whose member trackers are out of sync.
         self._dirty: dict[str, None] = {}
         self._oversized: set[str] = set()
@@ -163,6 +168,7 @@ class IPSets:
                 # read them before writing, or every add would be a duplicate.
                 self._queue.add(name, ResyncPriority.MUST)
         tracker.replace_all_desired_keys(canon, True)
+        self._digests[name] = local_digest(canon if len(canon) == tracker.desired_len() else set(canon))
         # A set not written yet (start of day) is held packed until its write, as an in-sync one is after it:
         # at a 200,000-member node a str per member in two dicts was ~25 MiB before the first apply (#17).
         tracker.compact()
@@ -185,6 +191,7 @@ class IPSets:
         if not canon:
             return
         tracker = self._members[name]
+        self._digests.pop(name, None)
         for m in canon:
             if add:
                 tracker.set_desired(m, True)
@@ -195,6 +202,7 @@ class IPSets:
     def remove_ip_set(self, set_id: str) -> None:
         name = self.names.name_for_main(set_id)
         self._set_ids.pop(name, None)
+        self._digests.pop(name, None)
         self._oversized.discard(name)
         self._abandon_rename(name)
         self._sets.delete_desired(name)
@@ -442,6 +450,16 @@ class IPSets:
         tracker = self._members.get(name)
         if tracker is None:
             return
+        if not drift:
+            # The kernel's members against the digest taken when the set arrived: equal, and the set is in
+            # sync without a dict of the read-back or a key-by-key comparison (#17; digest.py).  A refresh
+            # (drift) always compares key by key: it also repairs what a digest collision would hide.
+            dig = self._digests.get(name)
+            if dig is not None and dig[0] == len(members) == tracker.desired_len() and local_digest(members) == dig:
+                tracker.mark_dataplane_desired()
+                tracker.compact()
+                self._update_dirtiness(name)
+                return
         if drift:
             believed = {k for k, _ in tracker.dataplane_items()}
             found, want = set(members), set(tracker.desired_keys())

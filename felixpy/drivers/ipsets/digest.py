@@ -1,0 +1,31 @@
+"""A digest of an IP set's members that does not depend on their order (pure; no I/O).
+
+The start-of-day resync (``ipset save``) compares each wanted set's members with the kernel's.  Compared
+key by key that is a dict of the read-back members and a set comparison per set — or, for a set held
+packed, every member packed again with ``inet_pton`` and sorted — all Python work under the GIL, which
+the restart's apply shares with the devices, the VXLAN FDB and the routes.  Instead the driver takes a
+digest of a set's members when the whole set arrives (``add_or_replace_ip_set``: before ``InSync``, off
+the start of day's critical path) and, at the read-back, digests the members it cut out of the save:
+equal count and digest, and the set is marked in sync in O(1)
+(:meth:`~felixpy.deltatracker.MemberTracker.mark_dataplane_desired`); anything else takes the key-by-key
+comparison, exactly as before.
+
+The digest is the count and two sums of the members' ``str`` hashes: ``hash(m)`` and ``hash("\\0" + m)``
+(the salt never occurs in a member).  ``str`` hashing is SipHash keyed with a per-process random key, so
+the digest means something only within this process — which is all it is used for — and the two sums are
+C loops over the strings, with no bytecode per member.  Two different member sets of equal size collide
+only if both sums of pseudorandom 64-bit values agree (~2⁻¹²⁸ by accident; nobody outside the process
+knows the key to aim for it).  Even then the set is not left wrong: the periodic refresh
+(``IpsetsRefreshInterval``) compares members key by key (it checks for drift), and repairs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+_SALT = "\x00"
+
+
+def local_digest(members: Collection[str]) -> tuple[int, int, int]:
+    """Count and the two hash sums of *members* (distinct strings, any order); this process only."""
+    return len(members), sum(map(hash, members)), sum(map(hash, map(_SALT.__add__, members)))
