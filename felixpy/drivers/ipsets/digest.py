@@ -10,12 +10,16 @@ equal count and digest, and the set is marked in sync in O(1)
 (:meth:`~felixpy.deltatracker.MemberTracker.mark_dataplane_desired`); anything else takes the key-by-key
 comparison, exactly as before.
 
-The digest is the count and two sums of the members' ``str`` hashes: ``hash(m)`` and ``hash("\\0" + m)``
-(the salt never occurs in a member).  ``str`` hashing is SipHash keyed with a per-process random key, so
-the digest means something only within this process — which is all it is used for — and the two sums are
-C loops over the strings, with no bytecode per member.  Two different member sets of equal size collide
-only if both sums of pseudorandom 64-bit values agree (~2⁻¹²⁸ by accident; nobody outside the process
-knows the key to aim for it).  Even then the set is not left wrong: the periodic refresh
+The digest is the count and two order-independent combinations of the members' ``str`` hashes: their
+sum, and the hash of their ``frozenset`` (CPython mixes each element's hash non-linearly, by a shift, xor
+and multiply, before xor-ing them together: a second, non-linear function of the same hashes).
+``str`` hashing is SipHash keyed with a per-process random key, so the digest means something only within
+this process — which is all it is used for.  Both are C loops over the strings, with no bytecode per
+member; the kernel's strings are hashed once (the frozenset reuses the cached hashes): ~20 ms for
+200,000 members, where a second salted hash (``hash("\\0" + m)``) cost ~35 ms and a key-by-key
+comparison ~80 ms.  Two different member sets of equal size collide only if both 64-bit combinations of
+pseudorandom values agree: negligible by accident (at worst ~2⁻⁶⁴ for either alone), and nobody outside
+the process knows the key to aim for it.  Even then the set is not left wrong: the periodic refresh
 (``IpsetsRefreshInterval``) compares members key by key (it checks for drift), and repairs it.
 """
 
@@ -23,9 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-_SALT = "\x00"
-
 
 def local_digest(members: Collection[str]) -> tuple[int, int, int]:
-    """Count and the two hash sums of *members* (distinct strings, any order); this process only."""
-    return len(members), sum(map(hash, members)), sum(map(hash, map(_SALT.__add__, members)))
+    """Count, hash sum and set hash of *members* (distinct strings, any order); this process only."""
+    return len(members), sum(map(hash, members)), hash(frozenset(members))
