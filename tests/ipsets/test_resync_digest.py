@@ -7,6 +7,8 @@ the trackers; the fast path's use is pinned by making the full comparison unavai
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import structlog
 
@@ -22,8 +24,10 @@ IP, NET, IPPORT = IPSetType.HASH_IP, IPSetType.HASH_NET, IPSetType.HASH_IP_PORT
 
 
 @pytest.fixture(autouse=True)
-def _quiet_logs() -> None:
+def _quiet_logs() -> Iterator[None]:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    yield
+    structlog.reset_defaults()
 
 
 def addrs(n: int) -> list[str]:
