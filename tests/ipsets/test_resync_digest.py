@@ -165,3 +165,17 @@ def test_ipv6_sets_are_compared_by_digest_too(monkeypatch: pytest.MonkeyPatch) -
     program(d3, desired)
     settle(d3)
     assert kernel(fake, "cali6") == before and d3.in_sync()
+
+
+def test_digests_are_taken_until_the_start_of_day_and_dropped_after_it(programmed) -> None:  # type: ignore[no-untyped-def]
+    """They serve the first full resync only: the steady state holds none (memory, #17)."""
+    fake, before = programmed
+    d = mk(fake)
+    program(d)
+    assert set(d._digests) == {d.names.name_for_main(s) for s in DESIRED}
+    settle(d)
+    assert d._digests == {}
+    d.add_or_replace_ip_set(IPSetMetadata("s:nets", NET, 1048576), ["10.1.0.0/16"])
+    assert d._digests == {}
+    settle(d)
+    assert kernel(fake)["cali40s:nets"] == {"10.1.0.0/16"} and d.in_sync()

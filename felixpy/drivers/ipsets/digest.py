@@ -8,7 +8,7 @@ digest of a set's members when the whole set arrives (``add_or_replace_ip_set``:
 the start of day's critical path) and, at the read-back, digests the members it cut out of the save:
 equal count and digest, and the set is marked in sync in O(1)
 (:meth:`~felixpy.deltatracker.MemberTracker.mark_dataplane_desired`); anything else takes the key-by-key
-comparison, exactly as before.
+comparison, exactly as before.  The digests serve that first full resync only and are dropped after it.
 
 The digest is the count and two order-independent combinations of the members' ``str`` hashes: their
 sum, and the hash of their ``frozenset`` (CPython mixes each element's hash non-linearly, by a shift, xor

@@ -124,9 +124,10 @@ class IPSets:
         # Sets a delta was written to, and when: held unpacked until SETTLE_SECONDS pass without another
         # (a set under churn is not unpacked and packed again on every delta; #17).
         self._settling: dict[str, float] = {}
-        # Digests (.digest) of whole sets' desired members, taken as they arrive (before InSync), for the
-        # start-of-day read-back to find an unchanged set in sync without comparing it key by key; dropped
-        # when a delta or a removal changes the set.
+        # Digests (.digest) of whole sets' desired members, taken as they arrive before the first full
+        # resync (the start of day's, after InSync) for it to find an unchanged set in sync without
+        # comparing it key by key; dropped when a delta or a removal changes the set, and all of them once
+        # that resync is done (a later one, after persistent failures, compares key by key).
         self._digests: dict[str, tuple[int, int, int]] = {}
         # Main sets whose member trackers are out of sync.
         self._dirty: dict[str, None] = {}
@@ -168,7 +169,10 @@ class IPSets:
                 # read them before writing, or every add would be a duplicate.
                 self._queue.add(name, ResyncPriority.MUST)
         tracker.replace_all_desired_keys(canon, True)
-        self._digests[name] = local_digest(canon if len(canon) == tracker.desired_len() else set(canon))
+        if self._full_resync_required:
+            self._digests[name] = local_digest(canon if len(canon) == tracker.desired_len() else set(canon))
+        else:
+            self._digests.pop(name, None)
         # A set not written yet (start of day) is held packed until its write, as an in-sync one is after it:
         # at a 200,000-member node a str per member in two dicts was ~25 MiB before the first apply (#17).
         tracker.compact()
@@ -280,6 +284,7 @@ class IPSets:
                 delay *= 2
                 continue
             self._full_resync_required = False
+            self._digests.clear()
             self._drift.repaired()
             self._try_pending_renames()
             metrics.ipsets_total.set(self._sets.dataplane_len())
