@@ -130,6 +130,12 @@ class KeyCodec(ABC):
         """The canonical strings of *keys*, lazily (a set's members are decoded at every write of it)."""
         return map(self.text, keys)
 
+    def nft_texts(self, keys: Iterable[bytes]) -> Iterator[str]:
+        """*keys* as elements in nft's script syntax, lazily: what :func:`element_json` of the canonical
+        string says, written as text (an address, a net ``a/len``; ip,port overrides), so that a set goes
+        from its packed keys to a transaction without a JSON element per member."""
+        return self.texts(keys)
+
     def _addr(self, text: str) -> bytes:
         try:
             return socket.inet_pton(self._af, text)
@@ -230,6 +236,10 @@ class _IPPortCodec(KeyCodec):
     def text(self, key: bytes) -> str:
         a = self._alen
         return f"{socket.inet_ntop(self._af, key[:a])},{_proto_text(key[a])}:{key[a + 1] << 8 | key[a + 2]}"
+
+    def nft_texts(self, keys: Iterable[bytes]) -> Iterator[str]:
+        a, af = self._alen, self._af
+        return (f"{socket.inet_ntop(af, k[:a])} . {_proto_text(k[a])} . {k[a + 1] << 8 | k[a + 2]}" for k in keys)
 
     def key_from_element(self, elem: Any) -> bytes | None:
         try:

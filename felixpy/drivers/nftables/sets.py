@@ -23,10 +23,14 @@ from typing import Any
 import structlog
 
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
-from felixpy.drivers.nftables.members import BadMember, KeyCodec, SetKind, codec_for, element_json
+from felixpy.drivers.nftables.members import BadMember, KeyCodec, SetKind, codec_for
 from felixpy.drivers.nftables.names import TABLE_NAME, family_for, set_name_for_id
 from felixpy.drivers.nftables.packed import PackedMembers, pack_members, reduce_nets
 from felixpy.drivers.nftables.readback import SetSnapshot
+from felixpy.drivers.nftables.script import ElementsCmd
+
+# A set's command in a plan: a dict for the set itself, members as an ElementsCmd (written from their keys).
+SetCommand = dict[str, Any] | ElementsCmd
 
 log = structlog.get_logger(__name__)
 
@@ -52,8 +56,8 @@ class _SetState:
 
 @dataclass(slots=True)
 class SetPlan:
-    create: list[dict[str, Any]] = field(default_factory=list)      # new sets + members, member deltas
-    recreate: list[dict[str, Any]] = field(default_factory=list)    # delete + add (+ members)
+    create: list[SetCommand] = field(default_factory=list)      # new sets + members, member deltas
+    recreate: list[SetCommand] = field(default_factory=list)    # delete + add (+ members)
     delete: list[dict[str, Any]] = field(default_factory=list)
     written: dict[str, SetSnapshot] = field(default_factory=dict)
     deleted: list[str] = field(default_factory=list)
@@ -186,15 +190,15 @@ class NftSets:
                 out.append(name)
         return out
 
-    def _add_set(self, name: str, st: _SetState, tbl: dict[str, str]) -> list[dict[str, Any]]:
+    def _add_set(self, name: str, st: _SetState, tbl: dict[str, str]) -> list[SetCommand]:
         spec: dict[str, Any] = {**tbl, "name": name,
                                 "type": st.kind.type[0] if len(st.kind.type) == 1 else list(st.kind.type)}
         if st.kind.interval:
             spec["flags"] = ["interval"]
-        cmds: list[dict[str, Any]] = [{"add": {"set": spec}}]
+        cmds: list[SetCommand] = [{"add": {"set": spec}}]
         eff = st.effective()
         if eff:
-            cmds.append({"add": {"element": {**tbl, "name": name, "elem": [element_json(m) for m in eff]}}})
+            cmds.append(ElementsCmd("add", tbl["family"], tbl["table"], name, eff))
         return cmds
 
     def plan_ahead(self, dp: dict[str, SetSnapshot], min_elements: int) -> SetPlan | None:
@@ -240,11 +244,9 @@ class NftSets:
                 dels = snap.members - eff
                 adds = eff - snap.members
                 if dels:  # deletions first: a net may be replaced by one it overlaps
-                    plan.create.append({"delete": {"element": {**tbl, "name": name,
-                                                               "elem": [element_json(m) for m in dels]}}})
+                    plan.create.append(ElementsCmd("delete", self._family, TABLE_NAME, name, dels))
                 if adds:
-                    plan.create.append({"add": {"element": {**tbl, "name": name,
-                                                            "elem": [element_json(m) for m in adds]}}})
+                    plan.create.append(ElementsCmd("add", self._family, TABLE_NAME, name, adds))
             plan.written[name] = SetSnapshot(st.kind, eff)   # shared with the desired state (immutable)
         if not full and only is None:
             for name in sorted(n for n in self.dirty if n not in self._sets and n in dp):

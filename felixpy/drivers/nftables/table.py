@@ -59,7 +59,7 @@ from felixpy.drivers.nftables.names import BASE_CHAINS, TABLE_NAME, family_for
 from felixpy.drivers.nftables.readback import ChainSnapshot, MapSnapshot, SetSnapshot, TableSnapshot
 from felixpy.drivers.generictables.hashing import rule_hashes
 from felixpy.drivers.nftables.render import chain_rule_hashes, referenced_names, rule_text
-from felixpy.drivers.nftables.script import Command, RuleCmd, to_json, to_script
+from felixpy.drivers.nftables.script import Command, ElementsCmd, RuleCmd, to_json, to_script
 from felixpy.drivers.nftables.texts import KeptTexts
 from felixpy.drivers.nftables.sets import NftSets, SetPlan
 from felixpy.drivers.nftables.shim import NftScriptShim, NftSetsShim, NftShim, read_snapshot
@@ -98,6 +98,9 @@ class _Plan:
         for cmd in self.commands:
             if isinstance(cmd, RuleCmd):
                 counts["add rule"] = counts.get("add rule", 0) + 1
+                continue
+            if isinstance(cmd, ElementsCmd):
+                counts[f"{cmd.verb} element"] = counts.get(f"{cmd.verb} element", 0) + 1
                 continue
             (verb, body), = cmd.items()
             (kind, _), = body.items()
