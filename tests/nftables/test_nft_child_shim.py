@@ -6,12 +6,13 @@ both shims (``tests/nftables/conftest.py``)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import pytest
 
-from felixpy.drivers.cmdshim import CommandResult
-from felixpy.drivers.nftables.shim import NftChildProcess, NftError, NftScriptShim, NftSetsShim
+from felixpy.drivers.cmdshim import CommandResult, stdin_text
+from felixpy.drivers.nftables.shim import (NftChildProcess, NftError, NftScriptLinesShim, NftScriptShim, NftSetsShim,
+                                           TransactionWorker)
 
 
 class Scripted:
@@ -79,3 +80,69 @@ def test_list_sets_keeps_only_our_tables_sets() -> None:
     r = Scripted(answer)
     assert NftChildProcess(r).list_sets("ip", "calico") == [{"set": {"name": "a", "table": "calico"}}]
     assert NftChildProcess(r).list_sets("ip", "gone") is None
+
+
+class LinesScripted(Scripted):
+    """A runner that, like SubprocessRunner, takes its stdin as lines too; records what it was handed."""
+
+    takes_stdin_lines = True
+
+    def __init__(self, answer: Callable[[tuple[str, ...], str | None], CommandResult]) -> None:
+        super().__init__(answer)
+        self.handed: list[object] = []
+
+    def run(self, argv: Sequence[str], stdin: str | Iterable[str] | None = None, *,
+            while_running: Callable[[], None] | None = None) -> CommandResult:
+        self.handed.append(stdin)
+        return super().run(argv, stdin_text(stdin), while_running=while_running)
+
+
+class RecordingWorker(TransactionWorker):
+    def __init__(self) -> None:
+        super().__init__(["unused"])
+        self.texts: list[str] = []
+
+    def run(self, kind: bytes, text: str, excerpt: str) -> None:
+        self.texts.append(text)
+
+
+def test_script_lines_too_big_for_the_worker_stream_to_nft_unjoined() -> None:
+    """A big script's lines reach the runner as an iterator (written to nft a piece at a time, never joined
+    in the daemon); the text nft reads is the joined script."""
+    r, worker = LinesScripted(ok()), RecordingWorker()
+    shim = NftChildProcess(r, worker_below=1000, worker=worker)
+    assert isinstance(shim, NftScriptLinesShim)
+    lines = [f"add element ip calico s {{ 10.0.{i // 256}.{i % 256} }}" for i in range(500)]
+    made: list[int] = []
+
+    def gen() -> Iterator[str]:
+        for i, line in enumerate(lines):
+            made.append(i)
+            yield line
+
+    shim.run_script_lines(gen())
+    assert worker.texts == []
+    (handed,) = r.handed
+    assert not isinstance(handed, str)
+    assert r.calls == [(("nft", "-f", "-"), "".join(line + "\n" for line in lines))]
+    assert len(made) == 500
+
+
+def test_script_lines_within_the_worker_size_go_to_it_as_one_text() -> None:
+    r, worker = LinesScripted(ok()), RecordingWorker()
+    shim = NftChildProcess(r, worker_below=1 << 20, worker=worker)
+    shim.run_script_lines(["add table ip calico", "add set ip calico s { type ipv4_addr; }"])
+    assert worker.texts == ["add table ip calico\nadd set ip calico s { type ipv4_addr; }\n"] and r.calls == []
+
+
+def test_script_lines_refused_raise_with_the_start_of_the_script() -> None:
+    r = LinesScripted(lambda argv, _s: CommandResult(1, "", "Error: syntax error", argv))
+    lines = [f"add element ip calico s {{ 10.0.{i // 256}.{i % 256} }}" for i in range(500)]
+    with pytest.raises(NftError) as info:
+        NftChildProcess(r).run_script_lines(iter(lines))
+    script = "".join(line + "\n" for line in lines)
+    assert info.value.stderr == "Error: syntax error" and info.value.stdin_excerpt == script[:2000]
+    # A runner that takes only a text gets the script joined.
+    plain = Scripted(ok())
+    NftChildProcess(plain).run_script_lines(iter(lines))
+    assert plain.calls == [(("nft", "-f", "-"), script)]

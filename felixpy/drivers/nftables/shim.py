@@ -10,7 +10,9 @@ Two calls, both in libnftables' JSON dialect, plus a text one:
   table does not exist;
 * :meth:`LibNftables.run_script` (optional, :class:`NftScriptShim`) runs an
   nft script as one transaction — faster for very large ones, see
-  :mod:`.script`.
+  :mod:`.script`; :meth:`NftChildProcess.run_script_lines`
+  (:class:`NftScriptLinesShim`) takes one as lines, written to ``nft`` as
+  they are made, so a start of day's script is never held whole.
 
 Two implementations: :class:`LibNftables` runs libnftables inside this process
 (ctypes); :class:`NftChildProcess` runs the ``nft`` binary as a child per call
@@ -31,18 +33,19 @@ protocol for unit tests.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import select
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import structlog
 
-from felixpy.drivers.cmdshim import DEFAULT_TIMEOUT, CommandRunner
+from felixpy.drivers.cmdshim import DEFAULT_TIMEOUT, CommandRunner, takes_stdin_lines
 from felixpy.drivers.nftables.txworker import JSON, READY, REPLY, REQUEST, SCRIPT, read_exactly
 from felixpy.errors import CommandError
 
@@ -62,6 +65,7 @@ BIG_RUN_BYTES = 1 << 20
 # (a churn apply is ~60 KB, ~400 rules); start of day and rebuilds (~2,000 rules and up, the table's
 # TEXT_THRESHOLD) keep a fresh ``nft`` whose heap dies with it.
 WORKER_BELOW_BYTES = 256 << 10
+_EXCERPT = 2000   # characters of a refused transaction quoted in its error
 
 
 class NftError(CommandError):
@@ -134,6 +138,14 @@ class NftScriptShim(NftShim, Protocol):
     """A shim that can also run an nft script (text) as one transaction: the large-transaction path."""
 
     def run_script(self, script: str) -> None: ...
+
+
+@runtime_checkable
+class NftScriptLinesShim(NftScriptShim, Protocol):
+    """A script shim that also takes the script as lines, consumed as they are written to nft: a start of
+    day's script (~3 MB at the large node, 200,000 set members) is never held whole, nor its lines."""
+
+    def run_script_lines(self, lines: Iterable[str]) -> None: ...
 
 
 class LibNftables:
@@ -382,6 +394,33 @@ class NftChildProcess:
     def run_script(self, script: str) -> None:
         if not self._in_worker(SCRIPT, script):
             self._call(["-f", "-"], script, script[:2000])
+
+    def run_script_lines(self, lines: Iterable[str]) -> None:
+        """:meth:`run_script` of the lines (each followed by a newline), taken as they come: a script that
+        ends within the worker's size goes to it as one text; a longer one goes to a fresh ``nft`` through
+        the runner a piece at a time, never joined (with a runner that takes only a text, joined)."""
+        it = iter(lines)
+        head: list[str] = []
+        size = 0
+        # Enough of the head to choose the worker and to quote the start of the script in an error.
+        enough = max(self._worker_below, _EXCERPT)
+        for line in it:
+            head.append(line)
+            size += len(line) + 1
+            if size >= enough:
+                break
+        else:
+            self.run_script("".join(line + "\n" for line in head))
+            return
+        excerpt = "".join(line + "\n" for line in head)[:_EXCERPT]
+        rest = itertools.chain(head, it)
+        argv = [self._nft, "-f", "-"]
+        if takes_stdin_lines(self._runner):
+            res = self._runner.run(argv, rest)
+        else:
+            res = self._runner.run(argv, "".join(line + "\n" for line in rest))
+        if res.returncode != 0:
+            raise NftError(res.returncode, res.stderr, excerpt, argv=argv)
 
     def _in_worker(self, kind: bytes, text: str) -> bool:
         """Run a small transaction in the worker; False when it is not for the worker (or has none)."""

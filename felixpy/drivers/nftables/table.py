@@ -59,10 +59,10 @@ from felixpy.drivers.nftables.names import BASE_CHAINS, TABLE_NAME, family_for
 from felixpy.drivers.nftables.readback import ChainSnapshot, MapSnapshot, SetSnapshot, TableSnapshot
 from felixpy.drivers.generictables.hashing import rule_hashes
 from felixpy.drivers.nftables.render import chain_rule_hashes, referenced_names, rule_text
-from felixpy.drivers.nftables.script import Command, ElementsCmd, RuleCmd, to_json, to_script
+from felixpy.drivers.nftables.script import Command, ElementsCmd, RuleCmd, script_lines, to_json, to_script
 from felixpy.drivers.nftables.texts import KeptTexts
 from felixpy.drivers.nftables.sets import NftSets, SetPlan
-from felixpy.drivers.nftables.shim import NftScriptShim, NftSetsShim, NftShim, read_snapshot
+from felixpy.drivers.nftables.shim import NftScriptLinesShim, NftScriptShim, NftSetsShim, NftShim, read_snapshot
 from felixpy.errors import DataplaneError, FatalDataplaneError
 
 log = structlog.get_logger(__name__)
@@ -535,7 +535,11 @@ class NftablesTable:
         if big is None:
             big = plan.num_rules >= self._text_threshold
         try:
-            if as_text:
+            if as_text and big and isinstance(self._shim, NftScriptLinesShim):
+                # Written as it is made: a start of day's members and rules never all held as text.
+                with _BIG_TRANSACTION:
+                    self._shim.run_script_lines(script_lines(plan.commands, v, fr))
+            elif as_text:
                 assert isinstance(self._shim, NftScriptShim)
                 script = to_script(plan.commands, v, fr, blocks=big)
                 with _BIG_TRANSACTION if big else contextlib.nullcontext():
