@@ -113,7 +113,7 @@ def test_stdin_is_fed_whole() -> None:
 
 
 def test_a_stdin_of_many_pieces_arrives_whole_and_in_order() -> None:
-    """The input is encoded a piece (2**20 characters) at a time; characters of two and four bytes
+    """The input is encoded a piece (``_STDIN_PIECE`` characters) at a time; characters of two and four bytes
     straddle the pieces' boundaries (a piece boundary counts characters, never bytes)."""
     from felixpy.drivers import cmdshim
 
@@ -133,6 +133,22 @@ def test_stdin_as_lines_reads_as_their_text() -> None:
     res = runner.run(["cat"], lines)
     assert res.ok and res.stdout == cmdshim.stdin_text(lines) == "".join(ln + "\n" for ln in lines)
     assert runner.run(["cat"], []).stdout == ""
+
+
+def test_long_lines_are_written_a_bounded_piece_at_a_time() -> None:
+    """Lines are joined into pieces of at most ``_STDIN_PIECE`` characters (plus one line), however few lines
+    that is: an nft script's set line holds a whole set's members, and a start of day's 8,192 of them
+    joined at once would hold its ~3 MB script twice (issue #17)."""
+    from felixpy.drivers import cmdshim
+
+    lines = (f"set s{i} {{ " + ", ".join(f"10.0.{j >> 8}.{j & 255}" for j in range(200)) + " }" for i in range(1005))
+    pieces = list(cmdshim._stdin_pieces(lines))
+    longest = max(len(p) for p in pieces)
+    assert len(pieces) >= 8 and longest < cmdshim._STDIN_PIECE + 4000   # ~2.4 MB: not one piece
+    text = "".join(pieces)
+    assert text.count("\n") == 1005 and text.startswith("set s0 { 10.0.0.0, ") and text.endswith("10.0.0.199 }\n")
+    res = SubprocessRunner().run(["cat"], (p.removesuffix("\n") for p in text.splitlines(keepends=True)))
+    assert res.ok and res.stdout == text
 
 
 def test_without_stdin_the_child_reads_dev_null() -> None:

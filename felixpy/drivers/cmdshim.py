@@ -60,7 +60,6 @@ newlines, as ``text=True`` did.
 
 from __future__ import annotations
 
-import itertools
 import os
 import select
 import shutil
@@ -265,8 +264,8 @@ def _read_text(fd: int) -> str:
     return text
 
 
-_STDIN_PIECE = 1 << 20  # characters encoded and written at a time
-_STDIN_LINES = 8192  # lines joined, encoded and written at a time
+_STDIN_PIECE = 256 << 10  # characters encoded and written at a time (at most)
+_STDIN_LINES = 8192  # lines joined, encoded and written at a time (at most)
 
 
 def _stdin_pieces(stdin: str | Iterable[str]) -> Iterator[str]:
@@ -274,9 +273,20 @@ def _stdin_pieces(stdin: str | Iterable[str]) -> Iterator[str]:
         for start in range(0, len(stdin), _STDIN_PIECE):
             yield stdin[start:start + _STDIN_PIECE]
         return
+    # Lines are bounded by characters too: an nft script's set line holds a whole set's members (~3 KB for
+    # 200), and 8,192 of them joined and encoded would be a start of day's script twice over (issue #17).
     lines = iter(stdin)
-    while piece := "".join(line + "\n" for line in itertools.islice(lines, _STDIN_LINES)):
-        yield piece
+    while True:
+        batch: list[str] = []
+        size = 0
+        for line in lines:
+            batch.append(line)
+            size += len(line) + 1
+            if size >= _STDIN_PIECE or len(batch) >= _STDIN_LINES:
+                break
+        if not batch:
+            return
+        yield "".join(line + "\n" for line in batch)
 
 
 def _stdin_file(stdin: str | Iterable[str]) -> int:
