@@ -32,7 +32,6 @@ JSON elements and the joined script were ~23 MiB of its cold-start peak).
 
 from __future__ import annotations
 
-import itertools
 import socket
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
@@ -272,7 +271,7 @@ def script_lines(commands: list[Command], ip_version: int, fully_random: bool, *
         if blocks and where is not None and j - i >= BLOCK_MIN_COMMANDS:
             yield from _block(where[0], where[1], commands[i:j], ip_version, fully_random)
         else:
-            yield from (_line(c, ip_version, fully_random) for c in itertools.islice(commands, i, j))
+            yield from (_line(commands[k], ip_version, fully_random) for k in range(i, j))
         i = j
 
 
