@@ -41,7 +41,7 @@ import structlog  # noqa: E402
 
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
 
-from bench_bpf_scale import ifindexes, make_veths  # noqa: E402
+from bench_bpf_scale import ifindexes, workload_veths  # noqa: E402
 from bench_scale import POOL_V4, POOL_V6, initial_batch, pid  # noqa: E402
 
 from felixpy.bpf import attach as bpfattach  # noqa: E402
@@ -146,9 +146,8 @@ def main() -> None:
     names = [f"cali{i:05d}" for i in range(args.workloads)]
     samples: list[float] = []
     with tempfile.TemporaryDirectory(prefix="felixpy-bpfcache-") as cache, \
-            netns.netns("fpybc") as ns, maps.private_bpffs() as bpffs:
+            netns.netns("fpybc") as ns, workload_veths(ns, names), maps.private_bpffs() as bpffs:
         pin_root = os.path.join(bpffs, "globals")
-        make_veths(ns, names)
         idx = ifindexes(ns, names)
         env = {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy", "FELIX_BPFATTACHTYPE": args.attach,
                "FELIXPY_BPF_PIN_ROOT": pin_root, "FELIXPY_BPF_CACHE_DIR": cache,

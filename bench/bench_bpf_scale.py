@@ -3,9 +3,9 @@
 daemon, next to ``tc``/``bpftool`` doing the same kernel work.  Root; everything inside throwaway
 network namespaces and private bpffs mounts.
 
-* **InSync -> all READY (daemon).**  A node namespace holds 1,000 veth pairs whose host ends are
-  the workloads' ``cali…`` interfaces (up).  The real daemon (``FELIX_BPFENABLED=true``, iptables
-  legacy for the attach-gap rules, its pins on a private bpffs through ``FELIXPY_BPF_PIN_ROOT``,
+* **InSync -> all READY (daemon).**  A node namespace holds the host ends of 1,000 veth pairs,
+  the workloads' ``cali…`` interfaces (up); the pod ends are in a namespace of their own.  The real
+  daemon (``FELIX_BPFENABLED=true``, iptables legacy for the attach-gap rules, its pins on a private bpffs through ``FELIXPY_BPF_PIN_ROOT``,
   a compile cache directory warmed by a first run) is fed bench_scale's batch: 50 policies
   (2 referenced per endpoint ingress, 1 egress: 50 distinct policy sets), 50 IP sets, a profile,
   1,000 dual-stack endpoints.  After the backlog settles, ``InSync`` is sent and the clock runs
@@ -34,12 +34,14 @@ Usage: ``.venv/bin/python bench/bench_bpf_scale.py [--workloads N] [--policies N
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,18 +68,38 @@ READY = defs.IFACE_STATE_V4_READY | defs.IFACE_STATE_V6_READY
 
 
 def ifstate_size(n: int) -> int:
-    """cali_iface entries: every workload interface, and a NOT_MANAGED entry for each other
-    interface of the namespace (the veth peers, lo) -- 2 N + 1 here, with headroom."""
+    """cali_iface entries: every workload interface and a NOT_MANAGED entry for each other interface
+    of the node namespace (lo, an uplink) -- N + 1 or so here, sized 2 N + 64 for headroom."""
     return max(1000, 2 * n + 64)
+
+
 SNAPSHOT = ("cali_counters6", "cali_ap_glob", "cali_iface4", "cali_jump_ing2", "cali_jump_egr2",
             "cali_v4_routes", "cali_v6_routes")
 
 
-def make_veths(ns: str, names: list[str]) -> None:
-    lines = []
+def make_veths(ns: str, names: list[str], pods: str) -> None:
+    """Each workload's veth pair, both ends up: the ``cali…`` host end in the node namespace ``ns``, the
+    pod end ``p<i>`` in ``pods`` -- on a real node it lives in its pod's namespace, so the node's daemon
+    sees (and its interface monitor holds) one interface per workload, not two."""
+    node_lines, pod_lines = [], []
     for i, n in enumerate(names):
-        lines += [f"link add {n} type veth peer name p{i}", f"link set {n} up", f"link set p{i} up"]
-    subprocess.run(["ip", "-n", ns, "-batch", "-"], input="\n".join(lines) + "\n", text=True, check=True)
+        node_lines += [f"link add {n} type veth peer name p{i} netns {pods}", f"link set {n} up"]
+        pod_lines.append(f"link set p{i} up")
+    subprocess.run(["ip", "-n", ns, "-batch", "-"], input="\n".join(node_lines) + "\n", text=True, check=True)
+    subprocess.run(["ip", "-n", pods, "-batch", "-"], input="\n".join(pod_lines) + "\n", text=True, check=True)
+
+
+@contextlib.contextmanager
+def workload_veths(ns: str, names: list[str]) -> Iterator[str]:
+    """:func:`make_veths` with a fresh namespace holding every pod end (one namespace for all pods is
+    enough for the daemon, which sees only its own side); yields its name and deletes it on exit, also
+    when the body fails (enter it inside the node namespace's own context)."""
+    pods = netns.create("fpypods")
+    try:
+        make_veths(ns, names, pods)
+        yield pods
+    finally:
+        netns.delete(pods)
 
 
 def ifindexes(ns: str, names: list[str]) -> dict[str, int]:
@@ -172,8 +194,7 @@ def hexb(b: bytes) -> str:
 
 
 def raw_tools_run(names: list[str], snap: dict[str, list[tuple[bytes, bytes]]], pre: dict[int, int]) -> dict[str, float]:
-    with netns.netns("fpybt") as ns, maps.private_bpffs() as root:
-        make_veths(ns, names)
+    with netns.netns("fpybt") as ns, workload_veths(ns, names), maps.private_bpffs() as root:
         ms = maps.MapSet(root, sizes={"cali_iface4": ifstate_size(len(names))}).ensure()  # fresh maps (not timed)
         ms.close()
         pins = os.path.join(root, "progs")
@@ -235,8 +256,7 @@ def profile_driver(names: list[str], n_sets: int, attach: str, top: int, out: st
     with tempfile.TemporaryDirectory(prefix="felixpy-bpfcache-") as cache:
         os.environ["FELIXPY_BPF_CACHE_DIR"] = cache
         for run, run_names in (("warm-up", names[:1]), ("profiled", names)):
-            with netns.netns("fpybp") as ns, maps.private_bpffs() as bpffs:
-                make_veths(ns, run_names)
+            with netns.netns("fpybp") as ns, workload_veths(ns, run_names), maps.private_bpffs() as bpffs:
                 idx = ifindexes(ns, run_names)
                 with netns.entered(ns):
                     kernel = open_kernel(os.path.join(bpffs, "globals"), attach,
@@ -288,9 +308,8 @@ def main() -> None:
     out: dict[str, object] = {"workloads": args.workloads, "policies": args.policies, "attach": args.attach}
     with tempfile.TemporaryDirectory(prefix="felixpy-bpfcache-") as cache:
         for run in ("cold cache", "warm cache"):
-            with netns.netns("fpybs") as ns, maps.private_bpffs() as bpffs:
+            with netns.netns("fpybs") as ns, workload_veths(ns, names), maps.private_bpffs() as bpffs:
                 pin_root = os.path.join(bpffs, "globals")
-                make_veths(ns, names)
                 idx = ifindexes(ns, names)
                 res = daemon_run(ns, pin_root, cache, names, args.policies, args.attach, args.settle,
                                  dict(kv.split("=", 1) for kv in args.daemon_env))

@@ -466,10 +466,11 @@ def run_mode(mode: str, p: Profile, *, ipv6: bool, settle: float, churn_s: float
     bpf = mode == "bpf"
     raw: bpfp.RawNode | None = None
     raw_ns: str | None = None
-    with topology.node("fpyprof") as node, (bpfp.pin_root() if bpf else contextlib.nullcontext("")) as pins:
+    with topology.node("fpyprof") as node, (bpfp.pin_root() if bpf else contextlib.nullcontext("")) as pins, \
+            contextlib.ExitStack() as pods:
         prepare_node(node.netns, p)
         if bpf:
-            bpfp.prepare_node(node.netns, names)
+            pods.enter_context(bpfp.prepare_node(node.netns, names))
             env.update(bpfp.env(pins, bpf_cache, p.workloads))
 
         def state() -> tuple[float, dict[str, str]]:

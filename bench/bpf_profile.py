@@ -3,7 +3,8 @@
 What differs from the *tables modes, and why:
 
 * **The node.**  BPF programs attach only to interfaces that exist and are up, so the workloads get real
-  veth pairs (``cali…`` host ends, up) — in the *tables modes the interfaces need not exist.  The daemon's
+  veth pairs (``cali…`` host ends, up; the pod ends in a pods namespace, as on a real node, where they are
+  in the pods' namespaces) — in the *tables modes the interfaces need not exist.  The daemon's
   pins live on a private bpffs (``FELIXPY_BPF_PIN_ROOT``), and ``cali_iface4`` is sized for every interface
   of the namespace (2 N + 64).
 * **Attach type: clsact (TC).**  TCX is Felix's default, but on this VM each TCX link costs the kernel
@@ -36,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from bench_bpf_scale import ifstate_size, make_veths
+from bench_bpf_scale import ifstate_size, workload_veths
 from google.protobuf.message import Message
 
 from felixpy.bpf import maps
@@ -75,9 +76,9 @@ def warm_cache(cache: str, base_env: dict[str, str], prepare: Callable[[str], No
     ``local_vtep``: its VXLAN device), so every variant the measured runs attach — workload, host interface,
     tunnel — is compiled into ``cache``; returns the seconds taken."""
     t0 = time.perf_counter()
-    with topology.node("fpywarm") as node, maps.private_bpffs() as bpffs:
-        prepare(node.netns)
-        make_veths(node.netns, ["caliwarm0"])
+    with topology.node("fpywarm") as node, maps.private_bpffs() as bpffs, contextlib.ExitStack() as pods:
+        prepare(node.netns)  # the uplink first: the same interface order as the measured node
+        pods.enter_context(workload_veths(node.netns, ["caliwarm0"]))
         d = start_daemon(node.netns, env={**base_env, **env(os.path.join(bpffs, "globals"), cache, 1)})
         try:
             c = connect(d.target)
@@ -97,8 +98,10 @@ def warm_cache(cache: str, base_env: dict[str, str], prepare: Callable[[str], No
     return time.perf_counter() - t0
 
 
-def prepare_node(ns: str, names: list[str]) -> None:
-    make_veths(ns, names)
+def prepare_node(ns: str, names: list[str]) -> contextlib.AbstractContextManager[str]:
+    """The workloads' veths (host ends in ``ns``, pod ends in a pods namespace): a context to enter inside
+    the node's, which deletes the pods namespace on exit."""
+    return workload_veths(ns, names)
 
 
 # ------------------------------------------------------------------------------------------ state
@@ -192,17 +195,21 @@ class RawNode:
         self._stack = contextlib.ExitStack()
         self.ns = nsmod.create("fpyraw")
         self._stack.callback(nsmod.delete, self.ns)
-        if uplink:  # the same interfaces in the same order as the node: the same ifindexes in the map keys
-            for cmd in (["link", "add", "eth0", "type", "veth", "peer", "name", "eth0p"],
-                        ["link", "set", "eth0", "up"], ["link", "set", "eth0p", "up"]):
-                topology.sh("ip", "-n", self.ns, *cmd)
-        make_veths(self.ns, names)
-        self.root = self._stack.enter_context(maps.private_bpffs())
-        # The daemon's sizes for this node (the per-attach-point maps follow the interface map's).
-        sizes = bpf_map_sizes(dataclasses.replace(Config(), BPFMapSizeIfState=ifstate_size(len(names))))
-        maps.MapSet(self.root, sizes=sizes).ensure().close()
-        self._pins = os.path.join(self.root, "progs")
-        os.makedirs(self._pins)
+        try:
+            if uplink:  # the same interfaces in the same order as the node: the same ifindexes in the map keys
+                for cmd in (["link", "add", "eth0", "type", "veth", "peer", "name", "eth0p"],
+                            ["link", "set", "eth0", "up"], ["link", "set", "eth0p", "up"]):
+                    topology.sh("ip", "-n", self.ns, *cmd)
+            self._stack.enter_context(workload_veths(self.ns, names))
+            self.root = self._stack.enter_context(maps.private_bpffs())
+            # The daemon's sizes for this node (the per-attach-point maps follow the interface map's).
+            sizes = bpf_map_sizes(dataclasses.replace(Config(), BPFMapSizeIfState=ifstate_size(len(names))))
+            maps.MapSet(self.root, sizes=sizes).ensure().close()
+            self._pins = os.path.join(self.root, "progs")
+            os.makedirs(self._pins)
+        except BaseException:
+            self._stack.close()  # a half-built node is removed, its pods namespace too
+            raise
         self._pinned: set[int] = set()
 
     def close(self) -> None:
