@@ -9,18 +9,20 @@ summary prints the top functions by own time and by inclusive time.  ``--what me
 tracemalloc (``bench/hooks/sitecustomize.py``) and dumps what is held after the cold start and after the
 one-rule changes, beside VmRSS/VmHWM (the difference is C heap: libnftables, protobuf, malloc slack).
 
-Usage: ``.venv/bin/python bench/profile_daemon.py --mode legacy|nft|nftables|nftables-child
+Usage: ``.venv/bin/python bench/profile_daemon.py --mode legacy|nft|nftables|nftables-child|bpf
 [--profile large] [--what cpu|mem] [--out DIR]`` (py-spy: ``.venv/bin/pip install py-spy``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_profiles import (HOSTNAME, MODES, PROFILES, churn, feed, iface_names, initial_batch, mib, pct,  # noqa: E402
                             policy, prepare_node, wait_applied_after, wait_quiet)
+import bpf_profile as bpfp  # noqa: E402
 
 from felixpy.messages import to_dataplane  # noqa: E402
 from felixpy.testing import topology  # noqa: E402
@@ -100,8 +103,13 @@ def main() -> None:
     if args.what == "mem":
         memfile.unlink(missing_ok=True)
         env["FELIXPY_BENCH_TRACEMALLOC"] = str(memfile)
-    with topology.node("fpyprof") as node:
+    with topology.node("fpyprof") as node, contextlib.ExitStack() as bpf:
         prepare_node(node.netns, p)
+        if args.mode == "bpf":  # as bench_profiles' BPF runs: the veths, a private bpffs, a compile cache
+            pins = bpf.enter_context(bpfp.pin_root())
+            cache = bpf.enter_context(tempfile.TemporaryDirectory(prefix="felixpy-bpfcache-"))
+            bpf.enter_context(bpfp.prepare_node(node.netns, names))
+            env.update(bpfp.env(pins, cache, p.workloads))
         d: DaemonProcess = start_daemon(node.netns, env=env)
         try:
             spy = None

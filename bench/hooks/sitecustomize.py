@@ -16,6 +16,9 @@
   apply; at the apply's end one JSON line goes to PATH: the samples as ``[ms since the apply began, RSS
   MiB, the foreground step running]``, thinned to the points where RSS moved by ≥ 1 MiB, plus the peak:
   where an apply's memory goes, step by step.
+* ``FELIXPY_BENCH_TMSTEPS=PATH`` — tracemalloc across the steps of the process's first apply: after each
+  step, the lines whose held bytes grew or shrank by ≥ 256 KiB since the step before, to PATH (which step
+  builds the apply's peak, and from what; slow).
 * ``FELIXPY_BENCH_CPROFILE=PATH`` — cProfile of every apply after this process's first three (a churn's,
   without the cold start or restart in it) to ``PATH.<pid>``, and of the table applies, which run on
   worker threads: nftables to ``PATH.table.<pid>``, iptables (one table at a time) to
@@ -317,3 +320,50 @@ if _CPROF:
     _profile_applies(_pcore.InternalDataplane, "", counts=True)
     _profile_applies(_ptable.NftablesTable, ".table")
     _profile_applies(_pitable.IptablesTable, ".iptables")
+
+
+_TMSTEPS = os.environ.get("FELIXPY_BENCH_TMSTEPS")
+if _TMSTEPS:
+    # tracemalloc across the steps of the process's first apply (the cold start's or the restart's): after
+    # each step, what is held now that was not after the one before, by line, largest first -- which step
+    # builds the apply's peak, and from what.  Slow (a snapshot per step): for profiling only.
+    import tracemalloc as _tm
+    from typing import Any as _TAny
+
+    from felixpy.dataplane import core as _tcore
+
+    _tm.start(1)
+    _tstate: dict[str, _TAny] = {"applies": 0, "prev": None}
+    _tapply, _tstep = _tcore.InternalDataplane.apply, _tcore.InternalDataplane._step
+
+    def _tm_note(name: str) -> None:
+        snap = _tm.take_snapshot().filter_traces([_tm.Filter(False, _tm.__file__)])
+        cur, peak = _tm.get_traced_memory()
+        with open(_TMSTEPS, "a") as f:
+            f.write(f"## after {name}: traced now {cur / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB\n")
+            if _tstate["prev"] is not None:
+                for st in snap.compare_to(_tstate["prev"], "lineno")[:12]:
+                    if abs(st.size_diff) >= 256 * 1024:
+                        f.write(f"{st.size_diff / 2**20:+8.2f} MiB {st.count_diff:+9d} blocks  {st.traceback[0]}\n")
+        _tstate["prev"] = snap
+
+    def _tm_apply(self: _TAny) -> _TAny:
+        _tstate["applies"] += 1
+        if _tstate["applies"] == 1:
+            _tm_note("before the first apply")
+        try:
+            return _tapply(self)
+        finally:
+            if _tstate["applies"] == 1:
+                _tm_note("the first apply")
+                _tstate["prev"] = None
+
+    def _tm_step(self: _TAny, report: _TAny, name: str, fn: _TAny) -> _TAny:
+        try:
+            return _tstep(self, report, name, fn)
+        finally:
+            if _tstate["applies"] == 1:
+                _tm_note(name)
+
+    _tcore.InternalDataplane.apply = _tm_apply  # type: ignore[method-assign]
+    _tcore.InternalDataplane._step = _tm_step  # type: ignore[method-assign]
