@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from typing import Any, TypeVar
 
 import structlog
@@ -60,6 +61,7 @@ from felixpy.drivers.generictables.table import Table
 from felixpy.errors import UnsupportedFeature
 from felixpy.ifacemonitor.events import IfaceAddrsUpdate
 from felixpy.managers.dscp import endpoint_dscp
+from felixpy.managers.endpoints import wl_key
 from felixpy.managers.hostendpoints import ResolvedHEP, record_host_addrs, resolution_input, resolve_host_endpoints
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.rules import bpfmode
@@ -76,15 +78,13 @@ NO_HOST_ENDPOINT = HostEndpointPolicy(ingress=None, egress=None)
 WlKey = tuple[str, str, str]
 K = TypeVar("K")
 
-
-def _key(wid: pb.WorkloadEndpointID) -> WlKey:
-    return (wid.orchestrator_id, wid.workload_id, wid.endpoint_id)
-
-
 _Uses = tuple[frozenset[from_proto.PolicyKey], frozenset[str], str]  # policies, profiles, interface
+Refs = tuple[tuple[bytes, ...], tuple[str, ...]]
+# An endpoint's refs with the policies and profiles they name (see BPFEndpointManager._shared).
+_Shared = tuple[Refs, frozenset[from_proto.PolicyKey], frozenset[str]]
 
 
-def _refs(ep: pb.WorkloadEndpoint) -> tuple[tuple[bytes, ...], tuple[str, ...]]:
+def _refs(ep: pb.WorkloadEndpoint) -> Refs:
     """What an endpoint's programs are built from, besides policies and profiles: its tiers (as bytes) and
     its profile ids."""
     return tuple(ti.SerializeToString() for ti in ep.tiers), tuple(ep.profile_ids)
@@ -99,12 +99,13 @@ class _Endpoint:
 
     name: str
     state: str
-    refs: tuple[tuple[bytes, ...], tuple[str, ...]]
+    refs: Refs  # one object shared by every endpoint with equal refs (BPFEndpointManager._shared)
     wire: bytes
 
     @classmethod
-    def of(cls, ep: pb.WorkloadEndpoint) -> _Endpoint:
-        return cls(ep.name, ep.state, _refs(ep), ep.SerializeToString())
+    def of(cls, ep: pb.WorkloadEndpoint, refs: Refs) -> _Endpoint:
+        # Interned: each proto access is a new string (5,000 interface names, 5,000 "active").
+        return cls(sys.intern(ep.name), sys.intern(ep.state), refs, ep.SerializeToString())
 
     def parsed(self) -> pb.WorkloadEndpoint:
         return pb.WorkloadEndpoint.FromString(self.wire)
@@ -160,14 +161,18 @@ class BPFEndpointManager:
         # Endpoints with the same tiers and profiles get the same policy: built once, one shared object
         # (whose hash and IP-set walk are then computed once, not per endpoint and slot).  Valid while
         # no policy, profile or '*' HEP changes; emptied when one does.
-        self._policy_memo: dict[tuple[tuple[bytes, ...], tuple[str, ...]], WorkloadPolicy] = {}
+        self._policy_memo: dict[Refs, WorkloadPolicy] = {}
+        # Endpoints with equal refs share one refs tuple and one frozenset each of the policies and profiles
+        # they name (at 5,000 workloads with 500 distinct policy sets, per-endpoint copies were ~9 MiB, #17).
+        # Bounded as the policy memo: emptied when it outgrows the endpoints (those held keep their objects).
+        self._shared_refs: dict[Refs, _Shared] = {}
 
     # ----------------------------------------------------------------------- updates
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.WorkloadEndpointUpdate):
-            self._pending_eps[_key(msg.id)] = msg.endpoint  # the latest version, taken at the apply
+            self._pending_eps[wl_key(msg.id)] = msg.endpoint  # the latest version, taken at the apply
         elif isinstance(msg, pb.WorkloadEndpointRemove):
-            self._pending_eps[_key(msg.id)] = None
+            self._pending_eps[wl_key(msg.id)] = None
         elif isinstance(msg, pb.ActivePolicyUpdate):
             key = from_proto.policy_key(msg.id)
             self._rules.forget(self._policies.get(key))
@@ -208,10 +213,11 @@ class BPFEndpointManager:
                 self._nat_endpoints.discard(key)
             else:
                 old = self._endpoints.get(key)
-                held = _Endpoint.of(ep)
+                refs, pols, profs = self._shared(ep)
+                held = _Endpoint.of(ep, refs)
                 if old is None or old.name != held.name or old.refs != held.refs:
                     self._unindex(key)
-                    self._index(key, self._uses(ep))
+                    self._index(key, (pols, profs, held.name))
                 self._endpoints[key] = held
                 if ep.ipv4_nat or ep.ipv6_nat:
                     self._nat_endpoints.add(key)
@@ -220,11 +226,18 @@ class BPFEndpointManager:
             self._dirty_keys.add(key)
         self._pending_eps.clear()
 
-    @staticmethod
-    def _uses(ep: pb.WorkloadEndpoint) -> _Uses:
-        pols = frozenset(from_proto.policy_key(pid)
-                         for ti in ep.tiers for pid in (*ti.ingress_policies, *ti.egress_policies))
-        return pols, frozenset(ep.profile_ids), ep.name
+    def _shared(self, ep: pb.WorkloadEndpoint) -> _Shared:
+        """The endpoint's refs and the policies and profiles they name, as the objects every endpoint with
+        equal refs shares."""
+        refs = _refs(ep)
+        got = self._shared_refs.get(refs)
+        if got is None:
+            if len(self._shared_refs) > 2 * len(self._endpoints) + 64:
+                self._shared_refs.clear()
+            pols = frozenset(from_proto.policy_key(pid)
+                             for ti in ep.tiers for pid in (*ti.ingress_policies, *ti.egress_policies))
+            got = self._shared_refs[refs] = (refs, pols, frozenset(ep.profile_ids))
+        return got
 
     def _index(self, key: WlKey, uses: _Uses) -> None:
         pols, profs, name = uses

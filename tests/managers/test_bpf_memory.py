@@ -1,0 +1,64 @@
+"""BPF mode's per-endpoint state is held once (#17): what every endpoint with the same policies names is one
+object shared by all of them, and strings the feed repeats are interned.  Each test also checks that the
+state is still right (the programs, the routes), since sharing must never change what is programmed."""
+
+from __future__ import annotations
+
+from felixpy.dataplane.wiring import BPFFamilyParts
+from felixpy.proto import felixbackend_pb2 as pb
+
+from .harness import Node, policy, profile, rule, tier, wep, wep_remove
+from .test_bpf_endpoints import node, programmed
+
+
+def _bpf(n: Node) -> BPFFamilyParts:
+    bpf = n.f(4).parts.bpf
+    assert bpf is not None
+    return bpf
+
+
+def test_endpoints_with_the_same_policies_share_their_refs_and_index_entries() -> None:
+    n, fb = node()
+    n.send(profile("allow"), policy("p", inbound=[rule("allow")], outbound=[rule("allow")]),
+           policy("q", inbound=[rule("deny")], outbound=[rule("allow")]))
+    names = ["cali1", "cali2", "cali3"]
+    for i, iface in enumerate(names):
+        n.link_up(iface)
+        pol = "q" if iface == "cali3" else "p"
+        n.send(wep(f"w{i}", iface, ipv4=[f"10.65.0.{i + 2}/32"], profiles=["allow"],
+                   tiers=[tier(ingress=[pol], egress=[pol])]))
+    n.apply()
+    assert all(programmed(n, fb, i) for i in names)
+    m = _bpf(n).manager
+    eps = {ep.name: (key, ep) for key, ep in m._endpoints.items()}
+    (k1, e1), (k2, e2), (k3, e3) = eps["cali1"], eps["cali2"], eps["cali3"]
+    assert e1.refs is e2.refs and e1.refs is not e3.refs and e1.refs != e3.refs
+    pols1, profs1, _ = m._indexed[k1]
+    pols2, profs2, _ = m._indexed[k2]
+    assert pols1 is pols2 and profs1 is profs2
+    assert m._indexed[k3][0] == frozenset({("GlobalNetworkPolicy", "", "q")})
+    # Keys, names and states are interned: one string object however many managers and endpoints hold it.
+    assert k1[0] is k2[0] and k1[2] is k2[2]
+    assert e1.state is e2.state
+    # An update moving an endpoint to other policies re-indexes it: the policy index still finds its users.
+    n.send(wep("w1", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"], tiers=[tier(ingress=["q"], egress=["q"])]))
+    n.apply()
+    assert m._policy_users[("GlobalNetworkPolicy", "", "q")] == {k2, k3}
+    assert m._policy_users[("GlobalNetworkPolicy", "", "p")] == {k1}
+    assert m._endpoints[k2].refs is m._endpoints[k3].refs
+    n.send(wep_remove("w0"), wep_remove("w1"), wep_remove("w2"))
+    n.apply()
+    assert not m._policy_users and not m._indexed and not any(programmed(n, fb, i) for i in names)
+
+
+def test_the_shared_refs_memo_is_bounded_by_the_endpoints() -> None:
+    n, fb = node()
+    n.send(profile("allow"))
+    n.link_up("cali1")
+    for gen in range(200):  # one endpoint through 200 different profile lists
+        n.send(profile(f"extra{gen}"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow", f"extra{gen}"]))
+        n.apply()
+    m = _bpf(n).manager
+    assert len(m._shared_refs) <= 2 * len(m._endpoints) + 64 + 1
+    assert m._indexed[next(iter(m._endpoints))][1] == frozenset({"allow", "extra199"})
+    assert isinstance(pb.WorkloadEndpoint.FromString(m._endpoints[next(iter(m._endpoints))].wire), pb.WorkloadEndpoint)
