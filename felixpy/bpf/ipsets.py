@@ -96,12 +96,19 @@ def member_of_key(key: bytes, v6: bool) -> str:
     return addr if bits == (128 if v6 else 32) else f"{addr}/{bits}"
 
 
+def _key_bytes(set_id: int, member: str, v6: bool) -> bytes | None:
+    """:func:`member_key`'s bytes."""
+    k = member_key(set_id, member, v6)
+    return bytes(k) if k is not None else None
+
+
 @short_string_memo(64)  # "<IPv6 address>/128,sctp:65535" fits
 def member_key_bytes(set_id: int, member: str, v6: bool) -> bytes | None:
     """:func:`member_key`'s bytes, memoised: IP-set deltas name the same members again and again
-    (a member leaves one set and joins another; a flood toggles between two versions)."""
-    k = member_key(set_id, member, v6)
-    return bytes(k) if k is not None else None
+    (a member leaves one set and joins another; a flood toggles between two versions).  A full update
+    (:meth:`BPFIPSets.replace`) does not go through the memo: a start of day's 100,000 members would
+    leave it full (16,384 entries, ~5 MiB) of members no delta names (#17)."""
+    return _key_bytes(set_id, member, v6)
 
 
 _STRAYS = ""  # the delta bucket of entries no set accounts for (a set's id is never empty)
@@ -206,10 +213,11 @@ class BPFIPSets:
                 self._desired[name] = b"".join(keys)
         self._touched.clear()
 
-    def _keys(self, name: str, members: Iterable[str]) -> Iterator[bytes]:
+    def _keys(self, name: str, members: Iterable[str], *, memo: bool = True) -> Iterator[bytes]:
         sid = self.ids.get_or_alloc(name)
+        key_bytes = member_key_bytes if memo else _key_bytes
         for mem in members:
-            k = member_key_bytes(sid, mem, self.v6)
+            k = key_bytes(sid, mem, self.v6)
             if k is not None:
                 yield k
 
@@ -229,7 +237,7 @@ class BPFIPSets:
         return d
 
     def replace(self, name: str, members: Iterable[str]) -> None:
-        keys = set(self._keys(name, members))
+        keys = set(self._keys(name, members, memo=False))  # (see member_key_bytes)
         old = self._desired.get(name)
         self._touched.add(name)
         if self._known:

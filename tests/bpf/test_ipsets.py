@@ -48,6 +48,27 @@ def test_writer_applies_deltas() -> None:
     assert w.apply() == (0, 2) and len(m) == 0
 
 
+def test_a_full_update_does_not_fill_the_member_memo_and_its_keys_are_the_memoised_ones() -> None:
+    """A set's full update (a start of day's 100,000 members) is parsed without the delta memo, which would
+    otherwise stay full of members no delta names (#17); the map gets the same keys either way."""
+    from felixpy.bpf.ipsets import member_key_bytes
+    m = FakeMap(maps.IPSETS4.sized(2000))
+    ids = IPSetIDAllocator()
+    w = BPFIPSets(m, ids, v6=False)
+    members = [f"10.77.{i >> 8}.{i & 255}" for i in range(1000)] + ["10.78.0.0/16", "10.79.0.1,tcp:80"]
+    info = member_key_bytes.cache_info()
+    w.replace("s:full", members)
+    after = member_key_bytes.cache_info()
+    assert (after.hits, after.misses, after.currsize) == (info.hits, info.misses, info.currsize)
+    assert w.apply() == (len(members), 0)
+    sid = ids.get_or_alloc("s:full")
+    assert set(m.raw_keys()) == {member_key_bytes(sid, mem, False) for mem in members}
+    asked = member_key_bytes.cache_info()
+    w.add_members("s:full", ["10.80.0.1"])  # a delta goes through the memo
+    assert member_key_bytes.cache_info().misses + member_key_bytes.cache_info().hits == asked.misses + asked.hits + 1
+    assert w.apply() == (1, 0)
+
+
 def test_writer_sweeps_unknown_entries_on_first_apply() -> None:
     m = FakeMap(maps.IPSETS4.sized(100))
     m.set(mt.ipset_key(12345, "10.9.9.9"), 1)  # left over by a previous process
