@@ -44,7 +44,7 @@ def log_path(log_level: str, filters: Mapping[str, str], iface: str, *, is_wep: 
     return LogPath(False, None)
 
 
-@dataclass
+@dataclass(slots=True)  # the endpoint driver keeps the last one written per interface and hook
 class AttachPoint:
     iface: str
     ifindex: int

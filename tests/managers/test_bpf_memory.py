@@ -62,3 +62,21 @@ def test_the_shared_refs_memo_is_bounded_by_the_endpoints() -> None:
     assert len(m._shared_refs) <= 2 * len(m._endpoints) + 64 + 1
     assert m._indexed[next(iter(m._endpoints))][1] == frozenset({"allow", "extra199"})
     assert isinstance(pb.WorkloadEndpoint.FromString(m._endpoints[next(iter(m._endpoints))].wire), pb.WorkloadEndpoint)
+
+
+def test_the_driver_keeps_one_small_record_per_interface_with_shared_keys() -> None:
+    n, fb = node(families=(4, 6))
+    n.send(profile("allow"))
+    for i, iface in enumerate(("cali1", "cali2")):
+        n.link_up(iface)
+        n.send(wep(f"w{i}", iface, ipv4=[f"10.65.0.{i + 2}/32"], ipv6=[f"fd00::{i + 2}/128"], profiles=["allow"]))
+    n.apply()
+    assert programmed(n, fb, "cali1") and programmed(n, fb, "cali2", 6)
+    d = _bpf(n).driver
+    one, two = d._done["cali1"], d._done["cali2"]
+    assert not hasattr(one, "__dict__")
+    assert len(one.slots) == len(one.policy) == 4  # two TC hooks x two families
+    for a, b in zip(sorted(one.slots), sorted(two.slots)):
+        assert a == b and a is b
+    assert all(k is next(x for x in one.slots if x == k) for k in one.policy)
+    assert one.reclaimed == frozenset() and one.slots != two.slots
