@@ -55,6 +55,8 @@ log = structlog.get_logger(__name__)
 WlKey = tuple[str, str, str]
 
 ORCHESTRATOR_OPENSTACK = "openstack"  # its endpoints' floating IPs are always programmed (as Felix)
+_NO_CHAINS: list[str] = []  # BPF mode's endpoints render no chains: one shared empty list, never changed
+_NO_GROUPS: list[PolicyGroup] = []
 IFACE_RETRY_INTERVAL = 1.0  # seconds before retrying a workload interface whose /proc/sys writes failed
 
 
@@ -65,15 +67,21 @@ def wl_key(wid: pb.WorkloadEndpointID) -> WlKey:
     return (intern(wid.orchestrator_id), intern(wid.workload_id), intern(wid.endpoint_id))
 
 
+def proto_id(key: WlKey) -> pb.WorkloadEndpointID:
+    """The endpoint's id as a message, built from its key when it is needed (a status report, a takeover):
+    one held per endpoint, its own small arena each, was ~1 KiB an endpoint (#17)."""
+    return pb.WorkloadEndpointID(orchestrator_id=key[0], workload_id=key[1], endpoint_id=key[2])
+
+
 @dataclass(slots=True)
 class _Active:
     # Not the parsed endpoint message: it stays resident at ~2.4 KiB (its id alone keeps all of it), 12 MiB
     # at 5,000 workloads (#17).  What is read later: its name and admin state; the whole of it only when
-    # another endpoint takes its interface (parsed again from its wire bytes); its id as a copy of its own.
+    # another endpoint takes its interface (parsed again from its wire bytes); its id is its key's
+    # (proto_id).
     name: str
     active: bool
     wire: bytes
-    proto_id: pb.WorkloadEndpointID
     chains: list[str]
     groups: list[PolicyGroup]
     # Everything the endpoint's chains are rendered from (see _chain_inputs): an update that keeps
@@ -83,11 +91,9 @@ class _Active:
     route_inputs: tuple[Any, ...] = ()
 
 
-def _active(iface: str, ep: pb.WorkloadEndpoint, pid: pb.WorkloadEndpointID, chains: list[str],
-            groups: list[PolicyGroup], inputs: tuple[Any, ...], route_inputs: tuple[Any, ...]) -> _Active:
-    own_id = pb.WorkloadEndpointID(orchestrator_id=pid.orchestrator_id, workload_id=pid.workload_id,
-                                   endpoint_id=pid.endpoint_id)
-    return _Active(iface, ep.state == "active", ep.SerializeToString(), own_id, chains, groups, inputs, route_inputs)
+def _active(iface: str, ep: pb.WorkloadEndpoint, chains: list[str], groups: list[PolicyGroup],
+            inputs: tuple[Any, ...], route_inputs: tuple[Any, ...]) -> _Active:
+    return _Active(iface, ep.state == "active", ep.SerializeToString(), chains, groups, inputs, route_inputs)
 
 
 def _chain_inputs(ep: pb.WorkloadEndpoint, tiers: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -228,7 +234,7 @@ class EndpointManager:
             log.info("Endpoint shares an interface with an existing one; new one wins", iface=iface,
                      endpoint=key, existing=holder)
             loser = self._active[holder]
-            self._shadowed[holder] = (loser.proto_id, pb.WorkloadEndpoint.FromString(loser.wire))
+            self._shadowed[holder] = (proto_id(holder), pb.WorkloadEndpoint.FromString(loser.wire))
             self._deactivate(holder)
             self._status_dirty.add(holder)
         previous = self._active.get(key)
@@ -236,9 +242,9 @@ class EndpointManager:
             self._deactivate(key)
             self._promote_shadowed(previous.name)  # the old interface is free now
         old = self._active.get(key)
-        route_inputs = self._route_inputs(pid, ep)
+        route_inputs = self._route_inputs(pid, ep, iface)
         if not self._render_chains:
-            self._active[key] = _active(iface, ep, pid, [], [], (), route_inputs)
+            self._active[key] = _active(iface, ep, _NO_CHAINS, _NO_GROUPS, (), route_inputs)
         elif not self._chains_for(key, pid, ep, iface, old, route_inputs):
             return
         self._iface_to_key[iface] = key
@@ -253,7 +259,7 @@ class EndpointManager:
         # While this key stays active on this interface nothing else sets the interface's routes (a
         # takeover or removal deactivates it first), so equal inputs mean the routes are already these.
         if old is None or old.route_inputs != route_inputs:
-            self._set_routes(pid, ep, iface)
+            self._set_routes(pid, route_inputs)
         self._to_reconfigure.add(iface)
 
     def _chains_for(self, key: WlKey, pid: pb.WorkloadEndpointID, ep: pb.WorkloadEndpoint, iface: str,
@@ -265,7 +271,7 @@ class EndpointManager:
         if old is not None and old.inputs == inputs:
             # Same interface, policies (and their groups), profiles, admin state and QoS: the chains the
             # tables hold are already these; only addresses/MAC/etc. changed (routes below).
-            self._active[key] = _active(iface, ep, pid, old.chains, old.groups, inputs, route_inputs)
+            self._active[key] = _active(iface, ep, old.chains, old.groups, inputs, route_inputs)
         else:
             new_groups = groups_to_program(tiers)
             try:
@@ -282,7 +288,7 @@ class EndpointManager:
                         self._filter.remove_chain_by_name(stale)
                 self._groups.decref(old.groups)
             self._filter.update_chains(chains)
-            self._active[key] = _active(iface, ep, pid, names, new_groups, inputs, route_inputs)
+            self._active[key] = _active(iface, ep, names, new_groups, inputs, route_inputs)
         return True
 
     def _allowed_spoofing(self, key: WlKey, ep: pb.WorkloadEndpoint) -> tuple[str, ...]:
@@ -301,27 +307,27 @@ class EndpointManager:
     def _floating(self, pid: pb.WorkloadEndpointID) -> bool:
         return self._floating_ips or pid.orchestrator_id == ORCHESTRATOR_OPENSTACK
 
-    def _route_inputs(self, pid: pb.WorkloadEndpointID, ep: pb.WorkloadEndpoint) -> tuple[Any, ...]:
-        """Everything ``_set_routes`` reads (the family and route priority are the manager's own)."""
+    def _route_inputs(self, pid: pb.WorkloadEndpointID, ep: pb.WorkloadEndpoint, iface: str) -> tuple[Any, ...]:
+        """Everything ``_set_routes`` reads (the family and route priority are the manager's own): the
+        interface (*iface*, the interned ``ep.name``), the admin state (interned), the addresses, the
+        floating IPs (only when they are routed) and the MAC -- the strings the routes then hold too."""
         v4 = self.ip_version == 4
         nat = tuple(n.ext_ip for n in (ep.ipv4_nat if v4 else ep.ipv6_nat)) if self._floating(pid) else ()
-        return (ep.name, ep.state, tuple(ep.ipv4_nets if v4 else ep.ipv6_nets), nat, ep.mac)
+        return (iface, sys.intern(ep.state), tuple(ep.ipv4_nets if v4 else ep.ipv6_nets), nat, ep.mac)
 
-    def _set_routes(self, pid: pb.WorkloadEndpointID, ep: pb.WorkloadEndpoint, iface: str) -> None:
+    def _set_routes(self, pid: pb.WorkloadEndpointID, route_inputs: tuple[Any, ...]) -> None:
+        iface, state, addrs, nat, mac = route_inputs
         targets = []
-        if ep.state == "active":
-            nets = list(ep.ipv4_nets if self.ip_version == 4 else ep.ipv6_nets)
-            if self._floating(pid):
-                # The floating IP is DNAT'd to the workload: route it there too.
-                nets += [n.ext_ip for n in (ep.ipv4_nat if self.ip_version == 4 else ep.ipv6_nat)]
-            for net in nets:
+        if state == "active":
+            # The floating IPs (routed only when _route_inputs kept them) are DNAT'd to the workload.
+            for net in (*addrs, *nat):
                 cidr = net if "/" in net else f"{net}/{32 if self.ip_version == 4 else 128}"
                 try:
                     if (why := cidr_problem(cidr)) is not None:
                         raise ValueError(why)
                     if _cidr_version(cidr) != self.ip_version:
                         raise ValueError(f"not an IPv{self.ip_version} address")
-                    targets.append(Target(cidr=cidr, dest_mac=ep.mac or None,
+                    targets.append(Target(cidr=cidr, dest_mac=mac or None,
                                           priority=self._route_priority or None))
                 except (ValueError, TypeError) as exc:
                     log.error("Skipping bad workload address", endpoint=wl_key(pid), iface=iface, cidr=net,
@@ -411,7 +417,7 @@ class EndpointManager:
                 status = "up"
             else:
                 status = "down"
-            self._status.on_endpoint_status(self.ip_version, "workload", key, act.proto_id, status)
+            self._status.on_endpoint_status(self.ip_version, "workload", key, proto_id(key), status)
         self._status_dirty.clear()
         # An interface still waiting to be configured will be retried; keep its status fresh.
         for iface, key in self._iface_to_key.items():

@@ -36,9 +36,11 @@ class EndpointStatusCombiner:
         fam = self._per_family.setdefault(k, {})
         if status:
             fam[ip_version] = status
-            self._ids[k] = endpoint_id
         else:
             fam.pop(ip_version, None)
+        # Held until the next report only: a removal names its id too, and a message per endpoint kept
+        # between reports was ~1 KiB an endpoint (#17).
+        self._ids[k] = endpoint_id
         self._dirty.add(k)
 
     # Manager protocol (it receives no datastore messages itself).
@@ -55,8 +57,9 @@ class EndpointStatusCombiner:
         for k in sorted(self._dirty, key=repr):
             fam = self._per_family.get(k, {})
             combined = max(fam.values(), key=lambda s: _RANK.get(s, 2)) if fam else ""
+            endpoint_id = self._ids.pop(k)
             if self._reported.get(k, "") != combined:
-                out.append(EndpointStatus(k[0], self._ids[k], combined))
+                out.append(EndpointStatus(k[0], endpoint_id, combined))
                 if combined:
                     self._reported[k] = combined
                 else:

@@ -80,3 +80,23 @@ def test_the_driver_keeps_one_small_record_per_interface_with_shared_keys() -> N
         assert a == b and a is b
     assert all(k is next(x for x in one.slots if x == k) for k in one.policy)
     assert one.reclaimed == frozenset() and one.slots != two.slots
+
+
+def test_the_endpoint_manager_in_bpf_mode_holds_no_message_and_shares_its_empty_lists() -> None:
+    n, fb = node()
+    n.send(profile("allow"))
+    for i, iface in enumerate(("cali1", "cali2")):
+        n.link_up(iface)
+        n.send(wep(f"w{i}", iface, ipv4=[f"10.65.0.{i + 2}/32"], mac=f"02:00:00:00:00:0{i + 1}", profiles=["allow"]))
+    n.apply()
+    assert programmed(n, fb, "cali1") and programmed(n, fb, "cali2")
+    em = n.f(4).endpoints
+    one, two = (em._active[k] for k in sorted(em._active))
+    assert one.chains is two.chains and one.groups is two.groups and not one.chains
+    assert one.route_inputs[0] is one.name and one.route_inputs[1] is two.route_inputs[1]  # interned
+    assert not n.combiner._ids  # ids are built for a report and dropped after it
+    assert sorted(n.status.values()) == ["up", "up"]
+    assert set(n.routes(4)) == {"10.65.0.2/32", "10.65.0.3/32"}
+    n.send(wep_remove("w0"))
+    n.apply()
+    assert set(n.routes(4)) == {"10.65.0.3/32"} and len(n.status) == 1 and not n.combiner._ids
