@@ -25,6 +25,7 @@ values into a driver's contract (:mod:`felixpy.drivers.bpfroutes.api`,
 from __future__ import annotations
 
 import ipaddress
+import sys
 from typing import Any
 
 import structlog
@@ -35,6 +36,7 @@ from felixpy.drivers.bpffailsafe.api import BPFFailsafesAPI, FailsafePort
 import felixpy.drivers.bpfroutes.api as rt
 from felixpy.drivers.bpfroutes.api import BPFRoutesAPI, RouteValue
 from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceState, IfaceStateUpdate
+from felixpy.managers.endpoints import wl_key
 from felixpy.memo import LONGEST_CIDR, short_string_memo
 from felixpy.proto import felixbackend_pb2 as pb
 
@@ -42,10 +44,7 @@ log = structlog.get_logger(__name__)
 
 WlKey = tuple[str, str, str]
 _PROTOS = {"tcp": 6, "udp": 17}
-
-
-def _key(wid: pb.WorkloadEndpointID) -> WlKey:
-    return (wid.orchestrator_id, wid.workload_id, wid.endpoint_id)
+_key = wl_key  # interned: every workload manager keeps the key (#17)
 
 
 @short_string_memo(LONGEST_CIDR)
@@ -85,7 +84,8 @@ class BPFRouteManager:
         self._iface_cidrs: dict[str, frozenset[str]] = {}  # host interface -> its addresses (/32, /128)
         self._host_cidrs: dict[str, set[str]] = {}  # cidr -> host interfaces holding it
         self._ifindex: dict[str, int] = {}  # interfaces that are up
-        self._weps: dict[WlKey, tuple[str, frozenset[str]]] = {}  # key -> (iface, cidrs)
+        # key -> (iface, its distinct CIDRs): a tuple (usually of one), not a frozenset per endpoint (#17)
+        self._weps: dict[WlKey, tuple[str, tuple[str, ...]]] = {}
         self._pending_weps: dict[WlKey, pb.WorkloadEndpoint | None] = {}  # since the last apply (None: removed)
         self._cidr_weps: dict[str, set[WlKey]] = {}
         self._iface_weps: dict[str, set[WlKey]] = {}  # interface -> endpoints naming it
@@ -153,7 +153,7 @@ class BPFRouteManager:
             self._ifindex.pop(msg.name, None)
         if old != self._ifindex.get(msg.name):
             for key in self._iface_weps.get(msg.name, ()):  # an index: 2,000 interfaces x 1,000 endpoints
-                self._dirty |= self._weps[key][1]             # at a start of day was a scan per interface
+                self._dirty.update(self._weps[key][1])        # at a start of day was a scan per interface
 
     def _on_addrs(self, msg: IfaceAddrsUpdate) -> None:
         if msg.name.startswith(self._prefixes):
@@ -181,7 +181,7 @@ class BPFRouteManager:
         else:
             self._iface_cidrs.pop(msg.name, None)
 
-    def _set_wep(self, key: WlKey, value: tuple[str, frozenset[str]] | None) -> None:
+    def _set_wep(self, key: WlKey, value: tuple[str, tuple[str, ...]] | None) -> None:
         old = self._weps.pop(key, None)
         if old is not None:
             for cidr in old[1]:
@@ -193,13 +193,13 @@ class BPFRouteManager:
             named.discard(key)
             if not named:
                 self._iface_weps.pop(old[0], None)
-            self._dirty |= old[1]
+            self._dirty.update(old[1])
         if value is not None:
             self._weps[key] = value
             for cidr in value[1]:
                 self._cidr_weps.setdefault(cidr, set()).add(key)
             self._iface_weps.setdefault(value[0], set()).add(key)
-            self._dirty |= value[1]
+            self._dirty.update(value[1])
 
     def _take_pending_weps(self) -> None:
         """Endpoint updates since the last apply, the latest per endpoint: an endpoint updated several
@@ -210,9 +210,9 @@ class BPFRouteManager:
             if ep is None:
                 self._set_wep(key, None)
                 continue
-            cidrs = frozenset(p[0] for p in map(_parse, ep.ipv4_nets if v == 4 else ep.ipv6_nets)
-                              if p is not None and p[1] == v)
-            self._set_wep(key, (ep.name, cidrs))
+            cidrs = tuple(dict.fromkeys(p[0] for p in map(_parse, ep.ipv4_nets if v == 4 else ep.ipv6_nets)
+                                        if p is not None and p[1] == v))
+            self._set_wep(key, (sys.intern(ep.name), cidrs))
         self._pending_weps.clear()
 
     # ------------------------------------------------------------------- programming
@@ -341,7 +341,7 @@ class BPFConntrackManager:
     def __init__(self, ip_version: int, conntrack: BPFConntrackAPI) -> None:
         self.ip_version = ip_version
         self._driver = conntrack
-        self._addrs: dict[WlKey, frozenset[str]] = {}
+        self._addrs: dict[WlKey, tuple[str, ...]] = {}  # distinct addresses (a tuple: usually one, #17)
         self._pending: dict[WlKey, pb.WorkloadEndpoint | None] = {}  # since the last apply (None: removed)
         self._gone: set[str] = set()
 
@@ -356,11 +356,11 @@ class BPFConntrackManager:
         held only between two applies was never programmed for it, so it has no flows to forget."""
         for key, ep in self._pending.items():
             if ep is None:
-                self._gone |= self._addrs.pop(key, frozenset())
+                self._gone.update(self._addrs.pop(key, ()))
                 continue
             nets = ep.ipv4_nets if self.ip_version == 4 else ep.ipv6_nets
-            new = frozenset(p[2] for p in map(_parse, nets) if p is not None)
-            self._gone |= self._addrs.get(key, frozenset()) - new
+            new = tuple(dict.fromkeys(p[2] for p in map(_parse, nets) if p is not None))
+            self._gone.update(a for a in self._addrs.get(key, ()) if a not in new)
             self._addrs[key] = new
         self._pending.clear()
 

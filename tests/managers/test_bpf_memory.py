@@ -5,6 +5,7 @@ state is still right (the programs, the routes), since sharing must never change
 from __future__ import annotations
 
 from felixpy.dataplane.wiring import BPFFamilyParts
+from felixpy.managers.bpf_maps import BPFConntrackManager
 from felixpy.proto import felixbackend_pb2 as pb
 
 from .harness import Node, policy, profile, rule, tier, wep, wep_remove
@@ -100,3 +101,25 @@ def test_the_endpoint_manager_in_bpf_mode_holds_no_message_and_shares_its_empty_
     n.send(wep_remove("w0"))
     n.apply()
     assert set(n.routes(4)) == {"10.65.0.3/32"} and len(n.status) == 1 and not n.combiner._ids
+
+
+def test_the_route_and_conntrack_managers_hold_tuples_and_the_same_key_strings() -> None:
+    n, fb = node()
+    n.send(profile("allow"))
+    n.link_up("cali1")
+    n.send(wep("w0", "cali1", ipv4=["10.65.0.2/32", "10.65.0.2/32", "10.65.0.3/32"], profiles=["allow"]))
+    n.apply()
+    assert programmed(n, fb, "cali1")
+    bpf = _bpf(n)
+    rm, em = bpf.route_manager, bpf.manager
+    (rkey, (iface, cidrs)), = rm._weps.items()
+    (ekey, held), = em._endpoints.items()
+    assert cidrs == ("10.65.0.2/32", "10.65.0.3/32") and iface is held.name
+    assert all(a is b for a, b in zip(rkey, ekey))  # the key's strings are interned: one object each
+    ct = next(m for m in n.dp.managers if isinstance(m, BPFConntrackManager))
+    assert ct._addrs[rkey] == ("10.65.0.2", "10.65.0.3")
+    # A changed address: both follow (the scanner forgetting 10.65.0.2 is test_bpf_maps' to check).
+    n.send(wep("w0", "cali1", ipv4=["10.65.0.3/32", "10.65.0.4/32"], profiles=["allow"]))
+    n.apply()
+    assert ct._addrs[rkey] == ("10.65.0.3", "10.65.0.4") and rm._weps[rkey][1] == ("10.65.0.3/32", "10.65.0.4/32")
+    assert set(rm._cidr_weps) == {"10.65.0.3/32", "10.65.0.4/32"}
