@@ -19,11 +19,7 @@ this object comes from the runner's one thread.
     also a device syncer: BPF mode's maps);
  4. devices: tunnel devices and interface sysctls, then ``on_devices_applied()``
     on the managers that build on them (MTU, ifindex, keys, status); a device syncer that waits on a
-    child process (``WaitsOnChild``: BPF mode's attach) runs the device steps after it during the wait,
-    and steps 5-7 come before it rather than after: routes do not depend on the attach (a route to an
-    interface whose programs are not attached yet is the attach gap, closed by ifstate READY and the
-    *tables dispatch, as with the CNI plugin's own route), so the route tables' work at a start of
-    day runs beside the attach instead of after it (Felix attaches in its managers' pass, before routes);
+    child process (``WaitsOnChild``: BPF mode's attach) runs the device steps after it during the wait;
  5. popped refresh timers queue resyncs (devices/routes/rules/FDB);
  6. VXLAN FDB, before the routes that use it;
  7. routes and rules start in the background (they never depend on IP sets);
@@ -375,8 +371,10 @@ class InternalDataplane:
         try:
             if {id(d) for d in self.ipsets} & {id(s) for s in self.devices}:
                 self._join(report, write)                         # (BPF mode: before its maps' apply)
-            early = self._apply_devices(report)                   # 4 (BPF mode: 5-7 before its attach)
-            background = early if early is not None else self._start_routing(report)   # 5-7
+            self._apply_devices(report)                           # 4
+            self._queue_refreshes()                               # 5
+            self._apply_fdbs(report)                              # 6
+            background = self._start_routes()                     # 7
             ipsets_ok = self._apply_ipset_updates(report, write)  # 8
             tables_ok = self._apply_tables(report, ipsets_ok)     # 9
             self._apply_cleanups(report, tables_ok)               # 9 (after the tables)
@@ -438,26 +436,16 @@ class InternalDataplane:
             write.ok, _ = self._collect(report, write.futs)
         return write.ok
 
-    def _apply_devices(self, report: ApplyReport) -> list[tuple[str, Future[None]]] | None:
-        """Step 4; the route work it started (steps 5-7) if it had a device syncer waiting on a child."""
+    def _apply_devices(self, report: ApplyReport) -> None:
         devices = list(self.devices)
-        routing: list[tuple[str, Future[None]]] | None = None
         for i, syncer in enumerate(devices):
             if _conforms(syncer, WaitsOnChild) and i + 1 < len(devices):
-                routing = self._start_routing(report)
                 self._apply_during_child(report, syncer, devices[i + 1:])
                 break
             self._step(report, _device_step(syncer), syncer.apply)
         for mgr in self.managers:
             if _conforms(mgr, DevicesConsumer):
                 self._step(report, f"after-devices:{type(mgr).__name__}", mgr.on_devices_applied)
-        return routing
-
-    def _start_routing(self, report: ApplyReport) -> list[tuple[str, Future[None]]]:
-        """Steps 5-7: refresh timers queue resyncs, the FDB, then routes and rules start."""
-        self._queue_refreshes()
-        self._apply_fdbs(report)
-        return self._start_routes()
 
     def _apply_during_child(self, report: ApplyReport, waiting: WaitsOnChild, rest: list[Syncer]) -> None:
         """*waiting*'s step, with the device steps after it (*rest*) run while its child does (BPF mode:
