@@ -147,7 +147,8 @@ def test_no_apply_before_insync_and_iface_sync() -> None:
 
 
 class AheadManager(FakeManager):
-    renders_ahead = True
+    def render_ahead(self) -> None:
+        self.complete_deferred_work()
 
 
 def test_only_managers_that_render_ahead_do_so_before_insync_and_nothing_else_runs() -> None:

@@ -335,7 +335,7 @@ class InternalDataplane:
         return self.apply()
 
     def render_ahead(self) -> None:
-        """Before the first apply: the managers that declare ``renders_ahead`` (managers/base.py) render
+        """Before the first apply: the managers that have a ``render_ahead()`` (managers/base.py) render
         what has arrived so far into the tables' desired state.  At a big node's start of day the policy
         render (~0.3-0.4 s for 1,000 policies x 10 rules) then happens while the feed is still arriving
         instead of after ``InSync``, where the apply waits for it before the devices and tables (Felix's
@@ -343,9 +343,7 @@ class InternalDataplane:
         reads it back and writes, as it would have.  An exception is logged as the apply's own step
         would log it, and the loop goes on."""
         for mgr in self.managers:
-            ahead = getattr(mgr, "render_ahead", None)  # a part of its work (managers/base.py)
-            if ahead is None and getattr(mgr, "renders_ahead", False):
-                ahead = mgr.complete_deferred_work
+            ahead = getattr(mgr, "render_ahead", None)  # (managers/base.py)
             if ahead is not None:
                 try:
                     ahead()

@@ -26,15 +26,14 @@ no manager may in ``on_devices_applied()`` (the write is joined only before the 
 dataplanes are single-threaded by contract.
 ``tests/test_update_types.py`` checks every manager's source against its declaration.
 
-A manager whose ``complete_deferred_work()`` only renders into the tables' desired state -- no
-kernel, no interface state, no other manager's results, no IP-set dataplane -- may declare
-``renders_ahead = True``: before the first ``InSync`` the loop then runs it as the feed arrives
+A manager may define ``render_ahead()``: the part of its deferred work that only renders into
+desired state -- no kernel, no interface state, no other manager's results, no IP-set dataplane.
+Before the first ``InSync`` the loop runs it as the feed arrives
 (:meth:`~felixpy.dataplane.core.InternalDataplane.render_ahead`), so the start of day's first apply
-finds its chains rendered.  Felix's policy manager renders in ``OnUpdate`` itself; the table still
-writes nothing until the apply after ``InSync``.  A manager whose work only partly qualifies defines
-``render_ahead()`` instead, doing that part (the endpoint manager: each endpoint's chains and routes,
-into the tables' and route tables' desired state; not the dispatch chains, rendered once by the apply,
-nor anything that reads interface state).
+finds it done: the policy manager's is all of ``complete_deferred_work()`` (Felix's policy manager
+renders in ``OnUpdate`` itself); the endpoint manager's is each endpoint's chains and routes, not the
+dispatch chains (rendered once, by the apply) nor the interfaces' configuration.  Nothing is written
+until the apply after ``InSync``.
 
 Optional extras are discovered structurally (``isinstance`` on the runtime
 checkable protocols below):

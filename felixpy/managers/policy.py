@@ -58,7 +58,10 @@ class PolicyManager:
         self._pending_profiles: dict[str, pb.Profile] = {}
 
     update_types: tuple[type, ...] = (pb.ActivePolicyUpdate, pb.ActivePolicyRemove, pb.ActiveProfileUpdate, pb.ActiveProfileRemove)  # what on_update acts on (managers/base.py)
-    renders_ahead = True  # complete_deferred_work() only renders chains: may run before InSync (managers/base.py)
+
+    def render_ahead(self) -> None:
+        """Before InSync (managers/base.py): complete_deferred_work() only renders chains, so all of it."""
+        self.complete_deferred_work()
 
     def on_update(self, msg: Any) -> None:
         if isinstance(msg, pb.ActivePolicyUpdate):

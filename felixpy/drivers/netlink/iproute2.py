@@ -21,8 +21,8 @@ Interface names
     of a batch or a one-device dump is looked up for the indexes it names alone
     (:func:`.ifnames.indextonames`, ~2 µs an index); a dump that may name any
     interface takes the whole map (``if_nameindex(3)``, a full link dump, 15-26 ms
-    at 2,000 interfaces, the GIL let go).  Either is taken before a batch (an index with no interface fails with ENODEV without being
-    sent) and again after it: an item whose interface vanished or changed name
+    at 2,000 interfaces, the GIL let go).  Either is taken before a batch (an
+    index with no interface fails with ENODEV without being sent) and again after it: an item whose interface vanished or changed name
     meanwhile is reported ENODEV (the route table then rescans the interface).
     Dumps map ``dev`` names back through the names that kept the same index
     across the dump; a route via an interface that appeared, vanished or was
