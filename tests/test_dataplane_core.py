@@ -709,9 +709,10 @@ def test_a_device_syncer_waiting_on_a_child_runs_the_later_device_steps_during_t
 
 def test_routes_start_after_the_managers_that_build_on_the_devices_also_in_bpf_mode() -> None:
     """The route tables start only after ``on_devices_applied()``: the VXLAN manager sets the remote
-    routes there (the device's index).  Started beside BPF mode's attach instead (tried at stop 40 for
+    routes there (the device's index).  Started beside BPF mode's attach before it (tried at stop 40 for
     READY time), a restarted node's route table resynced before those routes were desired and deleted
-    them (fv/test_vxlan_two_node.py's restart in BPF mode caught it)."""
+    them (fv/test_vxlan_two_node.py's restart in BPF mode caught it).  A consumer that owns routes and
+    declares nothing keeps every step in the usual order."""
     dp, _clock, tl = make()
     routes = FakeSyncer(tl, "route-table")
 
@@ -735,6 +736,105 @@ def test_routes_start_after_the_managers_that_build_on_the_devices_also_in_bpf_m
                                                   "route-table")]
     assert order == ["devices", "attach:start", "child:running", "sysctls", "attach:ready-marks",
                      "after-devices:vxlan", "fdb", "route-table"]
+
+
+class TunnelSyncer(FakeSyncer):
+    tunnel_device_syncer = True
+
+
+class TunnelConsumer(FakeManager):
+    """The VXLAN manager's shape: reads only the tunnel devices, sets its routes there."""
+
+    reads_only_tunnel_devices = True
+
+    def __init__(self, tl: Timeline, routes: FakeSyncer) -> None:
+        super().__init__(tl, "vxlan")
+        self.routes = routes
+
+    def on_devices_applied(self) -> None:
+        self.tl.append("after-devices:vxlan")
+
+    def route_table_syncers(self) -> list[FakeSyncer]:
+        return [self.routes]
+
+
+class StatusConsumer(FakeManager):
+    """The endpoint manager's shape: owns routes, only reports status after the devices."""
+
+    sets_no_routes_after_devices = True
+
+    def __init__(self, tl: Timeline, routes: FakeSyncer) -> None:
+        super().__init__(tl, "endpoints")
+        self.routes = routes
+
+    def on_devices_applied(self) -> None:
+        self.tl.append("after-devices:endpoints")
+
+    def route_table_syncers(self) -> list[FakeSyncer]:
+        return [self.routes]
+
+
+class AttachConsumer(FakeManager):
+    """The BPF endpoint manager's shape: reads which interfaces the attach made READY."""
+
+    def on_devices_applied(self) -> None:
+        self.tl.append("after-devices:bpf")
+
+
+class AttachSeeingRoutes(ChildSyncer):
+    """Waits (bounded) during its child for the route table to have run: proof they overlap."""
+
+    def __init__(self, tl: Timeline, routes: SignallingSyncer, wait: float) -> None:
+        super().__init__(tl, "during")
+        self.routes, self.wait = routes.applied, wait
+
+    def apply_during(self, during: Any) -> None:
+        self.tl.append("attach:start")
+        during()
+        self.tl.append("attach:saw-routes" if self.routes.wait(self.wait) else "attach:no-routes")
+        self.tl.append("attach:ready-marks")
+
+
+def _bpf_shaped(tunnel_last: bool) -> tuple[InternalDataplane, Timeline]:
+    dp, _clock, tl = make()
+    routes = SignallingSyncer(tl, "route-table", threading.Event())
+    tunnel = TunnelSyncer(tl, "devices")
+    syncers: list[FakeSyncer] = [AttachSeeingRoutes(tl, routes, 0.2 if tunnel_last else 10),
+                                  FakeSyncer(tl, "sysctls")]
+    syncers.insert(len(syncers) if tunnel_last else 0, tunnel)
+    for s in syncers:
+        dp.register_device_syncer(s)
+    dp.register_fdb(FakeSyncer(tl, "fdb"))
+    for mgr in (StatusConsumer(tl, routes), TunnelConsumer(tl, routes), AttachConsumer(tl, "bpf")):
+        dp.register_manager(mgr)
+    dp.register_table(FakeTable(tl, "filter"))
+    dp.on_datastore_message(Update("k"))
+    ready(dp)
+    return dp, tl
+
+
+def test_bpf_mode_starts_routes_beside_the_attach_once_the_tunnel_device_consumers_ran() -> None:
+    """The VXLAN-shaped consumer runs before the attach, then the FDB, then the routes start and run
+    while the attach waits on its child; the consumers that read the attach's results run after it."""
+    dp, tl = _bpf_shaped(tunnel_last=False)
+    report = dp.maybe_apply()
+    assert report is not None and report.ok
+    order = [e for e in tl if e.split(":")[0] in ("devices", "attach", "sysctls", "after-devices", "fdb")]
+    assert order == ["devices", "after-devices:vxlan", "fdb", "attach:start", "sysctls", "attach:saw-routes",
+                     "attach:ready-marks", "after-devices:endpoints", "after-devices:bpf"]
+    assert tl.index("route-table") > tl.index("fdb")
+
+
+def test_a_tunnel_device_syncer_after_the_attach_keeps_the_routes_after_every_consumer() -> None:
+    """The early start needs the tunnel devices applied: registered after the attach, nothing moves
+    (the attach waits a fifth of a second for routes that have not started)."""
+    dp, tl = _bpf_shaped(tunnel_last=True)
+    report = dp.maybe_apply()
+    assert report is not None and report.ok
+    order = [e for e in tl if e.split(":")[0] in ("devices", "attach", "sysctls", "after-devices", "fdb",
+                                                  "route-table")]
+    assert order[-4:] == ["after-devices:vxlan", "after-devices:bpf", "fdb", "route-table"]
+    assert "attach:no-routes" in order and order.index("attach:ready-marks") < order.index("after-devices:vxlan")
 
 
 def test_without_a_child_waiting_device_routes_start_after_every_device_step() -> None:

@@ -19,7 +19,9 @@ this object comes from the runner's one thread.
     also a device syncer: BPF mode's maps);
  4. devices: tunnel devices and interface sysctls, then ``on_devices_applied()``
     on the managers that build on them (MTU, ifindex, keys, status); a device syncer that waits on a
-    child process (``WaitsOnChild``: BPF mode's attach) runs the device steps after it during the wait;
+    child process (``WaitsOnChild``: BPF mode's attach) runs the device steps after it during the wait,
+    and the consumers that read only the tunnel devices plus steps 5-7 come before that wait (the
+    routes need nothing the attach makes: :meth:`InternalDataplane._apply_devices`);
  5. popped refresh timers queue resyncs (devices/routes/rules/FDB);
  6. VXLAN FDB, before the routes that use it;
  7. routes and rules start in the background (they never depend on IP sets);
@@ -144,6 +146,12 @@ def _unique(items: Iterable[Syncer]) -> list[Syncer]:
 
 
 _CONFORMS: dict[tuple[type, object], bool] = {}
+
+
+def _may_set_routes_after_devices(mgr: object) -> bool:
+    """Whether *mgr*'s ``on_devices_applied()`` might change routes or rules (managers/base.py)."""
+    owns = _conforms(mgr, ManagerWithRouteTables) or _conforms(mgr, ManagerWithRouteRules)
+    return owns and not getattr(mgr, "sets_no_routes_after_devices", False)
 
 
 def _conforms(obj: object, proto: object) -> TypeGuard[Any]:
@@ -369,10 +377,8 @@ class InternalDataplane:
         try:
             if {id(d) for d in self.ipsets} & {id(s) for s in self.devices}:
                 self._join(report, write)                         # (BPF mode: before its maps' apply)
-            self._apply_devices(report)                           # 4
-            self._queue_refreshes()                               # 5
-            self._apply_fdbs(report)                              # 6
-            background = self._start_routes()                     # 7
+            early = self._apply_devices(report)                   # 4 (BPF mode: 5-7 before its attach)
+            background = early if early is not None else self._start_routing(report)   # 5-7
             ipsets_ok = self._apply_ipset_updates(report, write)  # 8
             tables_ok = self._apply_tables(report, ipsets_ok)     # 9
             self._apply_cleanups(report, tables_ok)               # 9 (after the tables)
@@ -434,16 +440,56 @@ class InternalDataplane:
             write.ok, _ = self._collect(report, write.futs)
         return write.ok
 
-    def _apply_devices(self, report: ApplyReport) -> None:
+    def _apply_devices(self, report: ApplyReport) -> list[tuple[str, Future[None]]] | None:
+        """Step 4; with a device syncer that waits on a child (BPF mode's attach), also steps 5-7 before
+        that wait, returning the route work started (None: steps 5-7 are still to do).
+
+        The managers that read only the tunnel devices (``reads_only_tunnel_devices``: VXLAN, IPIP,
+        WireGuard) need nothing the attach or the sysctls make, and the routes need nothing but them
+        (the VXLAN manager sets the remote routes in its ``on_devices_applied()``; started before it, a
+        restarted node's route table resynced without them and deleted them).  A workload route whose
+        programs are not attached yet is the attach gap, closed by ifstate READY and the *tables
+        dispatch, as with the CNI plugin's own route.  So the route tables' start-of-day work (~0.3 s a
+        family at 1,000 workloads) runs beside the attach instead of after it.  Done only if every
+        tunnel-device syncer has already run when the wait comes and no other consumer that owns routes
+        or rules might set them in its ``on_devices_applied()`` (``sets_no_routes_after_devices``: the
+        endpoint manager, which only reports status there); otherwise the usual order."""
         devices = list(self.devices)
-        for i, syncer in enumerate(devices):
-            if _conforms(syncer, WaitsOnChild) and i + 1 < len(devices):
-                self._apply_during_child(report, syncer, devices[i + 1:])
-                break
+        wait_at = next((i for i, s in enumerate(devices) if _conforms(s, WaitsOnChild)), len(devices))
+        if wait_at + 1 >= len(devices):  # nothing to run during a wait: every step in turn
+            for syncer in devices:
+                self._step(report, _device_step(syncer), syncer.apply)
+            self._after_devices(report, self._devices_consumers())
+            return None
+        for syncer in devices[:wait_at]:
             self._step(report, _device_step(syncer), syncer.apply)
-        for mgr in self.managers:
-            if _conforms(mgr, DevicesConsumer):
-                self._step(report, f"after-devices:{type(mgr).__name__}", mgr.on_devices_applied)
+        consumers = self._devices_consumers()
+        routing = None
+        early = [m for m in consumers if getattr(m, "reads_only_tunnel_devices", False)]
+        late = [m for m in consumers if not getattr(m, "reads_only_tunnel_devices", False)]
+        if (not any(getattr(s, "tunnel_device_syncer", False) for s in devices[wait_at:])
+                and not any(_may_set_routes_after_devices(m) for m in late)):
+            consumers = late
+            self._after_devices(report, early)
+            routing = self._start_routing(report)
+        waiting = devices[wait_at]
+        assert _conforms(waiting, WaitsOnChild)
+        self._apply_during_child(report, waiting, devices[wait_at + 1:])
+        self._after_devices(report, consumers)
+        return routing
+
+    def _devices_consumers(self) -> list[DevicesConsumer]:
+        return [m for m in self.managers if _conforms(m, DevicesConsumer)]
+
+    def _after_devices(self, report: ApplyReport, consumers: Iterable[DevicesConsumer]) -> None:
+        for mgr in consumers:
+            self._step(report, f"after-devices:{type(mgr).__name__}", mgr.on_devices_applied)
+
+    def _start_routing(self, report: ApplyReport) -> list[tuple[str, Future[None]]]:
+        """Steps 5-7: popped refresh timers queue resyncs, the FDB, then routes and rules start."""
+        self._queue_refreshes()
+        self._apply_fdbs(report)
+        return self._start_routes()
 
     def _apply_during_child(self, report: ApplyReport, waiting: WaitsOnChild, rest: list[Syncer]) -> None:
         """*waiting*'s step, with the device steps after it (*rest*) run while its child does (BPF mode:
@@ -476,7 +522,8 @@ class InternalDataplane:
                 s.queue_resync()
             self._force_route_refresh = False
             if self.devices:
-                # The devices step (4) ran before this one: their resync is done by the next apply,
+                # The devices step (4) ran before this one (BPF mode: up to the attach; those after
+                # it resync in this apply): their resync is done by the next apply,
                 # asked for now rather than left to the next update or timer (BPF mode's programs and
                 # maps are device syncers; a detached program would stay detached a whole interval).
                 self.needs_sync = True

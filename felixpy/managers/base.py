@@ -49,6 +49,16 @@ checkable protocols below):
   configuration) — never the kernel;
 * :class:`FeedReporter` — other messages for the feed (``WireguardStatusUpdate``).
 
+A devices consumer whose ``on_devices_applied()`` reads only the tunnel devices' syncer (the VXLAN,
+IPIP and WireGuard managers: the device's MTU, ifindex, key) declares it with the class attribute
+``reads_only_tunnel_devices = True``, and that syncer declares ``tunnel_device_syncer = True``.
+When a device syncer waits on a child (BPF mode's attach), the loop runs those consumers, then the
+FDB and the routes' start, before that wait rather than after it -- only if every tunnel-device
+syncer comes before the waiting one, else the usual order holds.  A consumer with the declaration
+must read nothing else another device syncer makes (interface configuration, attach state).  Any
+other consumer that owns routes or rules keeps the routes after it unless it declares
+``sets_no_routes_after_devices = True`` (the endpoint manager: it only reports status there).
+
 Drivers the loop applies declare their optional hooks the same way:
 :class:`HasDeadline` (``next_deadline()``: seconds until the loop should apply
 again — grace periods, device re-checks, retries) and :class:`WatchesIfaces`

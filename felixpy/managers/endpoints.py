@@ -201,6 +201,8 @@ class EndpointManager:
             self._rpf_dirty = False
         self._request_interface_config()
 
+    sets_no_routes_after_devices = True  # on_devices_applied() only reports status (managers/base.py)
+
     def on_devices_applied(self) -> None:
         """The sysctls syncer has applied: report the status of changed endpoints."""
         self._report_status()

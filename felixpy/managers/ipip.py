@@ -61,6 +61,7 @@ class IPIPManager:
             class_blackhole=RouteClass.BLACKHOLE_IPIP, protocol=route_protocol(cfg), tunnel_device=IPIP_DEVICE,
             tunnel_route=self._tunnel_route)
 
+    reads_only_tunnel_devices = True  # on_devices_applied() reads only the tunnel devices' status (managers/base.py)
     writes_ip_sets = True  # complete_deferred_work() feeds an IP-set dataplane: run before the write starts (managers/base.py)
 
     def on_update(self, msg: Any) -> None:

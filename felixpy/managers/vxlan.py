@@ -97,6 +97,7 @@ class VXLANManager:
     def _mac(self, vtep: Any) -> str:
         return str(vtep.mac if self.ip_version == 4 else vtep.mac_v6)
 
+    reads_only_tunnel_devices = True  # on_devices_applied() reads only the tunnel devices' status (managers/base.py)
     writes_ip_sets = True  # complete_deferred_work() feeds an IP-set dataplane: run before the write starts (managers/base.py)
 
     def on_update(self, msg: Any) -> None:

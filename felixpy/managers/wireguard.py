@@ -49,6 +49,8 @@ from felixpy.proto import felixbackend_pb2 as pb
 log = structlog.get_logger(__name__)
 
 class WireguardManager:
+    reads_only_tunnel_devices = True  # on_devices_applied() reads only the tunnel devices' status (managers/base.py)
+
     def __init__(self, *, cfg: Config, hostname: str, ip_version: int, route_table: RouteTableAPI,
                  route_rules: RouteRulesAPI, devices: TunnelDevicesAPI, fwmark: int) -> None:
         self.cfg = cfg

@@ -731,3 +731,39 @@ def test_interface_sysctls_are_written_while_the_attach_runs_and_before_ready(mo
     assert st is None or not st.flags & (defs.IFACE_STATE_V4_READY | defs.IFACE_STATE_V6_READY)  # type: ignore[attr-defined]
     assert programmed(n, fb, "cali1") and programmed(n, fb, "cali1", 6)
     assert n.sysctls.values["net/ipv6/conf/cali1/proxy_ndp"] == "1"
+
+
+def test_with_vxlan_the_routes_start_before_the_attach_and_after_the_vxlan_manager() -> None:
+    """The daemon's own BPF wiring takes the core's early route start (dataplane/core.py
+    ``_apply_devices``): the tunnel devices are registered before the attach, the VXLAN manager
+    declares it reads only them, and the endpoint manager that it sets no routes after them."""
+    from felixpy.managers.vxlan import VXLANManager
+    from felixpy.managers.bpf_endpoints import BPFEndpointManager
+
+    cfg = replace(BPF_CONFIG, VXLANEnabled=True)
+    n = Node(families=(4,), config=cfg, bpf=fake_kernel())
+    order: list[str] = []
+
+    def spy(obj: object, attr: str, label: str) -> None:
+        inner = getattr(obj, attr)
+
+        def wrapped(*a: object, **kw: object) -> object:
+            order.append(label)
+            return inner(*a, **kw)
+        setattr(obj, attr, wrapped)
+
+    for mgr in n.dp.managers:
+        if isinstance(mgr, (VXLANManager, BPFEndpointManager)):
+            spy(mgr, "on_devices_applied", type(mgr).__name__)
+    for syncer in n.dp.route_syncers():
+        spy(syncer, "apply", "routes")
+    waiting = [s for s in n.dp.devices if hasattr(s, "apply_during")]
+    assert len(waiting) == 1
+    spy(waiting[0], "apply_during", "attach")
+    n.link_up("cali1")
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]))
+    n.apply()
+    assert programmed(n, n.bpf, "cali1")
+    # Before the attach only on the early path; the routes' start follows it (their run is threaded).
+    assert order.index("VXLANManager") < order.index("attach") < order.index("BPFEndpointManager")
+    assert order.index("VXLANManager") < order.index("routes")

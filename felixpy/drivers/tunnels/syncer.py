@@ -82,6 +82,8 @@ CreationListener = Callable[[str, int, bool], None]  # (name, ifindex, oper_up)
 
 
 class TunnelDevices:
+    tunnel_device_syncer = True  # what reads_only_tunnel_devices consumers read (managers/base.py)
+
     def __init__(self, *, ip_version: int, new_handle: NetlinkFactory, enabled: Mapping[str, str],
                  disabled: Mapping[str, str] = {}, clock: Callable[[], float] = time.monotonic,
                  recheck_interval: float = RECHECK_INTERVAL, retry_interval: float = RETRY_INTERVAL) -> None:
