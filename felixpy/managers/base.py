@@ -27,7 +27,8 @@ dataplanes are single-threaded by contract.
 ``tests/test_update_types.py`` checks every manager's source against its declaration.
 
 A manager may define ``render_ahead()``: the part of its deferred work that only renders into
-desired state -- no kernel, no interface state, no other manager's results, no IP-set dataplane.
+desired state -- no kernel, no other manager's results, no IP-set dataplane, and interface state only
+where a later change of it re-dirties what was computed from it (the BPF route manager's ifindexes).
 Before the first ``InSync`` the loop runs it as the feed arrives
 (:meth:`~felixpy.dataplane.core.InternalDataplane.render_ahead`), so the start of day's first apply
 finds it done: the policy manager's is all of ``complete_deferred_work()`` (Felix's policy manager

@@ -216,6 +216,14 @@ class BPFRouteManager:
         self._pending_weps.clear()
 
     # ------------------------------------------------------------------- programming
+    def render_ahead(self) -> None:
+        """Before the first ``InSync`` (managers/base.py): all of complete_deferred_work(), which only
+        records routes into the routes driver's desired state.  Every input it reads (interface index and
+        addresses included) re-dirties the CIDRs it affects when it changes, so a route computed from
+        what had arrived so far is recomputed by the apply if anything moved.  At 1,000 dual-stack
+        workloads this was ~60 ms of the first apply (#12 READY)."""
+        self.complete_deferred_work()
+
     def complete_deferred_work(self) -> None:
         self._take_pending_weps()
         for cidr in sorted(self._dirty):

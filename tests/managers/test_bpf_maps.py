@@ -479,3 +479,24 @@ def test_conntrack_metrics_are_exposed_under_felixs_names_and_types() -> None:
               if line.startswith("felix_bpf_conntrack")}
     assert values["felix_bpf_conntrack_used"] == 2 and values["felix_bpf_conntrack_cleaned"] == 1
     assert values["felix_bpf_conntrack_expired"] == 1 and values["felix_bpf_conntrack_sweeps"] >= 1
+
+
+def test_routes_rendered_ahead_of_insync_reach_the_map_only_at_the_apply_and_follow_later_interfaces() -> None:
+    """The route manager renders ahead of InSync (managers/base.py): the routes map stays untouched
+    until the apply; an interface that comes up after the render still gets its ifindex in the route,
+    and one whose endpoint arrives after it too."""
+    n, fb = node()
+    n.send(wep("a", "cali1", ipv4=["10.65.0.2/32"], ipv6=["fd00:65::2/128"]))
+    n.dp.render_ahead()
+    from felixpy.managers.bpf_maps import BPFRouteManager
+    mgrs = [m for m in n.dp.managers if isinstance(m, BPFRouteManager)]
+    assert len(mgrs) == 2 and all(m._programmed for m in mgrs)  # rendered (v4 and v6)
+    assert routes(fb) == {} and routes(fb, True) == {}  # nothing written
+    idx = n.link_up("cali1")  # after the render
+    idx2 = n.link_up("cali2")
+    n.send(wep("b", "cali2", ipv4=["10.65.0.3/32"]))  # after the interface
+    n.dp.render_ahead()
+    n.apply()
+    assert routes(fb)["10.65.0.2/32"][:2] == (defs.RT_LOCAL | defs.RT_WORKLOAD, idx)
+    assert routes(fb, True)["fd00:65::2/128"][:2] == (defs.RT_LOCAL | defs.RT_WORKLOAD, idx)
+    assert routes(fb)["10.65.0.3/32"][:2] == (defs.RT_LOCAL | defs.RT_WORKLOAD, idx2)
