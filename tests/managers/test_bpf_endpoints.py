@@ -767,3 +767,23 @@ def test_with_vxlan_the_routes_start_before_the_attach_and_after_the_vxlan_manag
     # Before the attach only on the early path; the routes' start follows it (their run is threaded).
     assert order.index("VXLANManager") < order.index("attach") < order.index("BPFEndpointManager")
     assert order.index("VXLANManager") < order.index("routes")
+
+
+def test_endpoints_taken_in_ahead_of_insync_are_programmed_by_the_apply_with_their_latest_version() -> None:
+    """Rendering ahead (managers/base.py) takes the endpoints in, records nothing in the driver and
+    attaches nothing; an endpoint updated after it is programmed as its latest version."""
+    from felixpy.managers.bpf_endpoints import BPFEndpointManager
+
+    n, fb = node()
+    n.link_up("cali1")
+    n.link_up("cali2")
+    n.send(profile("allow"), wep("a", "cali1", ipv4=["10.65.0.2/32"], profiles=["allow"]),
+           wep("b", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"]))
+    n.dp.render_ahead()
+    (mgr,) = [m for m in n.dp.managers if isinstance(m, BPFEndpointManager)]
+    assert not mgr._pending_eps and len(mgr._endpoints) == 2  # taken in
+    assert not fb.attacher.attached and not mgr._programmed  # nothing built, nothing attached
+    n.send(wep("b", "cali2", ipv4=["10.65.0.3/32"], profiles=["allow"], state="down"))  # after the render
+    n.apply()
+    assert programmed(n, fb, "cali1") and not programmed(n, fb, "cali2")
+    assert allowed(n) == ["cali1"]
