@@ -175,7 +175,7 @@ class LibNftables:
         text = json.dumps({"nftables": list(commands)}, separators=(",", ":"))
         rc, _out, err = self._cmd(text)
         if rc != 0:
-            raise NftError(rc, err, text[:2000])
+            raise NftError(rc, err, text[:_EXCERPT])
 
     def run_script(self, script: str) -> None:
         self._nft.set_json_output(False)
@@ -184,7 +184,7 @@ class LibNftables:
         finally:
             self._nft.set_json_output(True)
         if rc != 0:
-            raise NftError(rc, err, script[:2000])
+            raise NftError(rc, err, script[:_EXCERPT])
 
     def list_table(self, family: str, name: str) -> list[dict[str, Any]] | None:
         cmd = {"nftables": [{"list": {"table": {"family": family, "name": name}}}]}
@@ -389,11 +389,11 @@ class NftChildProcess:
             return
         text = json.dumps({"nftables": list(commands)}, separators=(",", ":"))
         if not self._in_worker(JSON, text):
-            self._call(["-j", "-f", "-"], text, text[:2000])
+            self._call(["-j", "-f", "-"], text, text[:_EXCERPT])
 
     def run_script(self, script: str) -> None:
         if not self._in_worker(SCRIPT, script):
-            self._call(["-f", "-"], script, script[:2000])
+            self._call(["-f", "-"], script, script[:_EXCERPT])
 
     def run_script_lines(self, lines: Iterable[str]) -> None:
         """:meth:`run_script` of the lines (each followed by a newline), taken as they come: a script that
@@ -428,7 +428,7 @@ class NftChildProcess:
         if worker is None or worker.broken or len(text) >= self._worker_below:
             return False
         try:
-            worker.run(kind, text, text[:2000])
+            worker.run(kind, text, text[:_EXCERPT])
         except WorkerUnavailable as e:
             _log.warning("nft transaction worker unavailable; running nft per transaction", error=str(e))
             return False
