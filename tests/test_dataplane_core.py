@@ -225,13 +225,54 @@ def test_apply_runs_steps_in_felix_order() -> None:
     ready(dp)
     report = dp.maybe_apply()
     assert report is not None and report.ok
-    order = [e for e in tl if e != "route-table"]  # routes run in parallel with the tables
+    order = [e for e in tl if e not in ("fdb", "route-table")]  # FDB and routes run beside the tables
     assert order.count("ipsets-update:v4") == 2
     order.remove("ipsets-update:v4")  # the write runs beside the renders, FDB and routes (next test)
-    assert order == ["resolve:resolver", "complete:resolver", "complete:routes", "fdb", "ipsets-update:v4",
+    assert order == ["resolve:resolver", "complete:resolver", "complete:routes", "ipsets-update:v4",
                      "table:filter", "ipsets-delete:v4"]
     assert "route-table" in tl
-    assert tl.index("route-table") > tl.index("fdb")  # FDB before routes
+    assert tl.index("complete:routes") < tl.index("fdb") < tl.index("route-table")  # FDB before routes
+
+
+class GatedFDB(FakeSyncer):
+    """An FDB whose apply waits (bounded) for the table to be written: done in time only if the
+    tables did not wait for it."""
+
+    def __init__(self, tl: Timeline, table_done: threading.Event, fail: bool = False) -> None:
+        super().__init__(tl, "fdb", fail)
+        self.table_done = table_done
+
+    def apply(self) -> None:
+        self.tl.append("fdb:start" if self.table_done.wait(10) else "fdb:start-table-not-done")
+        super().apply()
+
+
+class SignallingTable(FakeTable):
+    def __init__(self, tl: Timeline, name: str, done: threading.Event) -> None:
+        super().__init__(tl, name)
+        self.done = done
+
+    def apply(self) -> float | None:
+        got = super().apply()
+        self.done.set()
+        return got
+
+
+@pytest.mark.parametrize("fdb_fails", [False, True])
+def test_the_fdb_runs_beside_the_tables_and_the_routes_wait_for_it(fdb_fails: bool) -> None:
+    """The FDB's work (a large node's read-back) no longer holds the loop before the IP-set join and
+    the tables; the routes still follow it, also when it failed (its failure is its own step's)."""
+    dp, _clock, tl = make()
+    table_done = threading.Event()
+    routes = FakeSyncer(tl, "route-table")
+    dp.register_manager(RouteMgr(tl, routes))
+    dp.register_fdb(GatedFDB(tl, table_done, fail=fdb_fails))
+    dp.register_table(SignallingTable(tl, "filter", table_done))
+    ready(dp)
+    report = dp.maybe_apply()
+    assert report is not None
+    assert tl.index("table:filter") < tl.index("fdb:start") < tl.index("fdb") < tl.index("route-table")
+    assert report.failed_steps == (["fdb:GatedFDB"] if fdb_fails else [])
 
 
 class SetWriter(FakeManager):
@@ -819,10 +860,10 @@ def test_bpf_mode_starts_routes_beside_the_attach_once_the_tunnel_device_consume
     dp, tl = _bpf_shaped(tunnel_last=False)
     report = dp.maybe_apply()
     assert report is not None and report.ok
-    order = [e for e in tl if e.split(":")[0] in ("devices", "attach", "sysctls", "after-devices", "fdb")]
-    assert order == ["devices", "after-devices:vxlan", "fdb", "attach:start", "sysctls", "attach:saw-routes",
+    order = [e for e in tl if e.split(":")[0] in ("devices", "attach", "sysctls", "after-devices")]
+    assert order == ["devices", "after-devices:vxlan", "attach:start", "sysctls", "attach:saw-routes",
                      "attach:ready-marks", "after-devices:endpoints", "after-devices:bpf"]
-    assert tl.index("route-table") > tl.index("fdb")
+    assert tl.index("after-devices:vxlan") < tl.index("fdb") < tl.index("route-table")
 
 
 def test_a_tunnel_device_syncer_after_the_attach_keeps_the_routes_after_every_consumer() -> None:
