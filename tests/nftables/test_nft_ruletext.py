@@ -202,3 +202,18 @@ def test_an_unreadable_rule_sends_the_read_to_the_json_listing(in_netns: str, ma
     assert via.startswith("json: ") and "line" in via
     assert got == want and "forged" not in got.chains["filter-cali-INPUT"].hashes
     assert NftChildProcess(parse_in_child=True).snapshot("table", "ip", "calico", 4) == want
+
+
+@pytest.mark.kernel
+def test_an_nft_that_refuses_the_text_listing_is_read_through_json(in_netns: str, make: Callable[..., Harness],
+                                                                   tmp_path: Any) -> None:
+    shim = _kernel(in_netns)
+    h = make(shim, 4)
+    program_typical(h)
+    h.root.apply()
+    old_nft = tmp_path / "nft"      # an nft that knows neither -t nor -y
+    old_nft.write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in -t|-y) echo "nft: invalid option -- \'${a#-}\'" >&2; '
+                       'exit 1;; esac; done\nexec nft "$@"\n')
+    old_nft.chmod(0o755)
+    got, via = snapshotworker.read_table(NftChildProcess(nft=str(old_nft)), "ip", "calico", 4)
+    assert via.startswith("json: the text listing failed") and got == _json_snapshot(shim, 4)

@@ -14,7 +14,8 @@ and the maps one ``list map`` each — against one ``nft -j list table`` (1.1 s)
 more to decode, mostly rule expressions nobody reads.  Each object comes from exactly one listing, so
 with a writer at work (an off-apply-path listing) every object is as it was at some moment while the
 worker ran, which the table's merge of such listings already assumes (readmerge.py).  Text the reader
-cannot classify sends it back to the one JSON listing, and the output says so (``via``).
+cannot classify, or either listing failing (an nft without ``-t``/``-y``), sends it back to the one JSON
+listing, whose own failure is the worker's, and the output says so (``via``).
 
 Why a process (issue #17): one listing of a 135k-rule table is 27 MB of JSON and ~500 MiB of decoded
 objects, resident in the daemon after the parse (glibc keeps the freed arenas) and decoded under the
@@ -52,22 +53,32 @@ def read_table(nft: NftChildProcess, family: str, name: str, ip_version: int) ->
     beside.start()
     try:
         text = nft.list_table_text(family, name)
+    except NftError as e:      # an nft that refuses -t/-y, say: the listing every nft knows decides
+        return _json_read(nft, family, name, ip_version, f"the text listing failed: {e}")
     finally:
         beside.join()
     if "error" in got:
-        raise got["error"]
+        error = got["error"]
+        if isinstance(error, NftError):
+            return _json_read(nft, family, name, ip_version, f"the set listing failed: {error}")
+        raise error
     if text is None:
         return None, "split"
     try:
         chains, others = parse_terse_text(text, family, name)
     except Unreadable as e:
-        objs = nft.list_table(family, name)
-        return (None if objs is None else parse_table(objs, ip_version)), f"json: {e}"
+        return _json_read(nft, family, name, ip_version, str(e))
     # Sets and maps only (a table deleted between the listings has none left); chains and foreign
     # objects from the text.
     snap = parse_table(got["objs"], ip_version)
     snap.chains, snap.others = chains, others
     return snap, "split"
+
+
+def _json_read(nft: NftChildProcess, family: str, name: str, ip_version: int,
+               why: str) -> tuple[TableSnapshot | None, str]:
+    objs = nft.list_table(family, name)
+    return (None if objs is None else parse_table(objs, ip_version)), f"json: {why}"
 
 
 def main(argv: list[str]) -> int:
