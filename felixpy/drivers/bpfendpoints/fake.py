@@ -29,12 +29,16 @@ from felixpy.drivers.bpfendpoints.xdp import ForeignXdpProgram
 from felixpy.errors import UnsupportedFeature
 
 
+_MAP_FDS = itertools.count(1 << 20)  # far from the program fds (FakePrograms counts from 1000)
+
+
 class FakeKernelMap(FakeMap):
-    """A FakeMap with the attributes MapSet users read from a real :class:`Map`."""
+    """A FakeMap with the attributes MapSet users read from a real :class:`Map`: an fd of its own, as
+    each real map has (generated code embeds it, and the bytecode cache tells maps apart by it)."""
 
     def __init__(self, spec: MapSpec) -> None:
         super().__init__(spec)
-        self.fd = -1
+        self.fd = next(_MAP_FDS)
         self.fail_updates: int | None = None  # errno for every set() until cleared
 
     def set(self, key: Any, value: Any, flags: int = 0) -> None:
@@ -54,7 +58,7 @@ class FakePrograms:
     ids: dict[int, int] = field(default_factory=dict)  # fd -> program id
     names: dict[int, str] = field(default_factory=dict)
     closed: set[int] = field(default_factory=set)
-    tags: dict[int, str] = field(default_factory=dict)  # fd -> "code" (equal for the same program text)
+    tags: dict[int, str] = field(default_factory=dict)  # fd -> "code" (equal for the same program text, any maps)
     loads: int = 0
     build: str = "v1"  # bump to make every later load different code (an upgrade)
 
@@ -70,7 +74,7 @@ class FakePrograms:
         fd = next(self._fds)
         self.ids[fd] = fd + 50000
         self.names[fd] = name
-        self.tags[fd] = f"{self.build}:{name}:{insns.hex()}"
+        self.tags[fd] = f"{self.build}:{name}:{progtag.masked(insns).hex()}"  # (which maps: map_ids)
         self.types[fd] = prog_type
         # The kernel's tag of these instructions, unless ``build`` says the code is another version's.
         other_version = b"" if self.build == "v1" else f"{self.build}:".encode()
