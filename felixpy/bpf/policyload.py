@@ -19,9 +19,16 @@ kernel, never the daemon): ``<pin root>/felixpy-policy/<program name>`` holds th
 zlib-compressed), and the generator's fingerprint, each part's instruction count and kernel tag.
 bpffs refuses regular files (``open(O_CREAT)`` is EPERM), so the source is a pinned one-entry array
 map (:class:`PinnedSources`; tests use :class:`MemorySources`).  It is written before
-:meth:`PolicyPrograms.acquire` returns, i.e. before any slot holds the program, and removed when the
-program is closed; :meth:`PolicyPrograms.sweep_sources` removes those an earlier run left once this
-run has replaced its programs.
+:meth:`PolicyPrograms.acquire` returns, i.e. before any slot holds the program -- or, inside
+:meth:`PolicyPrograms.deferred_writes` (the endpoint driver's apply), queued and written once the
+programs are in their slots, while the attach runs (that method's docstring says why a restart in
+between keeps no wrong program) -- and removed when the program is closed;
+:meth:`PolicyPrograms.sweep_sources` removes those an earlier run left once this run has replaced its
+programs.  The policy set's JSON text is made once per distinct set and shared by its programs.
+
+Generated instructions may come from the on-disk bytecode cache (:mod:`felixpy.bpf.polcache`, keyed
+by the program's whole key and the generator's fingerprint): a fresh start with a warm cache loads
+without generating.  Only parts the kernel loaded (or a restart found loaded) are stored.
 
 Apply contract: :meth:`PolicyPrograms.install` writes part k at ``entry + k*stride`` and
 deletes any higher parts a previous, larger program left behind, so a slot is always either
@@ -39,19 +46,20 @@ import json
 import os
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Protocol
 
 import structlog
 
-from felixpy.bpf import defs, progtag
+from felixpy.bpf import defs, polcache, progtag
 from felixpy.bpf import syscall as sc
 from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.maps import MapSet
 from felixpy.bpf import policy_ir as ir
 from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.policy_ir import PolicySet
+from felixpy.bpf.polcache import PolicyBytecodeCache
 from felixpy.bpf.polprog import (
     DEFAULT_MAX_INSNS,
     DEFAULT_MAX_JUMPS,
@@ -174,22 +182,49 @@ def _doc(ps: PolicySet, *, name: str, hook: int, v6: bool, ipset_ids: Mapping[st
             "ip_set_ids": dict(sorted(ipset_ids.items())), "policy_set": _plain(ps)}
 
 
+_JSON = json.JSONEncoder(separators=(",", ":")).encode
+_POLICY_TEXT_MAX = 32  # the programs of one policy set are loaded one after another
+_policy_texts: dict[PolicySet, str] = {}  # bounded; oldest dropped first
+
+
+def _policy_text(ps: PolicySet) -> str:
+    """``ps`` as its source's JSON text (``_plain``), once per distinct policy set: the four programs
+    of an endpoint's policy (two hooks, two families) and a restart's adopt share one walk."""
+    text = _policy_texts.get(ps)
+    if text is None:
+        text = _JSON(_plain(ps))
+        if len(_policy_texts) >= _POLICY_TEXT_MAX:
+            del _policy_texts[next(iter(_policy_texts))]
+        _policy_texts[ps] = text
+    return text
+
+
+def _input_text(ps: PolicySet, *, name: str, hook: int, v6: bool, ipset_ids: Mapping[str, int]) -> str:
+    """``_JSON(_doc(...))`` without its closing brace: the input part of a source, as :func:`source_doc`
+    writes it first and :func:`_recorded_parts` compares it."""
+    return (f'{{"format":{SOURCE_FORMAT},"program":{_JSON(name)},"hook":{int(hook)},"ip_version":{6 if v6 else 4},'
+            f'"ip_set_ids":{_JSON(dict(sorted(ipset_ids.items())))},"policy_set":{_policy_text(ps)}')
+
+
 def source_doc(ps: PolicySet, *, name: str, hook: int, v6: bool, ipset_ids: Mapping[str, int],
                generator: str = "", insn_counts: list[int] | None = None, tags: list[bytes] | None = None) -> bytes:
     """A program's source as explain reads it back (:func:`parse_source`), and as a restart
     recognises the program by (:meth:`PolicyPrograms.adopt`)."""
-    doc = _doc(ps, name=name, hook=hook, v6=v6, ipset_ids=ipset_ids)
-    doc.update(generator=generator, insn_counts=list(insn_counts or []), tags=[t.hex() for t in tags or []])
-    return zlib.compress(json.dumps(doc, separators=(",", ":")).encode())
+    text = (_input_text(ps, name=name, hook=hook, v6=v6, ipset_ids=ipset_ids)
+            + f',"generator":{_JSON(generator)},"insn_counts":{_JSON(list(insn_counts or []))},'
+              f'"tags":{_JSON([t.hex() for t in tags or []])}}}')
+    return zlib.compress(text.encode())
 
 
-def _recorded_parts(blob: bytes | None, want: Mapping[str, Any], generator: str) -> tuple[list[int], list[bytes]] | None:
+def _recorded_parts(blob: bytes | None, want: Mapping[str, Any] | str,
+                    generator: str) -> tuple[list[int], list[bytes]] | None:
     """The parts' instruction counts and tags the source *blob* records, if it was written by this
-    *generator* for exactly the input *want* (:func:`_doc`); else None.  The input is compared as
-    text: :func:`source_doc` writes it first, in a fixed key order, and the parts after it."""
+    *generator* for exactly the input *want* (:func:`_doc`, or its text :func:`_input_text`); else
+    None.  The input is compared as text: :func:`source_doc` writes it first, in a fixed key order,
+    and the parts after it."""
     if blob is None or not generator:
         return None
-    prefix = json.dumps(want, separators=(",", ":"))[:-1] + ","
+    prefix = (want if isinstance(want, str) else _JSON(want)[:-1]) + ","
     try:
         text = zlib.decompress(blob).decode()
         if not text.startswith(prefix):
@@ -305,6 +340,9 @@ def read_pinned_source(path: str) -> bytes | None:
     return raw[4:4 + n]
 
 
+_CacheEntry = tuple[str, list[bytes], ProgramMaps]  # a bytecode-cache entry to store: key, parts, their maps
+
+
 @dataclass
 class PolicyProgram:
     key: tuple[object, ...]
@@ -334,10 +372,17 @@ class PolicyPrograms:
     generator: Callable[[], str] = generator_fingerprint
     _cache: dict[tuple[object, ...], PolicyProgram] = field(default_factory=dict)
     _installed: dict[tuple[int, int], PolicyProgram] = field(default_factory=dict)
+    # Generated instructions kept on disk (:mod:`felixpy.bpf.polcache`): None, every program is generated.
+    bytecode_cache: PolicyBytecodeCache | None = None
     # The parts adopt() generated for a key it could not adopt: acquire() loads them, not a second build.
-    _spare: tuple[tuple[object, ...], list[bytes], float] | None = None
-    stats: dict[str, int] = field(default_factory=lambda: {"loads": 0, "hits": 0, "adopted": 0, "generated": 0})
+    _spare: tuple[tuple[object, ...], list[bytes], float, _CacheEntry | None] | None = None
+    stats: dict[str, int] = field(default_factory=lambda: {"loads": 0, "hits": 0, "adopted": 0, "generated": 0,
+                                                           "cached": 0})
     _map_ids: dict[tuple[int, bool], frozenset[int]] = field(default_factory=dict)
+    # Inside deferred_writes(): sources (by program name) and cache entries not written yet.
+    _defer_depth: int = 0
+    _pending_sources: dict[str, tuple[PolicySet, int, bool, list[int], list[bytes]]] = field(default_factory=dict)
+    _pending_cache: list[_CacheEntry] = field(default_factory=list)
 
     # -- programs ------------------------------------------------------------------------------
 
@@ -345,24 +390,44 @@ class PolicyPrograms:
         ids = tuple(sorted((s, self.ipset_ids.get_or_alloc(s)) for s in ps.ip_sets()))
         return (ps, hook, v6, xdp, ids, self.max_jumps, self.max_insns)
 
-    def _build(self, key: tuple[object, ...], ps: PolicySet, hook: int, v6: bool,
-               xdp: XdpSlots | None) -> tuple[list[bytes], float]:
-        """The program's parts for ``key`` and the seconds generating them took."""
+    def _build(self, key: tuple[object, ...], key_repr: str, ps: PolicySet, hook: int, v6: bool,
+               xdp: XdpSlots | None) -> tuple[list[bytes], float, _CacheEntry | None]:
+        """The program's parts for ``key`` (whose ``repr`` is *key_repr*), the seconds getting them
+        took, and -- when they were generated and the bytecode cache is on -- the entry to store once
+        the kernel took them (:meth:`_cache_later`): from the cache when it holds them, else generated."""
         if self._spare is not None and self._spare[0] == key:
-            _key, parts, secs = self._spare
+            _key, parts, secs, entry = self._spare
             self._spare = None
-            return parts, secs
+            return parts, secs, entry
         t0 = time.perf_counter()
+        pm = ProgramMaps(self.maps.state.fd, self.maps.ipsets(v6).fd, self.maps.progs(hook).fd,
+                         self.maps.jumps(hook).fd)
+        cache_key = None
+        if self.bytecode_cache is not None:
+            generator = self.generator()
+            if generator:  # without a fingerprint nothing says the entry is this code's
+                cache_key = polcache.entry_key(generator, key_repr)
+                got = self.bytecode_cache.get(cache_key, pm)
+                if got is not None:
+                    self.stats["cached"] += 1
+                    return got, time.perf_counter() - t0, None
         self.stats["generated"] += 1
-        builder = PolicyProgramBuilder(
-            ProgramMaps(self.maps.state.fd, self.maps.ipsets(v6).fd, self.maps.progs(hook).fd,
-                        self.maps.jumps(hook).fd),
-            self.ipset_ids.get_or_alloc, v6=v6, xdp=xdp, max_jumps=self.max_jumps, max_insns=self.max_insns)
-        return builder.build(ps), time.perf_counter() - t0
+        builder = PolicyProgramBuilder(pm, self.ipset_ids.get_or_alloc, v6=v6, xdp=xdp, max_jumps=self.max_jumps,
+                                       max_insns=self.max_insns)
+        parts = builder.build(ps)
+        return parts, time.perf_counter() - t0, (None if cache_key is None else (cache_key, parts, pm))
+
+    def _cache_later(self, entry: _CacheEntry | None) -> None:
+        """Store a generated program's parts in the bytecode cache (inside :meth:`deferred_writes`:
+        queue them) -- only parts the kernel loaded, or found loaded, reach the cache."""
+        if entry is not None:
+            self._pending_cache.append(entry)
+            if not self._defer_depth:
+                self.flush_deferred()
 
     @staticmethod
-    def _name(key: tuple[object, ...], hook: int, v6: bool) -> str:
-        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:8]
+    def _name(key_repr: str, hook: int, v6: bool) -> str:
+        digest = hashlib.sha256(key_repr.encode()).hexdigest()[:8]
         return f"p{6 if v6 else 4}{_HOOK_CHAR[hook]}_{digest}"
 
     def _ipset_ids(self, ps: PolicySet) -> dict[str, int]:
@@ -370,8 +435,52 @@ class PolicyPrograms:
 
     def _write_source(self, name: str, ps: PolicySet, hook: int, v6: bool, counts: list[int],
                       tags: list[bytes]) -> None:
+        """Write (inside :meth:`deferred_writes`: queue) the source of the loaded program *name*."""
+        if self._defer_depth:
+            self._pending_sources[name] = (ps, hook, v6, counts, tags)
+            return
         self.sources.write(name, source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=self._ipset_ids(ps),
                                             generator=self.generator(), insn_counts=counts, tags=tags))
+
+    @contextlib.contextmanager
+    def deferred_writes(self) -> Iterator[None]:
+        """Within: loaded programs' sources and new bytecode-cache entries are queued, not written;
+        :meth:`flush_deferred` writes them (call it where the caller waits anyway, e.g. while a ``tc``
+        child attaches), and leaving the outermost block flushes whatever is left.
+
+        Why this is safe for a restart: a source only says which instructions (by tag) a program
+        of that name, generator and input has; :meth:`adopt` still compares the slot's program with
+        it.  A restart in the window before the write finds no source (or an earlier run's for the
+        same name, generator and input: the same tags) and generates and compares the instructions
+        instead -- slower, never a wrong program kept.  A program released before its source was
+        written drops the queued write with it.  Until the flush, ``felixpy explain`` shows such a
+        program without its policy, as it shows one whose source is missing."""
+        self._defer_depth += 1
+        try:
+            yield
+        finally:
+            self._defer_depth -= 1
+            if not self._defer_depth:
+                self.flush_deferred()
+
+    def flush_deferred(self) -> None:
+        """Write the queued sources and cache entries.  Never raises: the programs already enforce, a
+        missing source only costs a restart a generation (a failed write is retried at the next flush)."""
+        pending, self._pending_sources = self._pending_sources, {}
+        generator = self.generator() if pending else ""
+        for name, (ps, hook, v6, counts, tags) in pending.items():
+            try:
+                self.sources.write(name, source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=self._ipset_ids(ps),
+                                                    generator=generator, insn_counts=counts, tags=tags))
+            except Exception as e:
+                if name not in self._pending_sources:
+                    self._pending_sources[name] = (ps, hook, v6, counts, tags)
+                log.warning("Policy program source not written; will retry", program=name, error=str(e),
+                            error_type=type(e).__name__)
+        entries, self._pending_cache = self._pending_cache, []
+        if self.bytecode_cache is not None:
+            for key, parts, pm in entries:
+                self.bytecode_cache.put(key, parts, pm)  # (logs its own failures; a miss regenerates)
 
     def _maps_of(self, hook: int, v6: bool) -> frozenset[int]:
         """The ids of the maps this process's programs for ``hook`` and family use."""
@@ -391,9 +500,10 @@ class PolicyPrograms:
             self.stats["hits"] += 1
             prog.refs += 1
             return prog
-        parts, gen_seconds = self._build(key, ps, hook, v6, xdp)
+        key_repr = repr(key)
+        parts, gen_seconds, cache_entry = self._build(key, key_repr, ps, hook, v6, xdp)
         t1 = time.perf_counter()
-        name = self._name(key, hook, v6)
+        name = self._name(key_repr, hook, v6)
         prog_type = sc.PROG_TYPE_XDP if hook == defs.HOOK_XDP else sc.PROG_TYPE_SCHED_CLS
         fds: list[int] = []
         try:
@@ -414,6 +524,7 @@ class PolicyPrograms:
             raise
         prog = PolicyProgram(key, name, fds, counts, 1, gen_seconds, t2 - t1, [i.id for i in infos])
         self._cache[key] = prog
+        self._cache_later(cache_entry)
         self.stats["loads"] += 1
         log.debug("policy program loaded", name=name, parts=len(parts),
                   insns=prog.insn_counts, gen_ms=round(gen_seconds * 1e3, 2),
@@ -448,10 +559,12 @@ class PolicyPrograms:
             prog.refs += 1
             self._installed[(hook, entry)] = prog
             return True
-        name = self._name(key, hook, v6)
-        want = _doc(ps, name=name, hook=hook, v6=v6, ipset_ids=self._ipset_ids(ps))
+        key_repr = repr(key)
+        name = self._name(key_repr, hook, v6)
+        want = _input_text(ps, name=name, hook=hook, v6=v6, ipset_ids=self._ipset_ids(ps))
         recorded = _recorded_parts(self.sources.read(name), want, self.generator())
         gen_seconds = 0.0
+        cache_entry: _CacheEntry | None = None
         if recorded is not None:
             counts, tags = recorded
             maps = self._maps_of(hook, v6)
@@ -459,8 +572,8 @@ class PolicyPrograms:
             def same(k: int, info: sc.ProgInfo) -> bool:
                 return info.tag == tags[k] and set(info.map_ids) <= maps
         else:
-            parts, gen_seconds = self._build(key, ps, hook, v6, None)
-            self._spare = (key, parts, gen_seconds)
+            parts, gen_seconds, cache_entry = self._build(key, key_repr, ps, hook, v6, None)
+            self._spare = (key, parts, gen_seconds, cache_entry)
             counts = [len(p) // 8 for p in parts]
 
             def same(k: int, info: sc.ProgInfo) -> bool:
@@ -491,6 +604,7 @@ class PolicyPrograms:
         self._cache[key] = prog
         self._installed[(hook, entry)] = prog
         self.stats["adopted"] += 1
+        self._cache_later(cache_entry)  # generated and found loaded: the next fresh start loads it from disk
         return True
 
     def _ids(self, prog: PolicyProgram) -> list[int]:
@@ -509,6 +623,7 @@ class PolicyPrograms:
             for fd in prog.fds:
                 self.close_fd(fd)
             prog.fds = []
+            self._pending_sources.pop(prog.name, None)
             self.sources.remove(prog.name)
 
     def sweep_sources(self) -> int:

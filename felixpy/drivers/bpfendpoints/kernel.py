@@ -3,7 +3,9 @@ programs and the attach layer (one bundle, both IP families).
 
 What it owns: nothing by itself; :func:`open_kernel` opens (or creates and pins) every map in
 :data:`felixpy.bpf.maps.ALL_SPECS` under the pin root, and hands the compile work to the
-short-lived worker (:mod:`felixpy.bpf.worker`) so this process never imports bcc or LLVM.
+short-lived worker (:mod:`felixpy.bpf.worker`) so this process never imports bcc or LLVM.  The
+policy programs' bytecode cache (:mod:`felixpy.bpf.polcache`) lives in the compile cache's
+directory (``FELIXPY_BPF_CACHE_DIR``; empty: neither cache).
 
 How a fresh process recognises them: maps by pin path, kernel name and layout
 (:mod:`felixpy.bpf.maps`); the drivers that use this bundle say how they recognise the rest.
@@ -21,6 +23,7 @@ from felixpy.bpf.attach import PREAMBLE_PIN_DIR
 from felixpy.bpf.hook import ProgramsMap
 from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.maps import MapSet, ensure_pin_root
+from felixpy.bpf.polcache import PolicyBytecodeCache
 from felixpy.bpf.policyload import JumpMapAllocator, PinnedSources, PolicyPrograms
 from felixpy.drivers.bpfendpoints.attacher import HOOKS, Attacher, KernelAttacher
 from felixpy.drivers.bpfendpoints.xdp import KernelXdpAttacher, XdpAttacher
@@ -69,14 +72,17 @@ def open_kernel(pin_root: str, attach_type: str, *, tcx_pin_dir: str | None = No
                 sizes: dict[str, int] | None = None) -> BPFKernel:
     """The real bundle: maps pinned under *pin_root* (bpffs is mounted at /sys/fs/bpf when
     nothing is), variants compiled in the worker."""
+    from felixpy.bpf import objcache
     from felixpy.bpf.worker import WorkerLoader
 
+    cache = objcache.cache_dir()  # the compile cache's directory holds the policy bytecode cache too
     ensure_pin_root(pin_root)
     maps = MapSet(pin_root, sizes=sizes or {}).ensure()
     ids = IPSetIDAllocator()
     tcx_dir = tcx_pin_dir or default_tcx_pin_dir(pin_root)
     attacher = KernelAttacher(attach_type, tcx_dir, preamble_pin_dir=os.path.join(pin_root, PREAMBLE_PIN_DIR))
     return BPFKernel(maps=maps, programs=ProgramsMap(maps, pin_root, loader=WorkerLoader(pin_root)),
-                     policies=PolicyPrograms(maps, ids, sources=PinnedSources(pin_root)),
+                     policies=PolicyPrograms(maps, ids, sources=PinnedSources(pin_root),
+                                             bytecode_cache=PolicyBytecodeCache(cache) if cache else None),
                      attacher=attacher, ipset_ids=ids, slots=slot_allocators(),
                      xdp=KernelXdpAttacher(attacher.nl))
