@@ -2,8 +2,8 @@
 
 What it owns, per workload interface it is told about: the counters entries for both TC hooks;
 one policy jump-map entry per (TC hook, IP family) and the policy programs in those slots (with
-their pinned sources, :mod:`felixpy.bpf.policyload`, which an earlier run's are swept after the first
-apply that programs every wanted interface); the
+their pinned sources, :mod:`felixpy.bpf.policyload`, written while the attach runs, which an earlier
+run's are swept after the first apply that programs every wanted interface); the
 attach-point globals (``cali_ap_glob``); the preamble on both TC
 hooks (through :class:`~felixpy.drivers.bpfendpoints.attacher.Attacher`); and the interface's
 ``cali_iface`` entry (WEP flag, READY flag per family, policy entry indices).
@@ -294,7 +294,30 @@ class BPFEndpoints:
 
     def apply_during(self, during: Callable[[], None]) -> None:
         """:meth:`apply`, running *during* (the loop's device steps after this one) while the ``tc
-        -batch`` child attaches, or after step 5 when no child runs -- always before step 6."""
+        -batch`` child attaches, or after step 5 when no child runs -- always before step 6.
+
+        The policy programs' sources and new bytecode-cache entries are written off the critical
+        path: queued while the slots are programmed and written while the ``tc`` child attaches
+        (before *during*), or at the end of the apply (:meth:`PolicyPrograms.deferred_writes` says
+        why a restart in between cannot keep a wrong program)."""
+        pol = self.kernel.policies
+
+        def while_attaching() -> None:
+            pol.flush_deferred()
+            during()
+
+        with pol.deferred_writes():
+            unsupported = self._apply_during(while_attaching)
+        if self._sweep_sources:
+            # Every wanted slot now holds this run's program and its source is written: the earlier
+            # run's sources can go.
+            pol.sweep_sources()
+            self._sweep_sources = False
+        if unsupported:
+            raise unsupported[0]
+
+    def _apply_during(self, during: Callable[[], None]) -> list[UnsupportedFeature]:
+        """The apply; raises when interfaces failed, returns what the kernel cannot do."""
         if self._start_of_day:
             self._restart_sync()
             self._start_of_day = False
@@ -360,12 +383,7 @@ class BPFEndpoints:
         if failures:
             raise EndpointProgrammingFailed(failures)  # drift found stays pending: counted once repaired
         self._drift.repaired()
-        if self._sweep_sources:
-            # Every wanted slot now holds this run's program: the earlier run's sources can go.
-            self.kernel.policies.sweep_sources()
-            self._sweep_sources = False
-        if unsupported:
-            raise unsupported[0]
+        return unsupported
 
     def _restart_sync(self) -> None:
         """Take over what an earlier run left (see the module docstring)."""
