@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ipaddress
 import os
+import pathlib
 from collections.abc import Iterator
 
 import pytest
@@ -31,8 +32,9 @@ from felixpy.bpf.policy_ir import (
     Rule,
     Tier,
 )
+from felixpy.bpf.polcache import PolicyBytecodeCache
 from felixpy.bpf.policyload import PolicyPrograms
-from felixpy.bpf.polprog import XdpSlots
+from felixpy.bpf.polprog import DEFAULT_MAX_JUMPS, XdpSlots
 from felixpy.bpf.testrun import run_tc, run_xdp
 
 from . import refmodel
@@ -383,3 +385,45 @@ def test_thousand_rule_policy_loads(polenv: PolEnv, v6: bool) -> None:
     prog = pp.installed(ING, ENTRY)
     assert prog is not None and sum(prog.insn_counts) > 10000
     pp.uninstall(ING, ENTRY)
+
+
+@pytest.mark.parametrize("max_jumps", [DEFAULT_MAX_JUMPS, 8], ids=["whole", "split"])
+def test_a_program_from_the_bytecode_cache_loads_and_decides_as_the_generated_one(
+        polenv: PolEnv, tmp_path: pathlib.Path, max_jumps: int) -> None:
+    """Stored by one loader, loaded by another whose maps are other fds (the pins opened again, as a
+    new process opens them): the kernel takes it, gives it the generated program's tag and maps, and
+    it decides every packet as the reference model does."""
+    ps = PolicySet(tiers=(Tier("t", (Policy("p", (
+        Rule(Action.DENY, protocol=6, src_ip_sets=("s:bad",)),
+        Rule(Action.ALLOW, protocol=6, src_nets=("10.1.0.0/16", "fd00:1::/64"), dst_ports=(PortRange(80, 90),)),
+        Rule(Action.ALLOW, protocol=17, dst_ip_sets=("s:dns",), dst_ports=(PortRange(53, 53),)))),)),),
+        profiles=(Profile("kns.x", (Rule(Action.DENY),)),))
+    mem = {"s:bad": ["10.1.2.3/32", "fd00:1::3/128"], "s:dns": ["10.9.9.9/32", "fd00:9::9/128"]}
+    polenv.set_members(mem)
+    cache = PolicyBytecodeCache(str(tmp_path))
+    first = PolicyPrograms(polenv.maps, polenv.ids, max_jumps=max_jumps, bytecode_cache=cache)
+    again = maps.MapSet(polenv.maps.pin_root, sizes=dict(polenv.maps.sizes)).ensure()
+    second = PolicyPrograms(again, polenv.ids, max_jumps=max_jumps, bytecode_cache=cache)
+    try:
+        assert again.state.fd != polenv.maps.state.fd
+        for v6 in (False, True):
+            a = first.acquire(ps, hook=ING, v6=v6)
+            b = second.acquire(ps, hook=ING, v6=v6)
+            assert len(a.fds) == len(b.fds) and (len(a.fds) > 1) == (max_jumps == 8)
+            for fa, fb in zip(a.fds, b.fds):
+                ia, ib = sc.prog_info(fa), sc.prog_info(fb)
+                assert ia.tag == ib.tag and sorted(ia.map_ids) == sorted(ib.map_ids)
+            pkts = [Pkt("10.1.2.3" if not v6 else "fd00:1::3", "10.0.0.1" if not v6 else "fd00::1", 6, 1234, 80),
+                    Pkt("10.1.2.4" if not v6 else "fd00:1::4", "10.0.0.1" if not v6 else "fd00::1", 6, 1234, 85),
+                    Pkt("10.1.2.4" if not v6 else "fd00:1::4", "10.0.0.1" if not v6 else "fd00::1", 6, 1234, 95),
+                    Pkt("10.7.0.1" if not v6 else "fd00:7::1", "10.9.9.9" if not v6 else "fd00:9::9", 17, 999, 53),
+                    Pkt("10.7.0.1" if not v6 else "fd00:7::1", "10.9.9.8" if not v6 else "fd00:9::8", 17, 999, 53)]
+            for p in pkts:
+                assert polenv.verdict(ps, p, v6, second) == refmodel.evaluate(ps, p, mem, v6), p
+            second.uninstall(ING, ENTRY)
+            second.release(b)
+            first.release(a)
+        assert second.stats["cached"] == 2 and second.stats["generated"] == 0
+        assert first.stats["generated"] == 2
+    finally:
+        again.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pathlib
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -205,3 +206,28 @@ def test_a_restart_with_another_policy_loads_it_into_the_same_slot(world: World)
     assert second.policies.stats["loads"] == 1  # that one program; every other slot adopted
     for k in (first, second):
         k.maps.close()
+
+
+def test_a_fresh_start_loads_its_policy_programs_from_the_bytecode_cache(
+        world: World, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+    """The daemon's bundle keeps generated policy programs in the compile cache's directory: a fresh
+    start (new pins: nothing to reclaim) loads them from there, and the kernel takes them."""
+    monkeypatch.setenv("FELIXPY_BPF_CACHE_DIR", str(tmp_path))
+    first = world.process()
+    d1 = driver(first, IFACES)
+    d1.apply()
+    generated = first.policies.stats["generated"]
+    assert generated > 0 and first.policies.stats["cached"] == 0
+    assert first.policies.bytecode_cache is not None and first.policies.bytecode_cache.stats["stored"] == generated
+    fresh_root = os.path.join(world.root, "fresh")
+    fresh = open_kernel(os.path.join(fresh_root, "globals"), world.attach_type,
+                        tcx_pin_dir=os.path.join(fresh_root, "tcx"), sizes=SMALL_SIZES)
+    try:
+        for hook, ps in ((ING, ALLOW_ALL), (EGR, DENY_ALL), (ING, DENY_ALL)):
+            prog = fresh.policies.set_policy(ps, hook=hook, entry=7 if ps is DENY_ALL else 8, v6=False)
+            info = sc.prog_info(prog.fds[0])
+            assert set(info.map_ids) <= {sc.map_info(m.fd).id for m in fresh.maps.maps.values()}
+        assert fresh.policies.stats["cached"] == 3 and fresh.policies.stats["generated"] == 0
+    finally:
+        for k in (first, fresh):
+            k.maps.close()
