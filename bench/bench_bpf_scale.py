@@ -24,11 +24,13 @@ network namespaces and private bpffs mounts.
 * **``--profile``: the endpoint driver's apply alone, under cProfile.**  In-process, no daemon:
   the driver (:func:`~felixpy.drivers.bpfendpoints.open_kernel` on a private bpffs) is told about
   the same veth interfaces and given 50 distinct dual-stack policy sets (CIDR and port rules), a
-  one-interface warm-up fills the compile cache first, then one ``apply()`` over every interface
-  is profiled; the top functions and the netlink sockets the attacher opened are printed.
+  one-interface warm-up fills the compile cache first (``--warm-up N``: N interfaces; with N at
+  least the number of policy sets the policy bytecode cache holds every program too, as on a node
+  that ran before), then one ``apply()`` over every interface is profiled; the top functions and
+  the netlink sockets the attacher opened are printed.
 
 Usage: ``.venv/bin/python bench/bench_bpf_scale.py [--workloads N] [--policies N] [--attach TCX|TC]
-[--profile] [--daemon-env K=V]``.
+[--profile [--warm-up N]] [--daemon-env K=V]``.
 """
 
 from __future__ import annotations
@@ -245,8 +247,11 @@ def profile_set(i: int) -> object:
     return WorkloadPolicy(to_workload=one(), from_workload=one())
 
 
-def profile_driver(names: list[str], n_sets: int, attach: str, top: int, out: str | None = None) -> None:
-    """cProfile of one BPFEndpoints.apply() over every interface (see the module doc)."""
+def profile_driver(names: list[str], n_sets: int, attach: str, top: int, out: str | None = None,
+                   warm_up: int = 1) -> None:
+    """cProfile of one BPFEndpoints.apply() over every interface (see the module doc); the warm-up
+    programs the first *warm_up* interfaces (``>= n_sets``: every policy set's programs are in the
+    bytecode cache too, as on a node that ran before)."""
     import cProfile
     import pstats
 
@@ -255,7 +260,7 @@ def profile_driver(names: list[str], n_sets: int, attach: str, top: int, out: st
 
     with tempfile.TemporaryDirectory(prefix="felixpy-bpfcache-") as cache:
         os.environ["FELIXPY_BPF_CACHE_DIR"] = cache
-        for run, run_names in (("warm-up", names[:1]), ("profiled", names)):
+        for run, run_names in (("warm-up", names[:warm_up]), ("profiled", names)):
             with netns.netns("fpybp") as ns, workload_veths(ns, run_names), maps.private_bpffs() as bpffs:
                 idx = ifindexes(ns, run_names)
                 with netns.entered(ns):
@@ -297,13 +302,16 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile the endpoint driver's apply alone")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--profile-out", help="with --profile: also write the cProfile stats to this file")
+    ap.add_argument("--warm-up", type=int, default=1, metavar="N",
+                    help="with --profile: interfaces the warm-up run programs (N >= --policies: the policy "
+                         "bytecode cache holds every set's programs; 1: only the compile cache is warm)")
     ap.add_argument("--daemon-env", action="append", default=[], metavar="K=V",
                     help="extra environment for the daemon (e.g. a PYTHONPATH with a profiling sitecustomize)")
     args = ap.parse_args()
     os.environ["BCC_KERNEL_SOURCE"] = headers_dir()
     names = iface_names(args.workloads)
     if args.profile:
-        profile_driver(names, args.policies, args.attach, args.top, args.profile_out)
+        profile_driver(names, args.policies, args.attach, args.top, args.profile_out, args.warm_up)
         return
     out: dict[str, object] = {"workloads": args.workloads, "policies": args.policies, "attach": args.attach}
     with tempfile.TemporaryDirectory(prefix="felixpy-bpfcache-") as cache:
