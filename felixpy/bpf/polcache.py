@@ -34,7 +34,7 @@ import os
 import re
 import struct
 import sys
-import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -55,6 +55,7 @@ _MAP_LOAD = re.compile(rb"\x18[\x10-\x1f]")
 ROLES = ("state", "ipsets", "progs", "jumps")  # ProgramMaps' fields: a relocation names one by index
 DEFAULT_MAX_ENTRIES = 4096
 DEFAULT_MAX_BYTES = 64 << 20
+_TMP_PREFIX = ".tmp-"
 
 
 def entry_key(generator: str, key_repr: str) -> str:
@@ -189,7 +190,10 @@ class PolicyBytecodeCache:
                 replaced = os.stat(path).st_size
             except FileNotFoundError:
                 replaced = -1
-            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")
+            # A name of its own per entry and process (mkstemp's random names were half a put's cost);
+            # what a crashed writer left is overwritten by the next put of that key or swept by _scan.
+            tmp = os.path.join(self.path, f"{_TMP_PREFIX}{key}.{os.getpid()}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(blob)
@@ -223,7 +227,14 @@ class PolicyBytecodeCache:
         return out
 
     def _scan(self) -> tuple[int, int]:
+        """(entries, bytes) of the cache, once per process; temp files a crashed writer left go."""
         entries = self._entries()
+        cutoff = time.time() - 60
+        with contextlib.suppress(OSError), os.scandir(self.path) as it:
+            for e in it:
+                if e.name.startswith(_TMP_PREFIX) and e.stat(follow_symlinks=False).st_mtime < cutoff:
+                    with contextlib.suppress(OSError):
+                        os.unlink(e.path)
         return len(entries), sum(size for _t, size, _p in entries)
 
     def _evict(self) -> None:

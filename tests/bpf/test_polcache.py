@@ -227,6 +227,19 @@ def test_the_cache_is_bounded_and_keeps_what_was_used_last(tmp_path: pathlib.Pat
     assert total <= 3 * first.stat().st_size
 
 
+def test_what_a_crashed_writer_left_is_swept(tmp_path: pathlib.Path) -> None:
+    d = tmp_path / polcache.SUBDIR
+    d.mkdir()
+    old, recent = d / ".tmp-abc.123", d / ".tmp-def.456"
+    for f in (old, recent):
+        f.write_bytes(b"half an entr")
+    os.utime(old, (1000, 1000))
+    pp, _ = programs(fake_kernel(), PolicyBytecodeCache(str(tmp_path)))
+    pp.acquire(ALLOW_ALL, hook=ING, v6=False)
+    assert not old.exists() and recent.exists()  # (a recent one may be another writer's, mid-write)
+    assert len([n for n in os.listdir(d) if n.endswith(".bin")]) == 1
+
+
 def test_a_cache_directory_that_cannot_be_written_only_costs_generation(tmp_path: pathlib.Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
