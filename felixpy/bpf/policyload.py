@@ -341,6 +341,8 @@ def read_pinned_source(path: str) -> bytes | None:
 
 
 _CacheEntry = tuple[str, list[bytes], ProgramMaps]  # a bytecode-cache entry to store: key, parts, their maps
+# A source to write: policy set, hook, v6, IP-set ids, instruction counts, kernel tags.
+_PendingSource = tuple[PolicySet, int, bool, dict[str, int], list[int], list[bytes]]
 
 
 @dataclass
@@ -381,7 +383,7 @@ class PolicyPrograms:
     _map_ids: dict[tuple[int, bool], frozenset[int]] = field(default_factory=dict)
     # Inside deferred_writes(): sources (by program name) and cache entries not written yet.
     _defer_depth: int = 0
-    _pending_sources: dict[str, tuple[PolicySet, int, bool, list[int], list[bytes]]] = field(default_factory=dict)
+    _pending_sources: dict[str, _PendingSource] = field(default_factory=dict)
     _pending_cache: list[_CacheEntry] = field(default_factory=list)
 
     # -- programs ------------------------------------------------------------------------------
@@ -435,11 +437,13 @@ class PolicyPrograms:
 
     def _write_source(self, name: str, ps: PolicySet, hook: int, v6: bool, counts: list[int],
                       tags: list[bytes]) -> None:
-        """Write (inside :meth:`deferred_writes`: queue) the source of the loaded program *name*."""
+        """Write (inside :meth:`deferred_writes`: queue) the source of the loaded program *name*.  The
+        IP-set ids are taken now, the ones the program was built with, however late it is written."""
+        ids = self._ipset_ids(ps)
         if self._defer_depth:
-            self._pending_sources[name] = (ps, hook, v6, counts, tags)
+            self._pending_sources[name] = (ps, hook, v6, ids, counts, tags)
             return
-        self.sources.write(name, source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=self._ipset_ids(ps),
+        self.sources.write(name, source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=ids,
                                             generator=self.generator(), insn_counts=counts, tags=tags))
 
     @contextlib.contextmanager
@@ -468,13 +472,14 @@ class PolicyPrograms:
         missing source only costs a restart a generation (a failed write is retried at the next flush)."""
         pending, self._pending_sources = self._pending_sources, {}
         generator = self.generator() if pending else ""
-        for name, (ps, hook, v6, counts, tags) in pending.items():
+        for name, item in pending.items():
+            ps, hook, v6, ids, counts, tags = item
             try:
-                self.sources.write(name, source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=self._ipset_ids(ps),
+                self.sources.write(name, source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=ids,
                                                     generator=generator, insn_counts=counts, tags=tags))
             except Exception as e:
                 if name not in self._pending_sources:
-                    self._pending_sources[name] = (ps, hook, v6, counts, tags)
+                    self._pending_sources[name] = item
                 log.warning("Policy program source not written; will retry", program=name, error=str(e),
                             error_type=type(e).__name__)
         entries, self._pending_cache = self._pending_cache, []

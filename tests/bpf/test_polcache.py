@@ -14,7 +14,7 @@ import pytest
 
 from felixpy.bpf import defs, polcache, progtag
 from felixpy.bpf.policy_ir import ALLOW_ALL, DENY_ALL, Action, Policy, PolicySet, Profile, Rule, Tier, ports
-from felixpy.bpf.policyload import MemorySources, PolicyPrograms, generator_fingerprint
+from felixpy.bpf.policyload import MemorySources, PolicyPrograms, generator_fingerprint, parse_source
 from felixpy.bpf.polcache import PolicyBytecodeCache
 from felixpy.bpf.polprog import PolicyProgramBuilder, ProgramMaps, XdpSlots
 from felixpy.drivers.bpfendpoints import BPFEndpoints, WorkloadPolicy
@@ -266,6 +266,22 @@ def test_inside_deferred_writes_sources_wait_for_the_flush_and_a_released_progra
     assert pp.sources.names() == sorted([kept.name, later.name])  # leaving the block flushes the rest
     outside = pp.acquire(ALLOW_ALL, hook=ING, v6=True)
     assert outside.name in pp.sources.names()  # outside: written before acquire returns, as always
+
+
+def test_a_deferred_source_records_the_ip_set_ids_the_program_was_built_with() -> None:
+    """Written late (a retry may be an apply later), the source still names the ids the program embeds:
+    with the ids of the time of writing a restart could take the program for another input's."""
+    fb = fake_kernel()
+    pp = fb.kernel.policies
+    ps = SETS["workload"]
+    with pp.deferred_writes():
+        prog = pp.acquire(ps, hook=ING, v6=False)
+        built = dict(prog.key[4])  # type: ignore[arg-type]
+        for i, name in enumerate(sorted(ps.ip_sets())):  # deleted and back with other ids before the write
+            pp.ipset_ids.release(name)
+            pp.ipset_ids._by_name[name], pp.ipset_ids._by_id[99 + i] = 99 + i, name
+    blob = pp.sources.read(prog.name)
+    assert blob is not None and parse_source(blob).ip_set_ids == built != pp._ipset_ids(ps)
 
 
 def test_a_deferred_source_that_fails_is_retried_and_the_program_stays() -> None:
