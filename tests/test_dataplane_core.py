@@ -783,36 +783,30 @@ class TunnelSyncer(FakeSyncer):
     tunnel_device_syncer = True
 
 
-class TunnelConsumer(FakeManager):
+class RoutesConsumer(FakeManager):
+    """A devices consumer that owns a route table; it records its ``on_devices_applied()``."""
+
+    def __init__(self, tl: Timeline, name: str, routes: FakeSyncer) -> None:
+        super().__init__(tl, name)
+        self.routes = routes
+
+    def on_devices_applied(self) -> None:
+        self.tl.append(f"after-devices:{self.name}")
+
+    def route_table_syncers(self) -> list[FakeSyncer]:
+        return [self.routes]
+
+
+class TunnelConsumer(RoutesConsumer):
     """The VXLAN manager's shape: reads only the tunnel devices, sets its routes there."""
 
     reads_only_tunnel_devices = True
 
-    def __init__(self, tl: Timeline, routes: FakeSyncer) -> None:
-        super().__init__(tl, "vxlan")
-        self.routes = routes
 
-    def on_devices_applied(self) -> None:
-        self.tl.append("after-devices:vxlan")
-
-    def route_table_syncers(self) -> list[FakeSyncer]:
-        return [self.routes]
-
-
-class StatusConsumer(FakeManager):
+class StatusConsumer(RoutesConsumer):
     """The endpoint manager's shape: owns routes, only reports status after the devices."""
 
     sets_no_routes_after_devices = True
-
-    def __init__(self, tl: Timeline, routes: FakeSyncer) -> None:
-        super().__init__(tl, "endpoints")
-        self.routes = routes
-
-    def on_devices_applied(self) -> None:
-        self.tl.append("after-devices:endpoints")
-
-    def route_table_syncers(self) -> list[FakeSyncer]:
-        return [self.routes]
 
 
 class AttachConsumer(FakeManager):
@@ -846,7 +840,8 @@ def _bpf_shaped(tunnel_last: bool) -> tuple[InternalDataplane, Timeline]:
     for s in syncers:
         dp.register_device_syncer(s)
     dp.register_fdb(FakeSyncer(tl, "fdb"))
-    for mgr in (StatusConsumer(tl, routes), TunnelConsumer(tl, routes), AttachConsumer(tl, "bpf")):
+    for mgr in (StatusConsumer(tl, "endpoints", routes), TunnelConsumer(tl, "vxlan", routes),
+                AttachConsumer(tl, "bpf")):
         dp.register_manager(mgr)
     dp.register_table(FakeTable(tl, "filter"))
     dp.on_datastore_message(Update("k"))
