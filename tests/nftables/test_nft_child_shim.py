@@ -69,17 +69,22 @@ def test_list_table_missing_is_none_other_errors_raise() -> None:
         NftChildProcess(broken).list_table("ip", "calico")
 
 
-def test_list_sets_keeps_only_our_tables_sets() -> None:
-    tables = {"nftables": [{"table": {"family": "ip", "name": "calico"}}, {"table": {"family": "ip", "name": "x"}}]}
+def test_list_sets_keeps_only_our_tables_sets_in_one_listing() -> None:
+    """One ``list sets table`` (no ``list tables`` probe: it costs a listing of every set's elements);
+    nft's own "no such table" is None; another table's sets (nft 1.0.6 lists them too) are dropped."""
     sets = {"nftables": [{"metainfo": {}}, {"set": {"name": "a", "table": "calico"}},
                          {"set": {"name": "b", "table": "x"}}]}
 
     def answer(argv: tuple[str, ...], _stdin: str | None) -> CommandResult:
-        return CommandResult(0, json.dumps(tables if "tables" in argv else sets), "", argv)
+        if argv[-1] != "calico":
+            return CommandResult(1, "", "Error: No such file or directory; did you mean table 'calico'?", argv)
+        return CommandResult(0, json.dumps(sets), "", argv)
 
     r = Scripted(answer)
     assert NftChildProcess(r).list_sets("ip", "calico") == [{"set": {"name": "a", "table": "calico"}}]
     assert NftChildProcess(r).list_sets("ip", "gone") is None
+    assert [argv[1:] for argv, _ in r.calls] == [("-j", "list", "sets", "table", "ip", "calico"),
+                                                 ("-j", "list", "sets", "table", "ip", "gone")]
 
 
 class LinesScripted(Scripted):
