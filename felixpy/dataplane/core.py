@@ -455,31 +455,27 @@ class InternalDataplane:
         or rules might set them in its ``on_devices_applied()`` (``sets_no_routes_after_devices``: the
         endpoint manager, which only reports status there); otherwise the usual order."""
         devices = list(self.devices)
+        consumers = [m for m in self.managers if _conforms(m, DevicesConsumer)]
         wait_at = next((i for i, s in enumerate(devices) if _conforms(s, WaitsOnChild)), len(devices))
         if wait_at + 1 >= len(devices):  # nothing to run during a wait: every step in turn
             for syncer in devices:
                 self._step(report, _device_step(syncer), syncer.apply)
-            self._after_devices(report, self._devices_consumers())
+            self._after_devices(report, consumers)
             return None
         for syncer in devices[:wait_at]:
             self._step(report, _device_step(syncer), syncer.apply)
-        consumers = self._devices_consumers()
         routing = None
-        early = [m for m in consumers if getattr(m, "reads_only_tunnel_devices", False)]
         late = [m for m in consumers if not getattr(m, "reads_only_tunnel_devices", False)]
         if (not any(getattr(s, "tunnel_device_syncer", False) for s in devices[wait_at:])
                 and not any(_may_set_routes_after_devices(m) for m in late)):
-            consumers = late
-            self._after_devices(report, early)
+            self._after_devices(report, [m for m in consumers if m not in late])
             routing = self._start_routing(report)
+            consumers = late
         waiting = devices[wait_at]
         assert _conforms(waiting, WaitsOnChild)
         self._apply_during_child(report, waiting, devices[wait_at + 1:])
         self._after_devices(report, consumers)
         return routing
-
-    def _devices_consumers(self) -> list[DevicesConsumer]:
-        return [m for m in self.managers if _conforms(m, DevicesConsumer)]
 
     def _after_devices(self, report: ApplyReport, consumers: Iterable[DevicesConsumer]) -> None:
         for mgr in consumers:
