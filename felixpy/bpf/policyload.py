@@ -177,11 +177,6 @@ def generator_fingerprint() -> str:
     return h.hexdigest()[:32]
 
 
-def _doc(ps: PolicySet, *, name: str, hook: int, v6: bool, ipset_ids: Mapping[str, int]) -> dict[str, Any]:
-    return {"format": SOURCE_FORMAT, "program": name, "hook": hook, "ip_version": 6 if v6 else 4,
-            "ip_set_ids": dict(sorted(ipset_ids.items())), "policy_set": _plain(ps)}
-
-
 _JSON = json.JSONEncoder(separators=(",", ":")).encode
 _POLICY_TEXT_MAX = 32  # the programs of one policy set are loaded one after another
 _policy_texts: dict[PolicySet, str] = {}  # bounded; oldest dropped first
@@ -200,8 +195,9 @@ def _policy_text(ps: PolicySet) -> str:
 
 
 def _input_text(ps: PolicySet, *, name: str, hook: int, v6: bool, ipset_ids: Mapping[str, int]) -> str:
-    """``_JSON(_doc(...))`` without its closing brace: the input part of a source, as :func:`source_doc`
-    writes it first and :func:`_recorded_parts` compares it."""
+    """The input part of a source as JSON text without its closing brace (format, program name, hook,
+    IP version, IP-set ids, the policy set: :func:`parse_source` reads them back), as
+    :func:`source_doc` writes it first and :func:`_recorded_parts` compares it."""
     return (f'{{"format":{SOURCE_FORMAT},"program":{_JSON(name)},"hook":{int(hook)},"ip_version":{6 if v6 else 4},'
             f'"ip_set_ids":{_JSON(dict(sorted(ipset_ids.items())))},"policy_set":{_policy_text(ps)}')
 
@@ -216,15 +212,13 @@ def source_doc(ps: PolicySet, *, name: str, hook: int, v6: bool, ipset_ids: Mapp
     return zlib.compress(text.encode())
 
 
-def _recorded_parts(blob: bytes | None, want: Mapping[str, Any] | str,
-                    generator: str) -> tuple[list[int], list[bytes]] | None:
+def _recorded_parts(blob: bytes | None, want: str, generator: str) -> tuple[list[int], list[bytes]] | None:
     """The parts' instruction counts and tags the source *blob* records, if it was written by this
-    *generator* for exactly the input *want* (:func:`_doc`, or its text :func:`_input_text`); else
-    None.  The input is compared as text: :func:`source_doc` writes it first, in a fixed key order,
-    and the parts after it."""
+    *generator* for exactly the input *want* (:func:`_input_text`); else None.  The input is compared
+    as text: :func:`source_doc` writes it first, in a fixed key order, and the parts after it."""
     if blob is None or not generator:
         return None
-    prefix = (want if isinstance(want, str) else _JSON(want)[:-1]) + ","
+    prefix = want + ","
     try:
         text = zlib.decompress(blob).decode()
         if not text.startswith(prefix):
