@@ -56,8 +56,8 @@ class TableSnapshot:
         return sum(len(c.hashes) for c in self.chains.values())
 
 
-_OBJECT_KINDS_WE_DELETE = ("flowtable", "counter", "quota", "limit", "ct helper", "ct timeout",
-                           "ct expectation", "secmark", "synproxy")
+OBJECT_KINDS_WE_DELETE = ("flowtable", "counter", "quota", "limit", "ct helper", "ct timeout",
+                          "ct expectation", "secmark", "synproxy")
 
 
 def _set_kind(obj: dict[str, Any]) -> SetKind | None:
@@ -158,7 +158,7 @@ def parse_table(objs: Iterable[dict[str, Any]], ip_version: int) -> TableSnapsho
             snap.maps[mp["name"]] = MapSnapshot(key if isinstance(key, str) else repr(key),
                                                 str(mp.get("map")), elements, unparsed)
         else:
-            for kind in _OBJECT_KINDS_WE_DELETE:
+            for kind in OBJECT_KINDS_WE_DELETE:
                 if kind in obj:
                     snap.others.append((kind, obj[kind]["name"]))
     return snap

@@ -25,12 +25,11 @@ from __future__ import annotations
 import re
 
 from felixpy.drivers.nftables.names import BaseChainSpec, hash_from_comment
+from felixpy.drivers.nftables.readback import OBJECT_KINDS_WE_DELETE as _OTHER_KINDS
 from felixpy.drivers.nftables.readback import ChainSnapshot
 
-# nft's block keywords for the objects parse_table reports as foreign (readback._OBJECT_KINDS_WE_DELETE),
-# and for the sets and maps whose blocks are skipped here.
-_OTHER_KINDS = ("flowtable", "counter", "quota", "limit", "ct helper", "ct timeout", "ct expectation",
-                "secmark", "synproxy")
+# nft's block keywords: the objects parse_table reports as foreign (_OTHER_KINDS, which nft's text names
+# as its JSON does), and the sets, maps and chains.
 _NAME = r"([^\s\"{}]+)"
 _TABLE = re.compile(r"table (\S+) " + _NAME + r" \{")
 _BLOCK = re.compile(r"\t(set|map|chain|" + "|".join(_OTHER_KINDS) + r") " + _NAME + r" \{")

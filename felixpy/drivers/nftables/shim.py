@@ -448,39 +448,30 @@ class NftChildProcess:
         if self._worker is not None:
             self._worker.close()
 
-    def list_table(self, family: str, name: str) -> list[dict[str, Any]] | None:
+    def _listing(self, args: Sequence[str]) -> str | None:
+        """nft's output for a listing of *args*; None when nft says the object does not exist."""
         try:
-            out = self._call(["-j", "list", "table", family, name], None, "")
+            return self._call(args, None, "")
         except NftError as error:
             if error.not_found:
                 return None
             raise
-        return self._loads(out)
+
+    def list_table(self, family: str, name: str) -> list[dict[str, Any]] | None:
+        out = self._listing(["-j", "list", "table", family, name])
+        return None if out is None else self._loads(out)
 
     def list_sets(self, family: str, name: str) -> list[dict[str, Any]] | None:
-        """The table's sets with their elements (the periodic IP-set refresh)."""
-        return self.list_sets_of_table(family, name)
-
-    def list_sets_of_table(self, family: str, name: str) -> list[dict[str, Any]] | None:
-        """The table's sets without asking ``list tables`` first, which costs as much as a listing of
-        every set's elements (0.5 s at the large node): nft says the table is missing (None) itself."""
-        try:
-            out = self._call(["-j", "list", "sets", "table", family, name], None, "")
-        except NftError as error:
-            if error.not_found:
-                return None
-            raise
-        return _sets_of(self._loads(out), name)
+        """The table's sets with their elements, without asking ``list tables`` first, which costs as much
+        as a listing of every set's elements (0.5 s at the large node): nft says the table is missing
+        (None) itself."""
+        out = self._listing(["-j", "list", "sets", "table", family, name])
+        return None if out is None else _sets_of(self._loads(out), name)
 
     def list_table_text(self, family: str, name: str) -> str | None:
         """``nft -t -y list table``: the table as text without set or map elements, priorities as numbers
         (:mod:`.ruletext` reads it); None when the table does not exist."""
-        try:
-            return self._call(["-t", "-y", "list", "table", family, name], None, "")
-        except NftError as error:
-            if error.not_found:
-                return None
-            raise
+        return self._listing(["-t", "-y", "list", "table", family, name])
 
     def list_maps(self, family: str, name: str) -> list[dict[str, Any]]:
         """The table's maps with their elements, one ``list map`` each: ``list maps`` would fetch every
@@ -490,13 +481,9 @@ class NftChildProcess:
                  if "map" in o and o["map"].get("table") == name]
         maps: list[dict[str, Any]] = []
         for map_name in names:
-            try:
-                out = self._call(["-j", "list", "map", family, name, map_name], None, "")
-            except NftError as error:
-                if error.not_found:
-                    continue
-                raise
-            maps.extend(o for o in self._loads(out) if "map" in o)
+            out = self._listing(["-j", "list", "map", family, name, map_name])
+            if out is not None:
+                maps.extend(o for o in self._loads(out) if "map" in o)
         return maps
 
 

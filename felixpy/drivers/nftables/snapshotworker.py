@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from felixpy.drivers.nftables.readback import TableSnapshot, parse_table, snapshot_to_wire
@@ -40,28 +40,16 @@ def read_table(nft: NftChildProcess, family: str, name: str, ip_version: int) ->
     """The table as :func:`~.readback.parse_table` of ``nft -j list table`` would see it, and how it was
     read: ``"split"`` (rules from the text listing, sets and maps from their JSON listings, at once) or
     ``"json: <why>"`` (the text was unreadable, the one JSON listing instead).  None: no such table."""
-    got: dict[str, Any] = {}
-
-    def sets_and_maps() -> None:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nft-sets") as pool:
+        beside = pool.submit(_sets_and_maps, nft, family, name)
         try:
-            sets = nft.list_sets_of_table(family, name)
-            got["objs"] = [] if sets is None else [*sets, *nft.list_maps(family, name)]
-        except BaseException as e:     # raised on the main thread, after the text listing
-            got["error"] = e
-
-    beside = threading.Thread(target=sets_and_maps, name="nft-sets")
-    beside.start()
-    try:
-        text = nft.list_table_text(family, name)
-    except NftError as e:      # an nft that refuses -t/-y, say: the listing every nft knows decides
-        return _json_read(nft, family, name, ip_version, f"the text listing failed: {e}")
-    finally:
-        beside.join()
-    if "error" in got:
-        error = got["error"]
-        if isinstance(error, NftError):
-            return _json_read(nft, family, name, ip_version, f"the set listing failed: {error}")
-        raise error
+            text = nft.list_table_text(family, name)
+        except NftError as e:      # an nft that refuses -t/-y, say: the listing every nft knows decides
+            return _json_read(nft, family, name, ip_version, f"the text listing failed: {e}")
+        try:
+            objs = beside.result()
+        except NftError as e:
+            return _json_read(nft, family, name, ip_version, f"the set listing failed: {e}")
     if text is None:
         return None, "split"
     try:
@@ -70,9 +58,14 @@ def read_table(nft: NftChildProcess, family: str, name: str, ip_version: int) ->
         return _json_read(nft, family, name, ip_version, str(e))
     # Sets and maps only (a table deleted between the listings has none left); chains and foreign
     # objects from the text.
-    snap = parse_table(got["objs"], ip_version)
+    snap = parse_table(objs, ip_version)
     snap.chains, snap.others = chains, others
     return snap, "split"
+
+
+def _sets_and_maps(nft: NftChildProcess, family: str, name: str) -> list[dict[str, Any]]:
+    sets = nft.list_sets(family, name)
+    return [] if sets is None else [*sets, *nft.list_maps(family, name)]
 
 
 def _json_read(nft: NftChildProcess, family: str, name: str, ip_version: int,
