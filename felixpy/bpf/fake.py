@@ -8,13 +8,17 @@ flags (``NOEXIST``/``EXIST``).  Bulk writes and deletes (``set_many``/``delete_m
 element-by-element loops :class:`~felixpy.bpf.maps.Map` falls back to, with the same results.
 Failure injection: :attr:`FakeMap.fail_next_update`, :attr:`FakeMap.fail_deletes`.
 ``tests/bpf/test_fakemap.py`` checks parity with the kernel for the same operations.
+
+:class:`InlineExecutor` runs what is submitted to it at once, on the caller's thread: the fakes'
+background writes (policy sources) are done when the call that queues them returns.
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
+from typing import Any, ParamSpec, TypeVar
 
 from felixpy.bpf import syscall as sc
 from felixpy.bpf.errors import BPFSyscallError
@@ -104,3 +108,19 @@ def _prefix_equal(a: bytes, b: bytes, bits: int) -> bool:
         mask = (0xFF << (8 - rem)) & 0xFF
         return (a[full] & mask) == (b[full] & mask)
     return True
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class InlineExecutor(Executor):
+    """An executor that runs each call when it is submitted and returns its finished future."""
+
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
+        f: Future[_T] = Future()
+        try:
+            f.set_result(fn(*args, **kwargs))
+        except BaseException as e:
+            f.set_exception(e)
+        return f

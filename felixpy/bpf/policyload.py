@@ -44,9 +44,11 @@ import hashlib
 import importlib.util
 import json
 import os
+import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Protocol
 
@@ -77,6 +79,10 @@ _HOOK_CHAR = {defs.HOOK_TC_INGRESS: "i", defs.HOOK_TC_EGRESS: "e", defs.HOOK_XDP
 SOURCE_DIR = "felixpy-policy"
 SOURCE_FORMAT = 1
 _SOURCE_MAP_NAME = "fpy_polsrc"
+
+
+def _prog_type(hook: int) -> int:
+    return sc.PROG_TYPE_XDP if hook == defs.HOOK_XDP else sc.PROG_TYPE_SCHED_CLS
 
 
 def _part_name(name: str, k: int) -> str:
@@ -180,6 +186,7 @@ def generator_fingerprint() -> str:
 _JSON = json.JSONEncoder(separators=(",", ":")).encode
 _POLICY_TEXT_MAX = 32  # the programs of one policy set are loaded one after another
 _policy_texts: dict[PolicySet, str] = {}  # bounded; oldest dropped first
+_policy_texts_lock = threading.Lock()  # (sources are made on the loop's thread and the writer's)
 
 
 def _policy_text(ps: PolicySet) -> str:
@@ -188,9 +195,10 @@ def _policy_text(ps: PolicySet) -> str:
     text = _policy_texts.get(ps)
     if text is None:
         text = _JSON(_plain(ps))
-        if len(_policy_texts) >= _POLICY_TEXT_MAX:
-            del _policy_texts[next(iter(_policy_texts))]
-        _policy_texts[ps] = text
+        with _policy_texts_lock:
+            if len(_policy_texts) >= _POLICY_TEXT_MAX:
+                del _policy_texts[next(iter(_policy_texts))]
+            _policy_texts[ps] = text
     return text
 
 
@@ -335,6 +343,7 @@ def read_pinned_source(path: str) -> bytes | None:
 
 
 _CacheEntry = tuple[str, list[bytes], ProgramMaps]  # a bytecode-cache entry to store: key, parts, their maps
+_Ahead = tuple[str, list[int], float, "_CacheEntry | None", "Future[tuple[list[int], list[sc.ProgInfo], float]]"]
 # A source to write: policy set, hook, v6, IP-set ids, instruction counts, kernel tags.
 _PendingSource = tuple[PolicySet, int, bool, dict[str, int], list[int], list[bytes]]
 
@@ -379,6 +388,19 @@ class PolicyPrograms:
     _defer_depth: int = 0
     _pending_sources: dict[str, _PendingSource] = field(default_factory=dict)
     _pending_cache: list[_CacheEntry] = field(default_factory=list)
+    # Where loading_ahead() loads (``load_threads`` threads: the verifier runs on as many CPUs as load
+    # at once), and where background flushes write (one thread: one writer at a time; the fakes write
+    # inline, when flushed).  Made when first needed.
+    load_threads: int = 2
+    loader: Executor | None = None
+    writer: Executor | None = None
+    # Sources are written on the writer thread too: the names of the programs loaded now (a source is
+    # written for these only), the pending sources and the source store are changed under this lock.
+    _live: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _writing: Future[None] | None = None  # the last background flush
+    # Inside loading_ahead(): key -> name, instruction counts, seconds generating, cache entry, the load.
+    _ahead: dict[tuple[object, ...], _Ahead] = field(default_factory=dict)
 
     # -- programs ------------------------------------------------------------------------------
 
@@ -435,48 +457,77 @@ class PolicyPrograms:
         IP-set ids are taken now, the ones the program was built with, however late it is written."""
         ids = self._ipset_ids(ps)
         if self._defer_depth:
-            self._pending_sources[name] = (ps, hook, v6, ids, counts, tags)
+            with self._lock:
+                self._pending_sources[name] = (ps, hook, v6, ids, counts, tags)
             return
-        self.sources.write(name, source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=ids,
-                                            generator=self.generator(), insn_counts=counts, tags=tags))
+        blob = source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=ids, generator=self.generator(),
+                          insn_counts=counts, tags=tags)
+        with self._lock:
+            self.sources.write(name, blob)
 
     @contextlib.contextmanager
-    def deferred_writes(self) -> Iterator[None]:
+    def deferred_writes(self, *, background: bool = False) -> Iterator[None]:
         """Within: loaded programs' sources and new bytecode-cache entries are queued, not written;
         :meth:`flush_deferred` writes them (call it where the caller waits anyway, e.g. while a ``tc``
-        child attaches), and leaving the outermost block flushes whatever is left.
+        child attaches), and leaving the outermost block flushes whatever is left -- with *background*,
+        on the writer thread while the caller goes on (:meth:`wait_for_writes` waits for it).
 
         Why this is safe for a restart: a source only says which instructions (by tag) a program
         of that name, generator and input has; :meth:`adopt` still compares the slot's program with
         it.  A restart in the window before the write finds no source (or an earlier run's for the
         same name, generator and input: the same tags) and generates and compares the instructions
         instead -- slower, never a wrong program kept.  A program released before its source was
-        written drops the queued write with it.  Until the flush, ``felixpy explain`` shows such a
-        program without its policy, as it shows one whose source is missing."""
+        written drops the queued write with it (a background write checks, under the lock, that the
+        program is still loaded).  Until the write, ``felixpy explain`` shows such a program without
+        its policy, as it shows one whose source is missing."""
         self._defer_depth += 1
         try:
             yield
         finally:
             self._defer_depth -= 1
             if not self._defer_depth:
-                self.flush_deferred()
+                self.flush_deferred(background=background)
 
-    def flush_deferred(self) -> None:
-        """Write the queued sources and cache entries.  Never raises: the programs already enforce, a
-        missing source only costs a restart a generation (a failed write is retried at the next flush)."""
-        pending, self._pending_sources = self._pending_sources, {}
+    def flush_deferred(self, *, background: bool = False) -> None:
+        """Write the queued sources and cache entries: now, or with *background* on the writer thread
+        (the writes are Python and small syscalls: off the apply's path).
+        Never raises: the programs already enforce, a missing source only costs a restart a
+        generation (a failed write is queued again, for the next flush)."""
+        with self._lock:
+            pending, self._pending_sources = self._pending_sources, {}
+        entries, self._pending_cache = self._pending_cache, []
+        if not pending and not entries:
+            return
+        if background:
+            if self.writer is None:
+                self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bpf-policy-write")
+            self._writing = self.writer.submit(self._write, pending, entries)
+        else:
+            self.wait_for_writes()  # (one writer at a time)
+            self._write(pending, entries)
+
+    def wait_for_writes(self) -> None:
+        """Wait until a background flush has written everything it took."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
+
+    def _write(self, pending: dict[str, _PendingSource], entries: list[_CacheEntry]) -> None:
         generator = self.generator() if pending else ""
         for name, item in pending.items():
             ps, hook, v6, ids, counts, tags = item
             try:
-                self.sources.write(name, source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=ids,
-                                                    generator=generator, insn_counts=counts, tags=tags))
+                blob = source_doc(ps, name=name, hook=hook, v6=v6, ipset_ids=ids, generator=generator,
+                                  insn_counts=counts, tags=tags)
+                with self._lock:
+                    if name in self._live:  # (else released meanwhile: its source went with it)
+                        self.sources.write(name, blob)
             except Exception as e:
-                if name not in self._pending_sources:
-                    self._pending_sources[name] = item
+                with self._lock:
+                    if name in self._live and name not in self._pending_sources:
+                        self._pending_sources[name] = item
                 log.warning("Policy program source not written; will retry", program=name, error=str(e),
                             error_type=type(e).__name__)
-        entries, self._pending_cache = self._pending_cache, []
         if self.bytecode_cache is not None:
             for key, parts, pm in entries:
                 self.bytecode_cache.put(key, parts, pm)  # (logs its own failures; a miss regenerates)
@@ -491,44 +542,114 @@ class PolicyPrograms:
 
     def acquire(self, ps: PolicySet, *, hook: int, v6: bool,
                 xdp: XdpSlots | None = None) -> PolicyProgram:
-        """The loaded program for ``ps`` (loading it unless an identical one is loaded);
-        the caller owns one reference."""
+        """The loaded program for ``ps`` (loading it unless an identical one is loaded, or taking the
+        one :meth:`loading_ahead` loads); the caller owns one reference."""
         key = self._key(ps, hook, v6, xdp)
         prog = self._cache.get(key)
         if prog is not None:
             self.stats["hits"] += 1
             prog.refs += 1
             return prog
-        key_repr = repr(key)
-        parts, gen_seconds, cache_entry = self._build(key, key_repr, ps, hook, v6, xdp)
-        t1 = time.perf_counter()
-        name = self._name(key_repr, hook, v6)
-        prog_type = sc.PROG_TYPE_XDP if hook == defs.HOOK_XDP else sc.PROG_TYPE_SCHED_CLS
-        fds: list[int] = []
+        ahead = self._ahead.pop(key, None)
+        if ahead is not None:
+            name, counts, gen_seconds, cache_entry, loading = ahead
+            fds, infos, load_seconds = loading.result()  # (a failed load raises here, for this caller)
+        else:
+            key_repr = repr(key)
+            parts, gen_seconds, cache_entry = self._build(key, key_repr, ps, hook, v6, xdp)
+            name = self._name(key_repr, hook, v6)
+            counts = [len(p) // 8 for p in parts]
+            fds, infos, load_seconds = self._load_parts(_prog_type(hook), parts, name)
         try:
-            for k, insns in enumerate(parts):
-                fds.append(self.prog_load(prog_type, insns, name=_part_name(name, k)))
-        except Exception:
-            for fd in fds:
-                self.close_fd(fd)
-            raise
-        t2 = time.perf_counter()
-        counts = [len(p) // 8 for p in parts]
-        try:
-            infos = [self.prog_info(fd) for fd in fds]
             self._write_source(name, ps, hook, v6, counts, [i.tag for i in infos])
         except Exception:
             for fd in fds:
                 self.close_fd(fd)
             raise
-        prog = PolicyProgram(key, name, fds, counts, 1, gen_seconds, t2 - t1, [i.id for i in infos])
+        prog = PolicyProgram(key, name, fds, counts, 1, gen_seconds, load_seconds, [i.id for i in infos])
         self._cache[key] = prog
+        with self._lock:
+            self._live.add(name)
         self._cache_later(cache_entry)
         self.stats["loads"] += 1
-        log.debug("policy program loaded", name=name, parts=len(parts),
-                  insns=prog.insn_counts, gen_ms=round(gen_seconds * 1e3, 2),
-                  load_ms=round((t2 - t1) * 1e3, 2))
+        log.debug("policy program loaded", name=name, parts=len(fds), insns=counts,
+                  gen_ms=round(gen_seconds * 1e3, 2), load_ms=round(load_seconds * 1e3, 2))
         return prog
+
+    def _load_parts(self, prog_type: int, parts: list[bytes],
+                    name: str) -> tuple[list[int], list[sc.ProgInfo], float]:
+        """Load a program's parts; their fds, the kernel's info on each, and the seconds the loads took.
+        Loads all or nothing (closes what it loaded when a part fails).  Called on a loader thread by
+        :meth:`loading_ahead`: it touches nothing but the kernel (``prog_load``, ``prog_info``)."""
+        t1 = time.perf_counter()
+        fds: list[int] = []
+        try:
+            for k, insns in enumerate(parts):
+                fds.append(self.prog_load(prog_type, insns, name=_part_name(name, k)))
+            t2 = time.perf_counter()
+            infos = [self.prog_info(fd) for fd in fds]
+        except BaseException:
+            for fd in fds:
+                self.close_fd(fd)
+            raise
+        return fds, infos, t2 - t1
+
+    @contextlib.contextmanager
+    def loading_ahead(self, wanted: Iterable[tuple[PolicySet, int, bool]]) -> Iterator[int]:
+        """Within: the TC programs *wanted* (policy set, hook, v6) that are not loaded yet are being
+        loaded, in that order, on the loader threads, while the caller goes on; :meth:`acquire` takes
+        each when it asks for it (waiting for its load if need be).  Yields how many are loading.
+
+        Why: a program is generated (or read from the bytecode cache) in Python, holding the GIL, and
+        loaded by ``BPF_PROG_LOAD``, whose verifier runs with the GIL released -- on another CPU, and
+        two verifiers at once on two (a policy change's loads are most of its apply).  Generated here,
+        all at once before the caller's loop, program k+1 is generated while the earlier ones are
+        verified, and the caller's other writes (counters, globals) overlap the last loads.
+
+        It changes no outcome, only when the work happens: a program is built exactly as
+        :meth:`acquire` builds it (the same key, IP-set ids allocated in the same order when *wanted*
+        follows the caller's order), its source and bytecode-cache entry are written only once it is
+        acquired, a failed generation is left for :meth:`acquire` to repeat and raise for its caller,
+        and a failed load is raised by the :meth:`acquire` that takes it.  Programs nobody acquired by
+        the end are closed then.  One program alone is loaded by its :meth:`acquire` (nothing to overlap)."""
+        todo: dict[tuple[object, ...], tuple[PolicySet, int, bool]] = {}
+        for ps, hook, v6 in wanted:
+            key = self._key(ps, hook, v6, None)
+            if key not in self._cache and key not in self._ahead:
+                todo.setdefault(key, (ps, hook, v6))
+        if len(todo) < 2:
+            yield 0
+            return
+        mine: list[tuple[object, ...]] = []
+        try:
+            for key, (ps, hook, v6) in todo.items():
+                key_repr = repr(key)
+                try:
+                    parts, gen_seconds, entry = self._build(key, key_repr, ps, hook, v6, None)
+                except Exception as e:  # acquire() builds it again and fails the endpoints that need it
+                    log.debug("Policy program not generated ahead", error=str(e), error_type=type(e).__name__)
+                    continue
+                name = self._name(key_repr, hook, v6)
+                loading = self._loader().submit(self._load_parts, _prog_type(hook), parts, name)
+                self._ahead[key] = (name, [len(p) // 8 for p in parts], gen_seconds, entry, loading)
+                mine.append(key)
+            yield len(mine)
+        finally:
+            for key in mine:
+                left = self._ahead.pop(key, None)
+                if left is None:
+                    continue  # acquired
+                try:
+                    fds, _infos, _secs = left[-1].result()
+                except Exception:
+                    continue  # (closed what it loaded)
+                for fd in fds:
+                    self.close_fd(fd)
+
+    def _loader(self) -> Executor:
+        if self.loader is None:
+            self.loader = ThreadPoolExecutor(max_workers=self.load_threads, thread_name_prefix="bpf-prog-load")
+        return self.loader
 
     def adopt(self, ps: PolicySet, *, hook: int, v6: bool, entry: int) -> bool:
         """At a restart: take over slot ``entry`` of ``hook`` as it is if it holds exactly the program
@@ -561,6 +682,7 @@ class PolicyPrograms:
         key_repr = repr(key)
         name = self._name(key_repr, hook, v6)
         want = _input_text(ps, name=name, hook=hook, v6=v6, ipset_ids=self._ipset_ids(ps))
+        self.wait_for_writes()
         recorded = _recorded_parts(self.sources.read(name), want, self.generator())
         gen_seconds = 0.0
         cache_entry: _CacheEntry | None = None
@@ -601,6 +723,8 @@ class PolicyPrograms:
                     self.close_fd(fd)
         self._spare = None
         self._cache[key] = prog
+        with self._lock:
+            self._live.add(name)
         self._installed[(hook, entry)] = prog
         self.stats["adopted"] += 1
         self._cache_later(cache_entry)  # generated and found loaded: the next fresh start loads it from disk
@@ -622,11 +746,14 @@ class PolicyPrograms:
             for fd in prog.fds:
                 self.close_fd(fd)
             prog.fds = []
-            self._pending_sources.pop(prog.name, None)
-            self.sources.remove(prog.name)
+            with self._lock:
+                self._live.discard(prog.name)
+                self._pending_sources.pop(prog.name, None)
+                self.sources.remove(prog.name)
 
     def sweep_sources(self) -> int:
         """Remove every source no program of this process has (an earlier run's); returns how many."""
+        self.wait_for_writes()
         mine = {p.name for p in self._cache.values()}
         gone = 0
         for name in self.sources.names():

@@ -23,6 +23,10 @@ def _heal_slot(fb: FakeBPF) -> None:
     pass  # fail_next_update is one-shot
 
 
+def _fail_load(fb: FakeBPF) -> None:
+    fb.progs.fail_next_load = errno.ENOSPC  # cali1's first program (loaded ahead, on the loader thread)
+
+
 def _fail_attach(fb: FakeBPF) -> None:
     fb.attacher.fail_ifaces.add("cali1")
 
@@ -43,9 +47,10 @@ def _grow_ifstate(fb: FakeBPF) -> None:
 
 @pytest.mark.parametrize(("fail", "heal", "victim"), [
     (_fail_slot, _heal_slot, "cali1"),
+    (_fail_load, _heal_slot, "cali1"),
     (_fail_attach, _heal_attach, "cali1"),
     (_fill_ifstate, _grow_ifstate, None),
-], ids=["slot-update-fails", "attach-fails", "ifstate-map-full"])
+], ids=["slot-update-fails", "program-load-fails", "attach-fails", "ifstate-map-full"])
 def test_one_endpoint_failing_leaves_the_others_programmed_and_is_retried(fail, heal, victim) -> None:  # type: ignore[no-untyped-def]
     n, fb = node()
     for name in ("cali1", "cali2"):

@@ -85,7 +85,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import structlog
@@ -297,16 +297,17 @@ class BPFEndpoints:
         -batch`` child attaches, or after step 5 when no child runs -- always before step 6.
 
         The policy programs' sources and new bytecode-cache entries are written off the critical
-        path: queued while the slots are programmed and written while the ``tc`` child attaches
-        (before *during*), or at the end of the apply (:meth:`PolicyPrograms.deferred_writes` says
-        why a restart in between cannot keep a wrong program)."""
+        path: queued while the slots are programmed and written on the policy writer's thread, from
+        when the ``tc`` child attaches (or the end of the apply) on, while the loop goes on
+        (:meth:`PolicyPrograms.deferred_writes` says why a restart in between cannot keep a wrong
+        program)."""
         pol = self.kernel.policies
 
         def while_attaching() -> None:
-            pol.flush_deferred()
+            pol.flush_deferred(background=True)
             during()
 
-        with pol.deferred_writes():
+        with pol.deferred_writes(background=True):
             unsupported = self._apply_during(while_attaching)
         if self._sweep_sources:
             # Every wanted slot now holds this run's program and its source is written: the earlier
@@ -348,15 +349,16 @@ class BPFEndpoints:
 
         try:
             attaching: dict[str, list[AttachRequest]] = {}
-            for iface in todo:
-                try:
-                    reqs = self._reconcile(iface)                                   # steps 1-4
-                    if reqs:
-                        attaching[iface] = reqs
-                    elif reqs is not None:
-                        self._attached(iface)                                       # step 6
-                except Exception as e:  # one interface's failure must not stop the others
-                    failed(iface, e)
+            with self.kernel.policies.loading_ahead(self._programs_ahead(todo)):
+                for iface in todo:
+                    try:
+                        reqs = self._reconcile(iface)                               # steps 1-4
+                        if reqs:
+                            attaching[iface] = reqs
+                        elif reqs is not None:
+                            self._attached(iface)                                   # step 6
+                    except Exception as e:  # one interface's failure must not stop the others
+                        failed(iface, e)
             # Step 5 for every interface of the batch at once (TC mode: batched netlink requests).
             refused: dict[str, Exception] = {}
             if attaching:
@@ -384,6 +386,29 @@ class BPFEndpoints:
             raise EndpointProgrammingFailed(failures)  # drift found stays pending: counted once repaired
         self._drift.repaired()
         return unsupported
+
+    def _programs_ahead(self, todo: list[str]) -> Iterator[tuple[PolicySet, int, bool]]:
+        """The TC policy programs steps 2-3 will acquire for *todo*, in the order they will: each fresh
+        slot's default-deny, then every slot's new policy (for :meth:`PolicyPrograms.loading_ahead`,
+        which loads them while the loop works).  A hint only: what the loop does not take is closed.
+        Reclaimed slots are left out (a restart adopts what is already loaded there)."""
+        for iface in todo:
+            want = self._want.get(iface)
+            link = self._ifaces.get(iface)
+            if not want or link is None or not link[1]:
+                continue
+            done = self._done.get(iface)
+            if done is not None and done.ifindex != link[0]:
+                done = None  # re-created: programmed afresh
+            for hook in HOOKS:
+                for v in FAMILIES:
+                    ps = _hook_policy(want[v], hook) if v in want else None
+                    hv = _HV[hook, v]
+                    if ps is None or (done is not None and (hv in done.reclaimed or done.policy.get(hv) == ps)):
+                        continue
+                    if (done is None or hv not in done.policy) and ps != DENY_ALL:
+                        yield DENY_ALL, hook, v == 6
+                    yield ps, hook, v == 6
 
     def _restart_sync(self) -> None:
         """Take over what an earlier run left (see the module docstring)."""

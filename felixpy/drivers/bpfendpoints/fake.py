@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import itertools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -19,7 +20,7 @@ from felixpy.bpf.build import PREAMBLE_FUNC, Program, Variant
 from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.hook import ProgramsMap
 from felixpy.bpf.ipsets import IPSetIDAllocator
-from felixpy.bpf.fake import FakeMap
+from felixpy.bpf.fake import FakeMap, InlineExecutor
 from felixpy.bpf.maps import ALL_SPECS, Map, MapSet, MapSpec
 from felixpy.bpf.policyload import MemorySources, PolicyPrograms, SourceStore
 from felixpy.bpf.syscall import ProgInfo
@@ -61,6 +62,8 @@ class FakePrograms:
     tags: dict[int, str] = field(default_factory=dict)  # fd -> "code" (equal for the same program text, any maps)
     loads: int = 0
     build: str = "v1"  # bump to make every later load different code (an upgrade)
+    fail_next_load: int | None = None  # errno for the next load (one-shot)
+    load_threads: list[tuple[str, str]] = field(default_factory=list)  # each load: program name, its thread
 
     # What the kernel reports of each fd (``info``): program type, the tag of its instructions and the
     # maps they use.  A prog-array slot of the fakes holds the fd it was given, so that number is the
@@ -71,6 +74,10 @@ class FakePrograms:
     origin: dict[int, int] = field(default_factory=dict)  # fd from fd_by_id -> the program's first fd
 
     def load(self, prog_type: int, insns: bytes, *, name: str = "", **_: object) -> int:
+        self.load_threads.append((name, threading.current_thread().name))
+        if self.fail_next_load is not None:
+            err, self.fail_next_load = self.fail_next_load, None
+            raise BPFSyscallError("BPF_PROG_LOAD", err)
         fd = next(self._fds)
         self.ids[fd] = fd + 50000
         self.names[fd] = name
@@ -251,6 +258,8 @@ def _bundle(maps: MapSet, progs: FakePrograms, attacher: FakeAttacher, xdp: Fake
                        policies=PolicyPrograms(maps, ids, prog_load=progs.load, close_fd=progs.close,
                                                prog_fd_by_id=progs.fd_by_id, prog_info=progs.info,
                                                map_id=lambda fd: fd, sources=sources or MemorySources(),
+                                               writer=InlineExecutor(),  # (sources written when flushed)
+                                               load_threads=1,  # (loads, and injected failures, in order)
                                                # ``build`` is the code's version: its generator too.
                                                generator=lambda: f"fake-{progs.build}"),
                        attacher=attacher, ipset_ids=ids, slots=slot_allocators(), xdp=xdp)
