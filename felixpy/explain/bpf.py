@@ -37,7 +37,7 @@ from typing import Any
 
 from felixpy.bpf import defs
 from felixpy.bpf.policy_ir import Action, PolicySet, PortRange, Rule, Tier
-from felixpy.bpf.policyload import SOURCE_DIR
+from felixpy.bpf.polsource import SOURCE_DIR
 from felixpy.explain.bpf_view import BPFView as BPFView
 from felixpy.explain.bpf_view import Iface as Iface
 from felixpy.explain.bpf_view import NotFelixpyPins as NotFelixpyPins

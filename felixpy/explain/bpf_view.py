@@ -33,7 +33,7 @@ from typing import Any
 
 from felixpy.bpf import defs
 from felixpy.bpf import maptypes as mt
-from felixpy.bpf.policyload import SOURCE_DIR, PolicySource, parse_source, read_pinned_source
+from felixpy.bpf.polsource import SOURCE_DIR, PolicySource, parse_source, read_pinned_source
 
 _READY = {4: defs.IFACE_STATE_V4_READY, 6: defs.IFACE_STATE_V6_READY}
 IFSTATE_PIN = "cali_iface"

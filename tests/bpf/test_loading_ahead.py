@@ -17,7 +17,8 @@ import pytest
 from felixpy.bpf import defs
 from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.policy_ir import Action, Policy, PolicySet, PortRange, Rule, Tier
-from felixpy.bpf.policyload import MemorySources, PolicyPrograms
+from felixpy.bpf.policyload import PolicyPrograms
+from felixpy.bpf.polsource import MemorySources
 from felixpy.drivers.bpfendpoints import BPFEndpoints, WorkloadPolicy
 from felixpy.drivers.bpfendpoints.fake import FakeBPF, fake_kernel
 from felixpy.ifacemonitor.events import IfaceState

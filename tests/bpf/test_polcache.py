@@ -14,7 +14,8 @@ import pytest
 
 from felixpy.bpf import defs, polcache, progtag
 from felixpy.bpf.policy_ir import ALLOW_ALL, DENY_ALL, Action, Policy, PolicySet, Profile, Rule, Tier, ports
-from felixpy.bpf.policyload import MemorySources, PolicyPrograms, generator_fingerprint, parse_source
+from felixpy.bpf.policyload import PolicyPrograms, generator_fingerprint
+from felixpy.bpf.polsource import MemorySources, parse_source
 from felixpy.bpf.polcache import PolicyBytecodeCache
 from felixpy.bpf.polprog import PolicyProgramBuilder, ProgramMaps, XdpSlots
 from felixpy.drivers.bpfendpoints import BPFEndpoints, WorkloadPolicy

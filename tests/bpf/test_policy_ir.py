@@ -14,7 +14,7 @@ import pytest
 from felixpy.bpf import defs
 from felixpy.bpf.policy_ir import Action, Policy, PolicySet, Profile, Rule, Tier, ports
 from felixpy.bpf import policyload
-from felixpy.bpf.policyload import _input_text, _recorded_parts, parse_source, source_doc
+from felixpy.bpf.polsource import input_text, parse_source, recorded_parts, source_doc
 
 DUAL = Rule(Action.ALLOW, src_nets=("10.0.0.0/8", "fd00::/64"), not_dst_nets=("192.168.0.0/16",),
             dst_ports=ports(80, (8000, 8080)), src_ip_sets=("s:a",), rule_id="r1")
@@ -86,20 +86,20 @@ def test_a_source_is_recognised_only_for_its_generator_and_its_exact_input() -> 
     name, hook, ids = "p4i_0123abcd", defs.HOOK_TC_INGRESS, {"s:a": 7}
     blob = source_doc(RICH, name=name, hook=hook, v6=False, ipset_ids=ids, generator="g1",
                       insn_counts=[4000, 12], tags=[b"\x01" * 8, b"\x02" * 8])
-    want = _input_text(RICH, name=name, hook=hook, v6=False, ipset_ids=ids)
-    assert _recorded_parts(blob, want, "g1") == ([4000, 12], [b"\x01" * 8, b"\x02" * 8])
-    assert _recorded_parts(blob, want, "g2") is None  # another version's code
-    assert _recorded_parts(blob, want, "") is None  # no fingerprint: trust nothing
-    assert _recorded_parts(None, want, "g1") is None and _recorded_parts(b"junk", want, "g1") is None
-    for other in (_input_text(RICH, name=name, hook=hook, v6=False, ipset_ids={"s:a": 8}),
-                  _input_text(RICH, name=name, hook=defs.HOOK_TC_EGRESS, v6=False, ipset_ids=ids),
-                  _input_text(RICH, name=name, hook=hook, v6=True, ipset_ids=ids),
-                  _input_text(dataclasses.replace(RICH, suppress_normal_host_policy=True), name=name, hook=hook,
+    want = input_text(RICH, name=name, hook=hook, v6=False, ipset_ids=ids)
+    assert recorded_parts(blob, want, "g1") == ([4000, 12], [b"\x01" * 8, b"\x02" * 8])
+    assert recorded_parts(blob, want, "g2") is None  # another version's code
+    assert recorded_parts(blob, want, "") is None  # no fingerprint: trust nothing
+    assert recorded_parts(None, want, "g1") is None and recorded_parts(b"junk", want, "g1") is None
+    for other in (input_text(RICH, name=name, hook=hook, v6=False, ipset_ids={"s:a": 8}),
+                  input_text(RICH, name=name, hook=defs.HOOK_TC_EGRESS, v6=False, ipset_ids=ids),
+                  input_text(RICH, name=name, hook=hook, v6=True, ipset_ids=ids),
+                  input_text(dataclasses.replace(RICH, suppress_normal_host_policy=True), name=name, hook=hook,
                        v6=False, ipset_ids=ids)):
-        assert _recorded_parts(blob, other, "g1") is None
+        assert recorded_parts(blob, other, "g1") is None
     # A source without parts (an earlier format's) is not trusted either.
     bare = source_doc(RICH, name=name, hook=hook, v6=False, ipset_ids=ids, generator="g1")
-    assert _recorded_parts(bare, want, "g1") is None
+    assert recorded_parts(bare, want, "g1") is None
     assert parse_source(blob).policy_set == RICH  # explain reads it as before
 
 

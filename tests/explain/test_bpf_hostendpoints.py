@@ -14,7 +14,7 @@ from felixpy.bpf import defs
 from felixpy.bpf import from_proto
 from felixpy.bpf import maptypes as mt
 from felixpy.bpf.maps import FSAFES4, FSAFES6
-from felixpy.bpf.policyload import MemorySources
+from felixpy.bpf.polsource import MemorySources
 from felixpy.drivers.bpfendpoints.api import HostEndpointPolicy, WorkloadPolicy
 from felixpy.drivers.bpfendpoints.driver import BPFEndpoints
 from felixpy.drivers.bpfendpoints.fake import FakeBPF, fake_kernel

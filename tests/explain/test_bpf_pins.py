@@ -15,7 +15,8 @@ import pytest
 from felixpy.bpf import defs
 from felixpy.bpf import maptypes as mt
 from felixpy.bpf.policy_ir import ALLOW_ALL, Action, Policy, PolicySet, Rule, Tier, ports
-from felixpy.bpf.policyload import SOURCE_DIR, PinnedSources, PolicyPrograms, parse_source
+from felixpy.bpf.policyload import PolicyPrograms
+from felixpy.bpf.polsource import SOURCE_DIR, PinnedSources, parse_source
 from felixpy.explain.bpf import NotFelixpyPins, explain_bpf, read_pins
 from felixpy.explain.packet import Packet
 

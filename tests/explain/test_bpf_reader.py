@@ -23,7 +23,7 @@ from felixpy.bpf.policy_ir import (
     Tier,
     ports,
 )
-from felixpy.bpf.policyload import MemorySources, parse_source, source_doc
+from felixpy.bpf.polsource import MemorySources, parse_source, source_doc
 from felixpy.drivers.bpfendpoints.api import WorkloadPolicy
 from felixpy.drivers.bpfendpoints.driver import BPFEndpoints
 from felixpy.drivers.bpfendpoints.fake import FakeBPF, fake_kernel

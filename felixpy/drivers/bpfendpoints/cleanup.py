@@ -54,7 +54,7 @@ from felixpy.bpf import attach as bpfattach
 from felixpy.bpf import syscall as sc
 from felixpy.bpf.maps import OWNED_PREFIXES, is_bpffs
 from felixpy.bpf.owned import is_owned_prog_name
-from felixpy.bpf.policyload import SOURCE_DIR
+from felixpy.bpf.polsource import SOURCE_DIR
 from felixpy.drivers.bpfendpoints.attacher import HOOKS
 from felixpy.errors import DataplaneError
 

@@ -22,7 +22,8 @@ from felixpy.bpf.hook import ProgramsMap
 from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.fake import FakeMap, InlineExecutor
 from felixpy.bpf.maps import ALL_SPECS, Map, MapSet, MapSpec
-from felixpy.bpf.policyload import MemorySources, PolicyPrograms, SourceStore
+from felixpy.bpf.policyload import PolicyPrograms
+from felixpy.bpf.polsource import MemorySources, SourceStore
 from felixpy.bpf.syscall import ProgInfo
 from felixpy.drivers.bpfendpoints.attacher import HOOKS, NETKIT_FEATURE, AttachRequest
 from felixpy.drivers.bpfendpoints.kernel import BPFKernel, slot_allocators

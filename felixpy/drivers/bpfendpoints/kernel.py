@@ -24,7 +24,8 @@ from felixpy.bpf.hook import ProgramsMap
 from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.maps import MapSet, ensure_pin_root
 from felixpy.bpf.polcache import PolicyBytecodeCache
-from felixpy.bpf.policyload import JumpMapAllocator, PinnedSources, PolicyPrograms
+from felixpy.bpf.policyload import JumpMapAllocator, PolicyPrograms
+from felixpy.bpf.polsource import PinnedSources
 from felixpy.drivers.bpfendpoints.attacher import HOOKS, Attacher, KernelAttacher
 from felixpy.drivers.bpfendpoints.xdp import KernelXdpAttacher, XdpAttacher
 
