@@ -107,9 +107,9 @@ def xdp_global_data(ap: AttachPoint, layout: Layout | None, v6: bool) -> mt.XdpG
     return g
 
 
-def configure(ap: AttachPoint, programs: ProgramsMap, maps: MapSet) -> dict[bool, Layout]:
-    """Load what ``ap`` needs and write its globals and counters entry.  Returns the layout
-    per family (key: v6)."""
+def configure(ap: AttachPoint, programs: ProgramsMap, maps: MapSet, *, counters: bool = True) -> dict[bool, Layout]:
+    """Load what ``ap`` needs and write its globals and (unless the caller has: *counters* False)
+    its counters entry.  Returns the layout per family (key: v6)."""
     layouts: dict[bool, Layout] = {}
     for v6, on in ((False, ap.ipv4), (True, ap.ipv6)):
         if not on:
@@ -128,7 +128,8 @@ def configure(ap: AttachPoint, programs: ProgramsMap, maps: MapSet) -> dict[bool
         pg.v4 = tc_global_data(ap, layouts.get(False), False)
         pg.v6 = tc_global_data(ap, layouts.get(True), True)
         maps.ap_globals.set(mt.ApKey(ap.ifindex, ap.hook), pg)
-    ensure_counters(maps.counters, ap.ifindex, ap.hook)
+    if counters:
+        ensure_counters(maps.counters, ap.ifindex, ap.hook)
     return layouts
 
 
