@@ -16,11 +16,9 @@ source address being the one the kernel picks in that namespace (``ip route get`
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import replace
 
-from felixpy.bpf import defs
 from felixpy.drivers.cmdshim import SubprocessRunner
 from felixpy.explain.output import to_text
 from felixpy.explain.packet import Packet, make_packet
@@ -32,7 +30,6 @@ from felixpy.testing import netns as nsmod
 
 Cell = tuple[cc.Probe, str, str]
 REPLY_SPORT = 40000
-SOURCES_SETTLE_S = 2.0
 
 
 def _packets(probe: cc.Probe, src: str, dst: str) -> tuple[Packet, Packet]:
@@ -54,38 +51,11 @@ def explain_cell(state: KernelState, probe: cc.Probe, src_ip: str, dst_ip: str
     return ex_req.verdict == "allow" and ex_reply.verdict == "allow", ex_req, ex_reply
 
 
-def _unsourced(state: KernelState) -> list[str]:
-    """The policy programs in the TC slots of the BPF state's interfaces whose source is not pinned."""
-    view = state.bpf
-    if view is None:
-        return []
-    out = []
-    for iface in view.ifaces.values():
-        for hook, entries in ((defs.HOOK_TC_INGRESS, iface.tc_ingress_entry), (defs.HOOK_TC_EGRESS, iface.tc_egress_entry)):
-            for entry in entries.values():
-                name = view.slot_program(hook, entry)
-                if name is not None and view.source(name) is None:
-                    out.append(name)
-    return out
-
-
-def read_settled(runner: SubprocessRunner, v: int, bpf_pin_root: str | None) -> KernelState:
-    """The node's kernel state, as explain reads it; in BPF mode once every slot's program has its
-    source pinned.  The daemon writes the sources after the apply, in the background (policyload's
-    deferred writes): an apply's end can be seen a few ms before its programs' sources."""
+def _states(netns: str, v: int, bpf_pin_root: str | None) -> list[tuple[str, KernelState]]:
+    runner = SubprocessRunner(netns=netns)
     state = read_kernel(runner, v, full=True, bpf_pin_root=bpf_pin_root)
     if bpf_pin_root is not None:
         assert state.bpf is not None, f"the pins under {bpf_pin_root} were not read: {state.bpf_problem}"
-        deadline = time.monotonic() + SOURCES_SETTLE_S
-        while _unsourced(state) and time.monotonic() < deadline:
-            time.sleep(0.02)
-            state = read_kernel(runner, v, full=True, bpf_pin_root=bpf_pin_root)
-    return state
-
-
-def _states(netns: str, v: int, bpf_pin_root: str | None) -> list[tuple[str, KernelState]]:
-    runner = SubprocessRunner(netns=netns)
-    state = read_settled(runner, v, bpf_pin_root)
     states = [("full dump", state)]
     if state.ruleset is not None and state.ruleset.backend == "nftables" and state.bpf is None:
         # The CLI's own path in nftables mode: chains, sets and maps read one by one over netlink.

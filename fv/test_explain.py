@@ -24,8 +24,9 @@ import pytest
 from felixpy.testing import netns as nsmod
 from felixpy.testing.daemon import REPO
 from felixpy.drivers.cmdshim import SubprocessRunner
+from felixpy.explain.readers import read_kernel
 from fv.datastore import addr, datastore, nets, policy, tier, workload
-from fv.explaincheck import explain_cell, read_settled
+from fv.explaincheck import explain_cell
 from fv.expect import ICMP, TCP, Expect
 from fv.harness import BPF_MODES, FamilyView
 
@@ -49,7 +50,8 @@ def bpf_cross_check(fv: FamilyView, probes: Any) -> None:
     if fv.mode not in BPF_MODES:
         return
     actual = fv.node.probe(fv.v, probes)
-    state = read_settled(SubprocessRunner(netns=fv.node.netns), fv.v, pin_root(fv))
+    state = read_kernel(SubprocessRunner(netns=fv.node.netns), fv.v, full=True, bpf_pin_root=pin_root(fv))
+    assert state.bpf is not None, state.bpf_problem
     wrong = []
     for (probe, s, d), got in sorted(actual.items(), key=str):
         ok, ex_req, ex_reply = explain_cell(state, probe, fv.node.endpoints[s].ip(fv.v), fv.node.endpoints[d].ip(fv.v))

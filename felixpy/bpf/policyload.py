@@ -228,7 +228,8 @@ class PolicyPrograms:
         """Within: loaded programs' sources and new bytecode-cache entries are queued, not written;
         :meth:`flush_deferred` writes them (call it where the caller waits anyway, e.g. while a ``tc``
         child attaches), and leaving the outermost block flushes whatever is left -- with *background*,
-        on the writer thread while the caller goes on (:meth:`wait_for_writes` waits for it).
+        on the writer thread while the caller goes on (:meth:`background_writes` is the future to
+        join, :meth:`wait_for_writes` waits for it).
 
         Why this is safe for a restart: a source only says which instructions (by tag) a program
         of that name, generator and input has; :meth:`adopt` still compares the slot's program with
@@ -263,6 +264,10 @@ class PolicyPrograms:
         else:
             self.wait_for_writes()  # (one writer at a time)
             self._write(pending, entries)
+
+    def background_writes(self) -> Future[None] | None:
+        """The last background flush (the writer runs them in order: when it is done, all are)."""
+        return self._writing
 
     def wait_for_writes(self) -> None:
         """Wait until a background flush has written everything it took."""
@@ -325,14 +330,19 @@ class PolicyPrograms:
                 self.close_fd(fd)
             raise
         prog = PolicyProgram(key, name, fds, counts, 1, gen_seconds, load_seconds, [i.id for i in infos])
-        self._cache[key] = prog
-        with self._lock:
-            self._live.add(name)
+        self._keep(prog)
         self._cache_later(cache_entry)
         self.stats["loads"] += 1
         log.debug("policy program loaded", name=name, parts=len(fds), insns=counts,
                   gen_ms=round(gen_seconds * 1e3, 2), load_ms=round(load_seconds * 1e3, 2))
         return prog
+
+    def _keep(self, prog: PolicyProgram) -> None:
+        """*prog* is loaded and cached: its source may be written (the writer thread cannot read
+        ``_cache``, which the loop's thread changes, so the names are kept under the lock too)."""
+        self._cache[prog.key] = prog
+        with self._lock:
+            self._live.add(prog.name)
 
     def _load_parts(self, prog_type: int, parts: list[bytes],
                     name: str) -> tuple[list[int], list[sc.ProgInfo], float]:
@@ -480,9 +490,7 @@ class PolicyPrograms:
                 for fd in fds:
                     self.close_fd(fd)
         self._spare = None
-        self._cache[key] = prog
-        with self._lock:
-            self._live.add(name)
+        self._keep(prog)
         self._installed[(hook, entry)] = prog
         self.stats["adopted"] += 1
         self._cache_later(cache_entry)  # generated and found loaded: the next fresh start loads it from disk

@@ -32,7 +32,8 @@ this object comes from the runner's one thread.
     iptables backend, the nftables ``calico`` table, stale ipsets), so the
     active backend is complete and failing closed before the old one goes;
 10. deferred IP-set deletions — only after the tables no longer reference them;
-11. join the route/rule work;
+11. join the route/rule work, and what device syncers left running (``FinishesInBackground``: BPF
+    mode's policy sources), so every kernel write is done before the apply reports;
 12. publish endpoint status and other feed messages.
 
 Every step's outcome goes through one path (:meth:`InternalDataplane._outcome`):
@@ -70,6 +71,7 @@ from felixpy.managers.base import (
     DevicesConsumer,
     EndpointStatus,
     FeedReporter,
+    FinishesInBackground,
     HasDeadline,
     Manager,
     ManagerWithRouteRules,
@@ -379,6 +381,7 @@ class InternalDataplane:
                 self._join(report, write)                         # (BPF mode: before its maps' apply)
             early = self._apply_devices(report)                   # 4 (BPF mode: 5-7 before its attach)
             background = early if early is not None else self._start_routing(report)   # 5-7
+            background += self._devices_background()              # (joined with the routes, 11)
             ipsets_ok = self._apply_ipset_updates(report, write)  # 8
             tables_ok = self._apply_tables(report, ipsets_ok)     # 9
             self._apply_cleanups(report, tables_ok)               # 9 (after the tables)
@@ -480,6 +483,11 @@ class InternalDataplane:
     def _after_devices(self, report: ApplyReport, consumers: Iterable[DevicesConsumer]) -> None:
         for mgr in consumers:
             self._step(report, f"after-devices:{type(mgr).__name__}", mgr.on_devices_applied)
+
+    def _devices_background(self) -> list[tuple[str, Future[None]]]:
+        """What the device syncers' applies left running (``FinishesInBackground``)."""
+        return [(f"background:{type(s).__name__}", fut) for s in self.devices
+                if _conforms(s, FinishesInBackground) and (fut := s.background_writes()) is not None]
 
     def _start_routing(self, report: ApplyReport) -> list[tuple[str, Future[None]]]:
         """Steps 5-7: popped refresh timers queue resyncs; the FDB, then routes and rules, start in the

@@ -71,6 +71,7 @@ before the state of the same update).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -163,6 +164,15 @@ class WaitsOnChild(Protocol):
     does after the wait, and the loop calls it afterwards in case it did not (a failure before then)."""
 
     def apply_during(self, during: Callable[[], None]) -> None: ...
+
+
+@runtime_checkable
+class FinishesInBackground(Protocol):
+    """A device syncer whose apply leaves writes running on a thread of its own (BPF mode's policy
+    program sources): the loop joins them with the routes, at the end of the same apply, so every
+    kernel write is still inside ``apply()`` and behind the apply's status reports."""
+
+    def background_writes(self) -> Future[None] | None: ...
 
 
 @runtime_checkable

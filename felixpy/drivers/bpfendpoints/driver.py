@@ -86,6 +86,7 @@ from __future__ import annotations
 import ctypes
 import errno
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import structlog
@@ -146,6 +147,12 @@ class _Programmed:
 
 # The (hook, family) keys of _Programmed.slots/.policy, one tuple each for every interface.
 _HV: dict[tuple[int, int], tuple[int, int]] = {(h, v): (h, v) for h in (*HOOKS, XDP) for v in FAMILIES}
+
+
+def _slot_steps(done: _Programmed, hv: tuple[int, int], ps: PolicySet) -> tuple[bool, bool]:
+    """Steps 2-3 for slot *hv* wanting *ps*: whether it holds default-deny first (a fresh slot, not one
+    taken over from an earlier run), and whether *ps*'s program goes in (or is adopted)."""
+    return (hv not in done.policy and ps != DENY_ALL and hv not in done.reclaimed), done.policy.get(hv) != ps
 
 
 def _slots_for_log(done: _Programmed) -> dict[str, int]:
@@ -298,9 +305,10 @@ class BPFEndpoints:
 
         The policy programs' sources and new bytecode-cache entries are written off the critical
         path: queued while the slots are programmed and written on the policy writer's thread, from
-        when the ``tc`` child attaches (or the end of the apply) on, while the loop goes on
-        (:meth:`PolicyPrograms.deferred_writes` says why a restart in between cannot keep a wrong
-        program)."""
+        when the ``tc`` child attaches (or the end of this step) on, while the loop goes on with its
+        other steps; it joins them at the end of the apply (:meth:`background_writes`).
+        (:meth:`PolicyPrograms.deferred_writes` says why a restart before they are written cannot
+        keep a wrong program.)"""
         pol = self.kernel.policies
 
         def while_attaching() -> None:
@@ -316,6 +324,11 @@ class BPFEndpoints:
             self._sweep_sources = False
         if unsupported:
             raise unsupported[0]
+
+    def background_writes(self) -> Future[None] | None:
+        """The sources' writes this apply left on the writer thread: the loop joins them before the
+        apply ends (``FinishesInBackground``)."""
+        return self.kernel.policies.background_writes()
 
     def _apply_during(self, during: Callable[[], None]) -> list[UnsupportedFeature]:
         """The apply; raises when interfaces failed, returns what the kernel cannot do."""
@@ -398,17 +411,19 @@ class BPFEndpoints:
             if not want or link is None or not link[1]:
                 continue
             done = self._done.get(iface)
-            if done is not None and done.ifindex != link[0]:
-                done = None  # re-created: programmed afresh
+            if done is None or done.ifindex != link[0]:
+                done = _Programmed(link[0])  # new or re-created: programmed afresh
             for hook in HOOKS:
                 for v in FAMILIES:
                     ps = _hook_policy(want[v], hook) if v in want else None
                     hv = _HV[hook, v]
-                    if ps is None or (done is not None and (hv in done.reclaimed or done.policy.get(hv) == ps)):
+                    if ps is None or hv in done.reclaimed:
                         continue
-                    if (done is None or hv not in done.policy) and ps != DENY_ALL:
+                    deny_first, new_program = _slot_steps(done, hv, ps)
+                    if deny_first:
                         yield DENY_ALL, hook, v == 6
-                    yield ps, hook, v == 6
+                    if new_program:
+                        yield ps, hook, v == 6
 
     def _restart_sync(self) -> None:
         """Take over what an earlier run left (see the module docstring)."""
@@ -643,11 +658,12 @@ class BPFEndpoints:
                     self._clear_parts_after(hook, entry, 1)
                 done.policy[hv] = None
             return
-        if hv not in done.policy and ps != DENY_ALL and not reclaimed:
+        deny_first, new_program = _slot_steps(done, hv, ps)
+        if deny_first:
             if hv not in self._deny_held:  # kept loaded for the rest of this apply
                 self._deny_held[hv] = pol.acquire(DENY_ALL, hook=hook, v6=(v == 6))
             self._install(hook, entry, v, DENY_ALL)  # a fresh slot holds default-deny first
-        if done.policy.get(hv) != ps:
+        if new_program:
             # A reclaimed slot that already holds this very program is taken over as it is: no load,
             # no write (the restart rewrites nothing that is right).
             adopted = reclaimed and hv not in done.policy and \
