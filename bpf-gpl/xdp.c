@@ -164,6 +164,7 @@ int calico_xdp_accepted_entrypoint(struct xdp_md *xdp)
 	struct cali_xdp_ctx *ctx = &_ctx;
 
 	ctx->counters->c[CALI_REASON_ACCEPTED_BY_POLICY]++;
+#ifndef CALI_XDP_NO_METADATA
 	/* Tell TC the packet was accepted by untracked policy. */
 	if (bpf_xdp_adjust_meta(xdp, -(int)sizeof(struct cali_metadata)) == 0) {
 		void *meta = (void *)(long)xdp->data_meta;
@@ -172,6 +173,9 @@ int calico_xdp_accepted_entrypoint(struct xdp_md *xdp)
 		if (meta + sizeof(struct cali_metadata) <= data)
 			((struct cali_metadata *)meta)->flags = CALI_META_ACCEPTED_BY_XDP;
 	}
+#endif
+	/* (Built with CALI_XDP_NO_METADATA where the kernel refuses bpf_xdp_adjust_meta: TC then
+	 * applies the tracked policy to the packet as to any other; stricter, never more open.) */
 	CALI_DEBUG("XDP: accepted by policy: PASS");
 	return XDP_PASS;
 }

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from felixpy.bpf.build import XDP_METADATA_FEATURE, xdp_metadata_supported
 from felixpy.proto import felixbackend_pb2 as pb
 from felixpy.testing import conncheck as cc
 from felixpy.testing import netns as nsmod
@@ -267,8 +268,17 @@ def test_untracked_allow_creates_no_conntrack_entry(fv: FamilyView, lab: Lab) ->
         time.sleep(0.2)
     _flush_conntrack(node_ns, v)
     expect_tcp(fv, {(a.ns, a.node_ip(v), WEB): True, (a.ns, a.node_ip(v), WEB2): True}, "untracked 8080, tracked 8081")
-    assert _conntrack_entries(node_ns, v, WEB, a.ip(v)) == 0, "untracked connection left a conntrack entry"
     assert _conntrack_entries(node_ns, v, WEB2, a.ip(v)) >= 1, "tracked connection made no entry: proves nothing"
+    if fv.mode in BPF_MODES and not xdp_metadata_supported():
+        # This kernel refuses bpf_xdp_adjust_meta: the XDP program cannot tell TC that untracked policy
+        # accepted the packet, so it is tracked like any other (allowed above by the tracked policy),
+        # and the daemon says so, by name.
+        assert _conntrack_entries(node_ns, v, WEB, a.ip(v)) >= 1
+        logs = fv.node.daemon.logs() if fv.node.daemon is not None else ""
+        reports = [ln for ln in logs.splitlines() if "Feature not supported on this node" in ln and XDP_METADATA_FEATURE in ln]
+        assert len(reports) == 1, f"expected the missing feature named once:\n{logs[-3000:]}"
+    else:
+        assert _conntrack_entries(node_ns, v, WEB, a.ip(v)) == 0, "untracked connection left a conntrack entry"
     fv.apply(with_heps())
 
 

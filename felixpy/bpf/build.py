@@ -15,6 +15,8 @@ merged symlink tree is built by ``scripts/bcc-headers.sh`` and handed to bcc thr
 from __future__ import annotations
 
 import enum
+import errno
+import functools
 import os
 import re
 import subprocess
@@ -126,6 +128,8 @@ class Variant:
         ]
         if self.ipv6:
             flags.append("-DIPVER6")
+        if self.program is Program.XDP and not xdp_metadata_supported():
+            flags.append("-DCALI_XDP_NO_METADATA")
         return flags
 
     @property
@@ -141,6 +145,37 @@ class Variant:
             to_host = self.hook == defs.HOOK_TC_INGRESS
             base = f"{'from' if to_host else 'to'}_{self.ep.value}"
         return f"{base}_{'debug' if self.debug else 'no_log'}{'_v6' if self.ipv6 else ''}"
+
+
+XDP_METADATA_FEATURE = "BPF XDP metadata"
+
+
+@functools.cache
+def xdp_metadata_supported() -> bool:
+    """Probe: whether this kernel lets an XDP program call ``bpf_xdp_adjust_meta``, which the XDP program
+    uses to tell the host endpoint's TC program that untracked policy accepted a packet.  Some kernels
+    refuse the helper to every XDP program ("program of this type cannot use helper
+    bpf_xdp_adjust_meta#54": seen on 6.18.44-fc-v1300); there the XDP program is built without it
+    (``CALI_XDP_NO_METADATA``) and the endpoint driver reports the feature unsupported once.  The probe
+    loads (and closes) a four-instruction program; a failure for any other reason counts as supported,
+    so the real load reports it."""
+    from felixpy.bpf import asm
+    from felixpy.bpf import syscall as sc
+    from felixpy.bpf.errors import BPFSyscallError
+
+    fn_xdp_adjust_meta = 54
+    prog = asm.Block()
+    prog.mov64_imm(asm.R2, -4)
+    prog.call(fn_xdp_adjust_meta)
+    prog.mov64_imm(asm.R0, defs.XDP_PASS)
+    prog.exit()
+    try:
+        fd = sc.prog_load(sc.PROG_TYPE_XDP, prog.assemble(), name="fpy_meta_probe", license="GPL",
+                          expected_attach_type=sc.ATTACH_XDP)
+    except BPFSyscallError as e:
+        return not (e.errno == errno.EINVAL and "cannot use helper" in str(e))
+    os.close(fd)
+    return True
 
 
 @dataclass

@@ -34,6 +34,16 @@ def test_variant_flags_and_labels() -> None:
     assert "-DIPVER6" in v.cflags("/x") and '-DCALI_PIN_ROOT="/x"' in v.cflags("/x")
 
 
+def test_xdp_programs_leave_out_the_metadata_where_the_kernel_refuses_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    xdp, pre = Variant(Program.XDP, defs.HOOK_XDP, EpType.HEP), Variant(Program.XDP_PREAMBLE, defs.HOOK_XDP, EpType.HEP)
+    tc = Variant(Program.TC, defs.HOOK_TC_INGRESS, EpType.HEP)
+    monkeypatch.setattr(build, "xdp_metadata_supported", lambda: False)
+    assert "-DCALI_XDP_NO_METADATA" in xdp.cflags("/x")
+    assert "-DCALI_XDP_NO_METADATA" not in pre.cflags("/x") + tc.cflags("/x")
+    monkeypatch.setattr(build, "xdp_metadata_supported", lambda: True)
+    assert "-DCALI_XDP_NO_METADATA" not in xdp.cflags("/x")
+
+
 def test_expand_source_splices_headers_once() -> None:
     text = build.expand_source(build.BPF_SRC_DIR / "tc.c")
     assert text.count("struct cali_tc_state {") == 1

@@ -13,6 +13,7 @@ import ctypes
 import pytest
 
 from felixpy.bpf import defs
+from felixpy.bpf.build import XDP_METADATA_FEATURE
 from felixpy.bpf.policy_ir import Action, PolicySet
 from felixpy.drivers import drift
 from felixpy.drivers.bpfendpoints.fake import FakeBPF
@@ -84,6 +85,23 @@ def test_untracked_ingress_policy_becomes_an_xdp_program_per_family(families: tu
     assert ifstate(fb, idx).flags & defs.IFACE_STATE_HEP  # type: ignore[union-attr]
     assert programmed(n, fb, "cali1")
     assert not n.dp.unsupported
+
+
+def test_a_kernel_without_xdp_metadata_gets_the_xdp_program_and_the_feature_reported_once_by_name() -> None:
+    """Where the kernel refuses bpf_xdp_adjust_meta, the XDP program is still built and attached (without
+    the mark for TC: build.py's CALI_XDP_NO_METADATA) and the loop names the missing feature once; a
+    node that programs no XDP says nothing about it."""
+    n, fb = node()
+    fb.kernel.xdp_metadata = lambda: False
+    n.send(hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS))
+    n.apply()
+    assert not n.dp.unsupported
+    n.send(ut_policy(), hep("eth0-hep", "eth0", tiers=DENY_ALL_TIERS, untracked=UNTRACKED))
+    n.apply()
+    assert xdp_on(n, fb, "eth0") and xdp_policy(n, fb, "eth0") is not None
+    assert list(n.dp.unsupported) == [XDP_METADATA_FEATURE]
+    assert "bpf_xdp_adjust_meta" in n.dp.unsupported[XDP_METADATA_FEATURE]
+    assert programmed(n, fb, "cali1")  # everything else as before
 
 
 def test_untracked_policy_change_swaps_the_xdp_program_in_its_slot_without_reattach() -> None:

@@ -263,5 +263,6 @@ def _bundle(maps: MapSet, progs: FakePrograms, attacher: FakeAttacher, xdp: Fake
                                                load_threads=1,  # (loads, and injected failures, in order)
                                                # ``build`` is the code's version: its generator too.
                                                generator=lambda: f"fake-{progs.build}"),
-                       attacher=attacher, ipset_ids=ids, slots=slot_allocators(), xdp=xdp)
+                       attacher=attacher, ipset_ids=ids, slots=slot_allocators(), xdp=xdp,
+                       xdp_metadata=lambda: True)  # (a test makes it False: the kernels that refuse it)
     return FakeBPF(kernel, progs, attacher, xdp)

@@ -16,10 +16,12 @@ Apply contract: opening is idempotent; the drivers reconcile entries in their ow
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from felixpy.bpf import defs
 from felixpy.bpf.attach import PREAMBLE_PIN_DIR
+from felixpy.bpf.build import xdp_metadata_supported
 from felixpy.bpf.hook import ProgramsMap
 from felixpy.bpf.ipsets import IPSetIDAllocator
 from felixpy.bpf.maps import MapSet, ensure_pin_root
@@ -39,6 +41,8 @@ class BPFKernel:
     ipset_ids: IPSetIDAllocator
     slots: dict[int, JumpMapAllocator]  # per hook (TC ingress/egress, XDP): policy entry allocator
     xdp: XdpAttacher  # host interfaces' XDP hook (untracked ingress policy)
+    # Whether the XDP program can tell TC that untracked policy accepted a packet (build.py's probe).
+    xdp_metadata: Callable[[], bool] = xdp_metadata_supported
 
 
 def slot_allocators() -> dict[int, JumpMapAllocator]:
