@@ -4,6 +4,7 @@ interface-sysctls syncer over the real files of a veth in a throwaway namespace.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -29,6 +30,42 @@ def test_write_only_what_differs_and_report_missing_files(tmp_path: Path) -> Non
     assert (conf / "forwarding").stat().st_mtime_ns == before
     assert p.read("net/ipv4/conf/gone/proxy_arp") is None
     assert not p.write("net/ipv4/conf/gone/proxy_arp", "1")
+
+
+def test_a_write_replaces_the_whole_value_in_one_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    neigh = tmp_path / "net" / "ipv4" / "neigh" / "cali1"
+    neigh.mkdir(parents=True)
+    (neigh / "proxy_delay").write_text("80\n")
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: str, flags: int, *a: object) -> int:
+        opened.append(path)
+        return real_open(path, flags, *a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", counting_open)
+    assert ProcSys(str(tmp_path)).write("net/ipv4/neigh/cali1/proxy_delay", "0")
+    assert (neigh / "proxy_delay").read_text() == "0" and len(opened) == 1
+
+
+def test_a_read_only_proc_sys_is_fine_while_it_holds_the_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = tmp_path / "net" / "ipv4" / "conf" / "cali1"
+    conf.mkdir(parents=True)
+    (conf / "proxy_arp").write_text("1\n")
+    (conf / "forwarding").write_text("0\n")
+    real_open = os.open
+
+    def read_only(path: str, flags: int, *a: object) -> int:
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.EROFS, "Read-only file system", path)
+        return real_open(path, flags, *a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", read_only)
+    p = ProcSys(str(tmp_path))
+    assert p.write("net/ipv4/conf/cali1/proxy_arp", "1")
+    with pytest.raises(OSError) as err:
+        p.write("net/ipv4/conf/cali1/forwarding", "1")
+    assert err.value.errno == errno.EROFS and (conf / "forwarding").read_text() == "0\n"
 
 
 @pytest.mark.kernel
