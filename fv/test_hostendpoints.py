@@ -275,7 +275,8 @@ def test_untracked_allow_creates_no_conntrack_entry(fv: FamilyView, lab: Lab) ->
         # and the daemon says so, by name.
         assert _conntrack_entries(node_ns, v, WEB, a.ip(v)) >= 1
         logs = fv.node.daemon.logs() if fv.node.daemon is not None else ""
-        reports = [ln for ln in logs.splitlines() if "Feature not supported on this node" in ln and XDP_METADATA_FEATURE in ln]
+        reports = [ln for ln in logs.splitlines()
+                   if "Feature not supported on this node" in ln and XDP_METADATA_FEATURE in ln]
         assert len(reports) == 1, f"expected the missing feature named once:\n{logs[-3000:]}"
     else:
         assert _conntrack_entries(node_ns, v, WEB, a.ip(v)) == 0, "untracked connection left a conntrack entry"

@@ -148,6 +148,9 @@ class Variant:
 
 
 XDP_METADATA_FEATURE = "BPF XDP metadata"
+XDP_METADATA_DETAIL = ("this kernel refuses bpf_xdp_adjust_meta to XDP programs, so a packet a host endpoint's "
+                       "untracked (doNotTrack) policy allows in XDP is not marked for TC: the TC program's "
+                       "tracked policy and conntrack apply to it as to any other packet (stricter, never more open)")
 
 
 @functools.cache
@@ -163,10 +166,9 @@ def xdp_metadata_supported() -> bool:
     from felixpy.bpf import syscall as sc
     from felixpy.bpf.errors import BPFSyscallError
 
-    fn_xdp_adjust_meta = 54
     prog = asm.Block()
-    prog.mov64_imm(asm.R2, -4)
-    prog.call(fn_xdp_adjust_meta)
+    prog.mov64_imm(asm.R2, -4)  # (R1: the context, as the program is entered)
+    prog.call(asm.FN_XDP_ADJUST_META)
     prog.mov64_imm(asm.R0, defs.XDP_PASS)
     prog.exit()
     try:

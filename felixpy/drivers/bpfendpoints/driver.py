@@ -95,7 +95,7 @@ from felixpy.bpf import defs
 from felixpy.bpf import maptypes as mt
 from felixpy.bpf import syscall as sc
 from felixpy.bpf.attachpoint import AttachPoint, configure, unconfigure
-from felixpy.bpf.build import XDP_METADATA_FEATURE, EpType
+from felixpy.bpf.build import XDP_METADATA_DETAIL, XDP_METADATA_FEATURE, EpType
 from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.policy_ir import DENY_ALL, PolicySet
 from felixpy.bpf.policyload import PolicyProgram
@@ -111,9 +111,6 @@ log = structlog.get_logger(__name__)
 
 FAMILIES = (4, 6)
 XDP = defs.HOOK_XDP
-XDP_METADATA_DETAIL = ("this kernel refuses bpf_xdp_adjust_meta to XDP programs, so a packet a host endpoint's "
-                       "untracked (doNotTrack) policy allows in XDP is not marked for TC: the TC program's "
-                       "tracked policy and conntrack apply to it as to any other packet (stricter, never more open)")
 _READY = {4: defs.IFACE_STATE_V4_READY, 6: defs.IFACE_STATE_V6_READY}
 # cali_iface's policy-entry field per hook (TC egress runs the policy ingress direction, Felix's naming).
 _IFSTATE_FIELD = {defs.HOOK_TC_EGRESS: "ingress_policy", defs.HOOK_TC_INGRESS: "egress_policy", XDP: "xdp_policy"}
@@ -394,7 +391,7 @@ class BPFEndpoints:
                     failed(iface, e)
             for gone in [i for i in self._failing if i not in self._want]:
                 del self._failing[gone]  # (no longer wanted: nothing to report about it)
-            if any(p.xdp_attached for p in self._done.values()) and not self.kernel.xdp_metadata():
+            if not self.kernel.xdp_metadata() and any(p.xdp_attached for p in self._done.values()):
                 unsupported.append(UnsupportedFeature(XDP_METADATA_FEATURE, XDP_METADATA_DETAIL))
         finally:
             for prog in self._deny_held.values():

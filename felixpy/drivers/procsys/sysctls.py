@@ -25,6 +25,9 @@ class SysctlWriter(Protocol):
     def read(self, path: str) -> str | None: ...
 
 
+_NOT_WRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})  # (a read-only /proc/sys)
+
+
 class ProcSys:
     """Plain ``os`` calls on the files, not ``open()``: a text-mode file object costs more than the
     kernel's part of a sysctl read or write, and a workload interface has nine of them (1,000
@@ -34,9 +37,10 @@ class ProcSys:
     offset 0 (the kernel's strict sysctl writes want the whole value at position 0; the truncate before
     it is a no-op on ``/proc/sys`` and keeps a plain file -- the tests' -- to just the new value).  The
     path lookup is most of a sysctl's cost: one open instead of a read's and a write's took 1,000 fresh
-    interfaces' nine settings from 145 to 110 ms (``bench/bench_sysctls.py``; procps ``sysctl -p``, which
-    writes without reading, takes 220 ms), and a pass with nothing to write is unchanged.  Where the file cannot be opened for writing (a read-only ``/proc/sys``), an
-    equal value is still fine: it is read, and only a different one fails."""
+    interfaces' nine settings from 145 to 110 ms (``bench/bench_sysctls.py``; procps ``sysctl -p``,
+    which writes without reading, takes 220 ms), and a pass with nothing to write is unchanged.  Where
+    the file cannot be opened for writing (a read-only ``/proc/sys``), an equal value is still fine: it
+    is read, and only a different one fails."""
 
     def __init__(self, root: str = "/proc/sys") -> None:
         self._root = root
@@ -58,27 +62,20 @@ class ProcSys:
         full = os.path.join(self._root, path)
         want = value.encode()
         try:
-            try:
-                fd = os.open(full, os.O_RDWR | os.O_CLOEXEC)
-            except OSError as exc:
-                if exc.errno not in _NOT_WRITABLE:
-                    raise
-                if self._read(full) == want.strip():
-                    return True  # (a read-only /proc/sys that already holds the value is fine)
-                raise
-            try:
-                if os.read(fd, 4096).strip() == want.strip():
-                    return True
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, want, 0)
-            finally:
-                os.close(fd)
-            return True
+            fd = os.open(full, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
             return False
-
-
-_NOT_WRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+        except OSError as exc:
+            if exc.errno in _NOT_WRITABLE and self._read(full) == want.strip():
+                return True
+            raise
+        try:
+            if os.read(fd, 4096).strip() != want.strip():
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, want, 0)
+        finally:
+            os.close(fd)
+        return True
 
 
 def workload_iface_settings(iface: str, ip_version: int, rp_filter: str) -> dict[str, str]:
