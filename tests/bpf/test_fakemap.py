@@ -84,6 +84,32 @@ def test_fake_percpu() -> None:
     assert len(v) == sc.possible_cpus()
 
 
+def test_percpu_single_value_is_written_to_every_cpu_at_its_stride() -> None:
+    # A 12-byte value sits at an 8-byte-aligned stride (16) per possible CPU; one value is copied to
+    # each CPU's slot, its padding zero, and a list gives each CPU its own.
+    val3 = ctypes.c_uint32 * 3
+    m = FakeMap(maps.MapSpec("t_pcpu", 1, sc.MAP_TYPE_PERCPU_HASH, ctypes.c_uint32, val3, 8))
+    n = sc.possible_cpus()
+    m.set(1, val3(1, 2, 3))
+    assert m._d[bytes(ctypes.c_uint32(1))] == (bytes(val3(1, 2, 3)) + bytes(4)) * n
+    assert [list(v) for v in m.get(1)] == [[1, 2, 3]] * n
+    m.set(2, [val3(i, 0, 7) for i in range(n)])
+    assert [list(v) for v in m.get(2)] == [[i, 0, 7] for i in range(n)]
+    with pytest.raises(ValueError):
+        m.set(3, b"\x00" * 8)  # the wrong size for one CPU's value, however many CPUs there are
+
+
+def test_map_spec_derived_values_follow_the_fields() -> None:
+    spec = maps.MapSpec("cali_t", 3, sc.MAP_TYPE_PERCPU_HASH, mt.CountersKey, mt.CountersValue, 10)
+    assert (spec.name, spec.key_size, spec.value_size, spec.percpu) == \
+        ("cali_t3", ctypes.sizeof(mt.CountersKey), ctypes.sizeof(mt.CountersValue), True)
+    bigger = spec.sized(20)
+    assert (bigger.name, bigger.max_entries, bigger.percpu) == ("cali_t3", 20, True)
+    assert bigger != spec and spec.sized(10) == spec and hash(spec.sized(10)) == hash(spec)
+    with pytest.raises(ValueError, match="too long"):
+        _ = maps.MapSpec("cali_much_too_long", 2, sc.MAP_TYPE_HASH, ctypes.c_uint32, ctypes.c_uint32, 1).name
+
+
 @pytest.mark.kernel
 def test_kernel_map_matches_fake() -> None:
     if os.geteuid() != 0:
