@@ -17,6 +17,7 @@ from felixpy.drivers.netlink.errors import NetlinkCallError
 from felixpy.drivers.netlink.iproute2 import (
     BatchFailure,
     IpTool,
+    dumped_dev_names,
     errno_from_message,
     neigh_replace_line,
     parse_batch_stderr,
@@ -407,6 +408,30 @@ def test_many_interfaces_are_looked_up_by_index_never_through_the_whole_map() ->
     routes = [Route(AF_INET, f"10.0.{i // 250}.{i % 250}/32", oif=i) for i in names]
     assert tool.routes_replace(routes) == [0] * len(routes)
     assert [len(a) for a in names_of.asked] == [1000, 1000]
+
+
+def test_a_full_dump_after_a_link_listing_checks_only_the_interfaces_it_names() -> None:
+    # The caller's listing is the "before"; "after" is one lookup per interface the output names.  A
+    # route of an interface renamed since the listing (cali2), or missing from it (cali9), is left out.
+    dump = json.dumps([{"dst": "10.0.0.1", "dev": "cali1", "protocol": "3", "scope": "253", "flags": []},
+                       {"dst": "10.0.0.2", "dev": "cali2", "protocol": "3", "scope": "253", "flags": []},
+                       {"dst": "10.0.0.9", "dev": "cali9", "protocol": "3", "scope": "253", "flags": []},
+                       {"type": "6", "dst": "10.0.1.0/26", "protocol": "80", "flags": []}])
+    ip = ScriptedIp(CommandResult(0, dump), CommandResult(0, '[{"type":"6","dst":"10.0.1.0/26","flags":[]}]'))
+    names_of = NamesOf({3: "cali1", 4: "renamed"})
+    tool = IpTool(ip, NoFullMap(), names_of=names_of)
+    listing = {1: "lo", 3: "cali1", 4: "cali2", 5: "cali3"}
+    got = tool.route_list(AF_INET, 254, names=listing)
+    assert [(r.dst, r.oif) for r in got] == [("10.0.0.1/32", 3), ("10.0.1.0/26", 0)]
+    assert names_of.asked == [{3, 4}]
+    assert [r.dst for r in tool.route_list(AF_INET, 254, names=listing)] == ["10.0.1.0/26"]
+    assert names_of.asked == [{3, 4}, set()]   # a dump that names no interface: nothing to check
+
+
+def test_dumped_dev_names_decode_json_escapes() -> None:
+    text = json.dumps([{"dev": "cali1"}, {"dev": 'we"ird\\x'}, {"nexthops": [{"dev": "eth0"}, {"dev": "cali1"}]}])
+    assert dumped_dev_names(text) == {"cali1", 'we"ird\\x', "eth0"}
+    assert dumped_dev_names('[{"dst":"10.0.0.0/8","dev" : "a b"}]') == {"a b"}
 
 
 def test_interface_renamed_during_a_batch_fails_its_lines() -> None:

@@ -17,6 +17,7 @@ from felixpy.drivers.generictables.fake import fake_tables
 from felixpy.drivers.ipsets import IPSets
 from felixpy.drivers.ipsets.fake import FakeIPSet
 from felixpy.drivers.cmdshim import SubprocessRunner
+from felixpy.drivers.netlink import ifnames
 from felixpy.drivers.netlink.errors import LinkNotFound
 from felixpy.drivers.netlink.pyroute import PyrouteNetlink
 from felixpy.drivers.netlink.types import (
@@ -404,11 +405,16 @@ class CountingHandle:
         return attr
 
 
-def test_restart_without_drift_writes_nothing(netns: str) -> None:
+def test_restart_without_drift_writes_nothing(netns: str, monkeypatch: pytest.MonkeyPatch) -> None:
     ns = netns
     for i in range(3):
         veth(ns, f"cali{i}", f"cali{i}p")
     counts: dict[str, int] = {}
+    # The full resync's route and neighbour dumps start from its own link listing and check only the
+    # interfaces they name: no whole index -> name map (a link dump in the kernel) around either.
+    whole_maps = []
+    real_nameindex = ifnames.if_nameindex
+    monkeypatch.setattr(ifnames, "if_nameindex", lambda: whole_maps.append(1) or real_nameindex())
 
     def new_table() -> RouteTable:
         rt = RouteTable(ip_version=4, new_handle=lambda: CountingHandle(PyrouteNetlink(ns), counts),  # type: ignore
@@ -429,6 +435,7 @@ def test_restart_without_drift_writes_nothing(netns: str) -> None:
     second = new_table()
     second.apply()
     assert counts == {} and second.in_sync()
+    assert whole_maps == []
     # One ARP entry drifted (another MAC) and one route went missing: only those two are written.
     ip(ns, "neigh", "replace", "10.65.1.1", "lladdr", "ee:ee:ee:00:00:00", "dev", "cali1", "nud", "permanent")
     ip(ns, "route", "del", "10.65.2.2/32", "dev", "cali2")
@@ -440,12 +447,15 @@ def test_restart_without_drift_writes_nothing(netns: str) -> None:
     third.close()
 
 
-def test_v6_restart_without_drift_writes_nothing(netns: str) -> None:
+def test_v6_restart_without_drift_writes_nothing(netns: str, monkeypatch: pytest.MonkeyPatch) -> None:
     ns = netns
     veth(ns, "eth0", "eth0p")
     ip(ns, "-6", "addr", "add", "fd50::1/64", "dev", "eth0", "nodad")
     veth(ns, "cali1", "cali1p")
     counts: dict[str, int] = {}
+    whole_maps = []  # as the v4 test: no whole index -> name map around the resync's dumps
+    real_nameindex = ifnames.if_nameindex
+    monkeypatch.setattr(ifnames, "if_nameindex", lambda: whole_maps.append(1) or real_nameindex())
 
     def new_table() -> RouteTable:
         rt = RouteTable(ip_version=6, new_handle=lambda: CountingHandle(PyrouteNetlink(ns), counts),  # type: ignore
@@ -469,4 +479,5 @@ def test_v6_restart_without_drift_writes_nothing(netns: str) -> None:
     second = new_table()
     second.apply()
     assert counts == {} and second.in_sync()
+    assert whole_maps == []
     second.close()

@@ -416,3 +416,30 @@ def test_a_route_the_policy_would_not_call_ours_is_programmed_and_named_once(fak
     clock.advance(11)
     rt.apply()
     assert {"10.0.0.1/32", "10.9.0.0/16", "10.9.1.0/24", "10.3.0.0/26", "10.2.0.0/26"} <= dsts(fake)
+
+
+def test_a_full_resync_dumps_through_its_own_link_listing(fake: FakeNetlink) -> None:
+    # The route and neighbour dumps trust the names the listing just before them found (the fake, like
+    # ``ip``, leaves out what an interface made or renamed since then has): an interface made between
+    # the listing and the dumps is not taken for one the table knows.
+    made_late: list[int] = []
+    listing = fake.link_list
+
+    def list_then_make() -> list:  # type: ignore[type-arg]
+        links = listing()
+        if not made_late:
+            late = fake.add_link("cali9")
+            fake.add_route(Route(AF_INET, "10.9.9.9/32", protocol=3, oif=late.index, scope=253))
+            made_late.append(late.index)
+        return links
+
+    fake.link_list = list_then_make  # type: ignore[method-assign]
+    seen: list[dict[int, str] | None] = []
+    route_list = fake.route_list
+    fake.route_list = lambda *a, names=None, **k: seen.append(names) or route_list(*a, names=names, **k)  # type: ignore
+    rt = main_table(fake, FakeClock(), static_arp=True)
+    rt.set_routes(LW, "cali1", [Target("10.0.0.1/32", dest_mac="ee:ee:ee:ee:ee:01")])
+    rt.apply()
+    assert seen == [{link.index: link.name for link in fake.links.values() if link.index not in made_late}]
+    assert rt.in_sync() and "10.0.0.1/32" in dsts(fake)
+    assert "10.9.9.9/32" in dsts(fake)  # not seen, so neither swept nor counted as ours

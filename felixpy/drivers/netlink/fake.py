@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import errno as _errno
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from felixpy.drivers.netlink.errors import ConnectFailed, LinkNotFound, NetlinkCallError
@@ -157,6 +157,14 @@ class FakeNetlink:
                 return link
         raise LinkNotFound(name)
 
+    def _listed(self, names: Mapping[int, str] | None, index: int) -> bool:
+        """As ``ip``'s dumps trust names: given the caller's link listing, an object of an interface that
+        the listing does not name as it is named now (made or renamed since) is left out of the dump."""
+        if names is None or index <= 1:
+            return True
+        link = self.links.get(index)
+        return link is not None and names.get(index) == link.name
+
     def _forget_link(self, index: int) -> None:
         self.links.pop(index, None)
         self._flush_routes_via(index)
@@ -248,10 +256,12 @@ class FakeNetlink:
         self.addrs.remove(addr)
 
     # -- routes -----------------------------------------------------------------------------
-    def route_list(self, family: int, table: int, oif: int | None = None) -> list[Route]:
+    def route_list(self, family: int, table: int, oif: int | None = None, *,
+                   names: Mapping[int, str] | None = None) -> list[Route]:
         self._check(FailFlags.ROUTE_LIST, "route dump")
         return [r for r in self.routes.values()
-                if r.family == family and r.table == table and (not oif or r.oif == oif)]
+                if r.family == family and r.table == table and (not oif or r.oif == oif)
+                and (oif or self._listed(names, r.oif))]
 
     def routes_replace(self, routes: Sequence[Route]) -> list[int]:
         out = []
@@ -307,9 +317,11 @@ class FakeNetlink:
                 out.append(0)
         return out
 
-    def neigh_list(self, ifindex: int | None, family: int) -> list[Neigh]:
+    def neigh_list(self, ifindex: int | None, family: int, *,
+                   names: Mapping[int, str] | None = None) -> list[Neigh]:
         self._check(FailFlags.NEIGH_LIST, "neigh dump")
-        return [n for n in self.neighs.values() if (ifindex is None or n.ifindex == ifindex) and n.family == family]
+        return [n for n in self.neighs.values() if (ifindex is None or n.ifindex == ifindex) and n.family == family
+                and (ifindex is not None or self._listed(names, n.ifindex))]
 
     def neigh_del(self, neigh: Neigh) -> None:
         self._check(FailFlags.NEIGH_DEL, f"neigh del {neigh.dst}")

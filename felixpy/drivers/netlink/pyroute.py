@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import errno as _errno
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -208,9 +208,10 @@ class PyrouteNetlink:
             "del", index=addr.index, address=addr.address, prefixlen=addr.prefixlen, family=addr.family))
 
     # -- routes (ip -batch / ip -j) --------------------------------------------------
-    def route_list(self, family: int, table: int, oif: int | None = None) -> list[Route]:
+    def route_list(self, family: int, table: int, oif: int | None = None, *,
+                   names: Mapping[int, str] | None = None) -> list[Route]:
         with self._lock:
-            return self._ip.route_list(family, table, oif)
+            return self._ip.route_list(family, table, oif, names=names)
 
     def routes_replace(self, routes: Sequence[Route]) -> list[int]:
         with self._lock:
@@ -225,9 +226,10 @@ class PyrouteNetlink:
         with self._lock:
             return self._ip.neighs_replace(neighs)
 
-    def neigh_list(self, ifindex: int | None, family: int) -> list[Neigh]:
+    def neigh_list(self, ifindex: int | None, family: int, *,
+                   names: Mapping[int, str] | None = None) -> list[Neigh]:
         with self._lock:
-            return self._ip.neigh_list(ifindex, family)
+            return self._ip.neigh_list(ifindex, family, names=names)
 
     def neigh_del(self, neigh: Neigh) -> None:
         self._do(f"neigh del {neigh.dst}", lambda: self._ipr.neigh(

@@ -414,7 +414,9 @@ class RouteTable:
                 return False  # unknown interface: racing its creation or deletion
         return self.ownership.route_is_ours(iface, route)
 
-    def _refresh_links(self, nl: Netlink) -> None:
+    def _refresh_links(self, nl: Netlink) -> dict[int, str]:
+        """Read every link; returns their names by index as the listing found them (what the dumps
+        after it start from: :meth:`Netlink.route_list`'s *names*)."""
         links = nl.link_list()
         for link in links:
             old = self._name_to_index.get(link.name)
@@ -432,12 +434,13 @@ class RouteTable:
                 self.on_iface_state(link.name, state, link.index)
         for name in [n for n in self._name_to_index if n not in seen]:
             self.on_iface_state(name, IfaceState.DOWN, 0)
+        return {link.index: link.name for link in links}
 
     def _do_full_resync(self, nl: Netlink) -> None:
         start = time.monotonic()
-        self._refresh_links(nl)
+        names = self._refresh_links(nl)
         owned: dict[Key, Route] = {}
-        for route in nl.route_list(self.family, self.table_index):
+        for route in nl.route_list(self.family, self.table_index, names=names):
             self._on_iface_seen(route.oif)
             if self._route_is_ours(route):
                 owned[route.key] = route
@@ -450,7 +453,7 @@ class RouteTable:
             self._count_drift(nl, believed, owned)
         self._resynced_before = True
         if self._pending_arps:
-            self._drop_arps_already_present(nl)
+            self._drop_arps_already_present(nl, names)
         self._ifaces_to_rescan.clear()
         self._full_resync = False
         self.log.info("route table resynced", owned=len(owned), desired=self.kernel.desired_len(),
@@ -489,7 +492,7 @@ class RouteTable:
                  if k not in believed and k in found and not self._in_grace(found[k].oif))
         self._drift.found("route", n)
 
-    def _drop_arps_already_present(self, nl: Netlink) -> None:
+    def _drop_arps_already_present(self, nl: Netlink, names: dict[int, str]) -> None:
         """Static ARP entries the kernel already has (permanent, same MAC) need no write.
 
         Only on a full resync (a restart re-feeds every endpoint), so that a
@@ -497,7 +500,7 @@ class RouteTable:
         pending entries are for new workloads and are written without a dump.
         """
         try:
-            present = {(n.ifindex, n.dst): n.lladdr for n in nl.neigh_list(None, AF_INET)
+            present = {(n.ifindex, n.dst): n.lladdr for n in nl.neigh_list(None, AF_INET, names=names)
                        if n.state & NUD_PERMANENT}
         except NetlinkCallError as exc:
             self.log.warning("neighbour dump failed; writing every pending static ARP entry", error=str(exc))
