@@ -53,7 +53,7 @@ import structlog
 from felixpy.bpf import attach as bpfattach
 from felixpy.bpf import syscall as sc
 from felixpy.bpf.maps import OWNED_PREFIXES, is_bpffs
-from felixpy.bpf.owned import is_owned_prog_name
+from felixpy.bpf.owned import is_owned_prog_name, list_owned_programs
 from felixpy.bpf.polsource import SOURCE_DIR
 from felixpy.drivers.bpfendpoints.attacher import HOOKS
 from felixpy.errors import DataplaneError
@@ -91,17 +91,29 @@ def _prog_name(prog_id: int) -> str:
     return info.name if info is not None else ""
 
 
+def _owned_programs_loaded() -> bool:
+    """Whether the kernel holds any program with one of our names (:func:`list_owned_programs`).
+
+    Programs belong to the kernel, not to a namespace, and every attachment this driver looks for
+    holds its program: with none of ours loaded anywhere, no interface can carry one.  Asking each
+    interface instead was ~3.5 ms an interface (3.5 s at 1,000 workloads, on every start of day in
+    the *tables modes, before ``DataplaneInSync``); the program list is one id walk."""
+    return bool(list_owned_programs())
+
+
 class BPFCleanup:
     """Removes every BPF-mode attachment and pin (see the module doc)."""
 
     name = "bpf"
 
     def __init__(self, pin_root: str, tcx_pin_dir: str, *, ip_version: int = 4,
-                 links: Callable[[], list[tuple[str, int]]] = _links) -> None:
+                 links: Callable[[], list[tuple[str, int]]] = _links,
+                 owned_programs_loaded: Callable[[], bool] = _owned_programs_loaded) -> None:
         self.ip_version = ip_version  # node-level: registered with one family only
         self.pin_root = pin_root
         self.tcx_pin_dir = tcx_pin_dir
         self._links = links
+        self._owned_programs_loaded = owned_programs_loaded
         self.done = False
         self.removed = 0  # objects removed (the other cleanup drivers' counter)
         self.removed_by_kind: dict[str, int] = {}
@@ -118,18 +130,8 @@ class BPFCleanup:
                 if pin.rpartition("_")[2] in ("ingress", "egress"):
                     out.tcx_pins.append(os.path.join(self.tcx_pin_dir, pin))
                     pinned_tcx.add(pin)
-        for name, ifindex in self._links():
-            if any(is_owned_prog_name(bpfattach.filter_prog_name(f))
-                   for hook in HOOKS for f in bpfattach.tc_filters(ifindex, hook)):
-                out.tc.append((name, ifindex))
-            xdp = bpfattach.xdp_attached(ifindex)
-            if xdp is not None and xdp[0] and _prog_name(xdp[0]).startswith(bpfattach.XDP_PREAMBLE_NAME):
-                out.xdp.append((name, ifindex))
-            for hook in HOOKS:
-                mine = [p for p in bpfattach.tcx_programs(ifindex, hook) if is_owned_prog_name(_prog_name(p))]
-                pin = os.path.basename(bpfattach.tcx_pin_path(self.tcx_pin_dir, name, hook))
-                if mine and pin not in pinned_tcx:
-                    out.tcx_unpinned.append(f"{name}/{pin.rpartition('_')[2]}")
+        if self._owned_programs_loaded():
+            self._find_attached(out, pinned_tcx)
         if is_bpffs(self.pin_root):
             for d, _dirs, files in os.walk(self.pin_root):
                 if os.path.abspath(d) == os.path.abspath(self.tcx_pin_dir):
@@ -137,6 +139,26 @@ class BPFCleanup:
                 sources = os.path.basename(d) == SOURCE_DIR  # the policy programs' sources (felixpy explain's)
                 out.pins += [os.path.join(d, f) for f in sorted(files) if sources or f.startswith(OWNED_PREFIXES)]
         return out
+
+    def _find_attached(self, out: Leftovers, pinned_tcx: set[str]) -> None:
+        """Each interface's hooks: our clsact filters, XDP preamble and TCX programs (one netlink
+        socket for all of them, not one per question)."""
+        nl = bpfattach.RouteSocket()
+        try:
+            for name, ifindex in self._links():
+                if any(is_owned_prog_name(bpfattach.filter_prog_name(f))
+                       for hook in HOOKS for f in bpfattach.tc_filters(ifindex, hook, nl=nl)):
+                    out.tc.append((name, ifindex))
+                xdp = bpfattach.xdp_attached(ifindex, nl=nl)
+                if xdp is not None and xdp[0] and _prog_name(xdp[0]).startswith(bpfattach.XDP_PREAMBLE_NAME):
+                    out.xdp.append((name, ifindex))
+                for hook in HOOKS:
+                    mine = [p for p in bpfattach.tcx_programs(ifindex, hook) if is_owned_prog_name(_prog_name(p))]
+                    pin = os.path.basename(bpfattach.tcx_pin_path(self.tcx_pin_dir, name, hook))
+                    if mine and pin not in pinned_tcx:
+                        out.tcx_unpinned.append(f"{name}/{pin.rpartition('_')[2]}")
+        finally:
+            nl.close()
 
     # ---------------------------------------------------------------------------- apply
     def apply(self) -> None:
