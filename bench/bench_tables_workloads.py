@@ -135,7 +135,8 @@ def before_run(path: str, mode: str, workloads: int, policies: int) -> dict[str,
     out = subprocess.run([sys.executable, os.path.join(path, "bench", "bench_tables_workloads.py"), "--modes", mode,
                           "--workloads", str(workloads), "--policies", str(policies), "--daemon-only"],
                          check=True, capture_output=True, text=True, cwd=path).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    got: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    return got
 
 
 def main() -> None:

@@ -16,6 +16,11 @@
   apply; at the apply's end one JSON line goes to PATH: the samples as ``[ms since the apply began, RSS
   MiB, the foreground step running]``, thinned to the points where RSS moved by ≥ 1 MiB, plus the peak:
   where an apply's memory goes, step by step.
+* ``FELIXPY_BENCH_CPUTRACE=PATH`` — a thread reads every thread's CPU time (``/proc/self/task``) and each
+  live child's (``/proc/<pid>/stat`` of the pids in ``/proc/self/task/*/children``) every 10 ms during
+  each apply; at its end one JSON line goes to PATH: per 50 ms of the apply, the CPU milliseconds of each
+  thread (by its Python name) and of the children (by command), plus the foreground step running at the
+  bucket's end: which work shares the two CPUs when, and whether the loop's thread waits or runs.
 * ``FELIXPY_BENCH_TMSTEPS=PATH`` — tracemalloc across the steps of the process's first apply: after each
   step, the lines whose held bytes grew or shrank by ≥ 256 KiB since the step before, to PATH (which step
   builds the apply's peak, and from what; slow).
@@ -211,6 +216,96 @@ if _RSS:
 
     _rcore.InternalDataplane.apply = _traced_apply  # type: ignore[method-assign]
     _rcore.InternalDataplane._step = _traced_step  # type: ignore[method-assign]
+
+
+_CPU = os.environ.get("FELIXPY_BENCH_CPUTRACE") if _DAEMON else None
+if _CPU:
+    import json as _cjson
+    import threading as _cthreading
+    import time as _ctime2
+    from typing import Any as _CpAny
+
+    from felixpy.dataplane import core as _cpcore
+
+    _tick = os.sysconf("SC_CLK_TCK")
+    _cst: dict[str, _CpAny] = {"on": False, "t0": 0.0, "step": "", "rows": []}
+
+    def _stat_cpu_ms(path: str) -> tuple[str, float] | None:
+        try:
+            with open(path) as f:
+                raw = f.read()
+        except OSError:
+            return None
+        comm = raw[raw.index("(") + 1:raw.rindex(")")]
+        rest = raw[raw.rindex(")") + 2:].split()
+        return comm, (int(rest[11]) + int(rest[12])) * 1000 / _tick  # utime + stime
+
+    def _cpu_now() -> dict[str, float]:
+        names = {t.native_id: t.name for t in _cthreading.enumerate()}
+        out: dict[str, float] = {}
+        for tid in os.listdir("/proc/self/task"):
+            got = _stat_cpu_ms(f"/proc/self/task/{tid}/stat")
+            if got is not None:
+                key = names.get(int(tid), f"tid{tid}").rstrip("_0123456789") or "thread"
+                out[key] = out.get(key, 0.0) + got[1]
+            try:
+                with open(f"/proc/self/task/{tid}/children") as f:
+                    kids = f.read().split()
+            except OSError:
+                kids = []
+            for pid in kids:
+                got = _stat_cpu_ms(f"/proc/{pid}/stat")
+                if got is not None:
+                    out[f"child:{got[0]}:{pid}"] = got[1]
+        return out
+
+    def _cpu_sampler() -> None:
+        while True:
+            if _cst["on"]:
+                _cst["rows"].append((_ctime2.perf_counter() - _cst["t0"], _cst["step"], _cpu_now()))
+            _ctime2.sleep(0.01)
+
+    _cthreading.Thread(target=_cpu_sampler, name="bench-cpu", daemon=True).start()
+    _cpapply, _cpstep = _cpcore.InternalDataplane.apply, _cpcore.InternalDataplane._step
+
+    def _cpu_traced_apply(self: _CpAny) -> _CpAny:
+        _cst.update(on=False, rows=[(0.0, "", _cpu_now())], step="")
+        _cst.update(t0=_ctime2.perf_counter(), on=True)
+        try:
+            return _cpapply(self)
+        finally:
+            _cst["on"] = False
+            rows = _cst["rows"] + [(_ctime2.perf_counter() - _cst["t0"], _cst["step"], _cpu_now())]
+            buckets: list[dict[str, _CpAny]] = []
+            prev = rows[0][2]
+            edge = 0.05
+            acc: dict[str, float] = {}
+            for t, step, now in rows[1:]:
+                for k, v in now.items():
+                    d = v - prev.get(k, 0.0 if k.startswith("child:") else v)
+                    if d > 0:
+                        name = k.rsplit(":", 1)[0] if k.startswith("child:") else k
+                        acc[name] = acc.get(name, 0.0) + d
+                prev = {**prev, **now}
+                if t >= edge or (t, step, now) == rows[-1]:
+                    buckets.append({"to_ms": round(t * 1000), "step": step,
+                                    "cpu_ms": {k: round(v) for k, v in sorted(acc.items()) if v >= 1}})
+                    acc = {}
+                    while edge <= t:
+                        edge += 0.05
+            with open(_CPU, "a") as f:
+                f.write(_cjson.dumps({"at": _ctime2.time(), "ms": round(rows[-1][0] * 1000),
+                                      "buckets": buckets}) + "\n")
+
+    def _cpu_traced_step(self: _CpAny, report: _CpAny, name: str, fn: _CpAny) -> _CpAny:
+        _cst["step"] = name
+        try:
+            return _cpstep(self, report, name, fn)
+        finally:
+            _cst["step"] = f"after {name}"
+
+    _cpcore.InternalDataplane.apply = _cpu_traced_apply  # type: ignore[method-assign]
+    _cpcore.InternalDataplane._step = _cpu_traced_step  # type: ignore[method-assign]
 
 
 _CSLOW = os.environ.get("FELIXPY_BENCH_CPROFILE_SLOW") if _DAEMON else None
