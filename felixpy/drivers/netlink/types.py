@@ -63,16 +63,29 @@ def family_of(ip_version: int) -> int:
     raise ValueError(f"unknown IP version {ip_version}")
 
 
-def canon_cidr(cidr: str) -> str:
-    """``10.0.0.1`` -> ``10.0.0.1/32``; host bits are masked off."""
-    return str(ipaddress.ip_network(cidr, strict=False))
-
-
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 # An IPv4 address exactly as ``ipaddress`` prints it (four decimal octets, no leading zeros): its own
 # canonical form.  One match is ~10x cheaper than a parse, and the feed's addresses (5,000 VTEPs, two
 # each, at a large cluster's start of day) are nearly all like that.
 _CANONICAL_QUAD = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
+_V4_PREFIX_LEN = re.compile(r"3[0-2]|[12]?[0-9]")  # 0-32 as ipaddress prints it (no sign, no leading zero)
+
+
+def canon_cidr(cidr: str) -> str:
+    """``10.0.0.1`` -> ``10.0.0.1/32``; host bits are masked off.
+
+    An IPv4 CIDR already spelled as ``ipaddress`` spells one (a canonical quad, a plain prefix length)
+    is masked with integer arithmetic: the 5,000 VXLAN routes of a large cluster's start of day are
+    all like that, and a parse each was ~15 µs on the loop's thread.  Anything else, IPv6 included,
+    goes through ``ipaddress`` (which also raises the ``ValueError`` for what is not a CIDR)."""
+    addr, slash, plen = cidr.partition("/")
+    if _CANONICAL_QUAD.fullmatch(addr) and (not slash or _V4_PREFIX_LEN.fullmatch(plen)):
+        n = int(plen) if slash else 32
+        if n == 32:
+            return f"{addr}/32"
+        net = int.from_bytes(socket.inet_aton(addr), "big") & ~((1 << (32 - n)) - 1)
+        return f"{socket.inet_ntoa(net.to_bytes(4, 'big'))}/{n}"
+    return str(ipaddress.ip_network(cidr, strict=False))
 
 
 def canon_ip(addr: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import ipaddress
 from dataclasses import dataclass
 
 from felixpy.drivers.netlink.types import (
@@ -17,6 +16,7 @@ from felixpy.drivers.netlink.types import (
     RTN_THROW,
     RTN_UNICAST,
     RTN_UNREACHABLE,
+    canon_cidr,
     canon_mac,
 )
 
@@ -62,7 +62,7 @@ ROUTE_SHAPE: dict[TargetType, tuple[int, int, bool]] = {
 
 @functools.lru_cache(maxsize=65536)
 def canonical_cidr(cidr: str) -> str:
-    return str(ipaddress.ip_network(cidr, strict=False))
+    return canon_cidr(cidr)
 
 
 @functools.lru_cache(maxsize=65536)
