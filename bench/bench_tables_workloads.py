@@ -101,7 +101,8 @@ def per_interface_state(ns: str, names: list[str]) -> dict[str, str]:
     return {"ip": "\n".join(lines) + "\n", "sysctl": "\n".join(sysctls) + "\n"}
 
 
-def raw_start_of_day(mode: str, tables: dict[str, str], per_iface: dict[str, str], names: list[str]) -> dict[str, float]:
+def raw_start_of_day(mode: str, tables: dict[str, str], per_iface: dict[str, str],
+                     names: list[str]) -> dict[str, float]:
     """The same state written by the raw tools into a fresh namespace with the same interfaces."""
     t_tables = t_ip = t_sysctl = 0.0
     with netns.netns("fpytwr") as ns, workload_veths(ns, names):

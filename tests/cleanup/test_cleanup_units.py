@@ -229,3 +229,26 @@ def test_a_failing_cleanup_is_retried_and_does_not_stop_the_next() -> None:
     dp.register_cleanup(Rec(tl, "clean-b"))
     report = dp.apply()
     assert report.failed_steps == ["cleanup:clean-a/v4"] and tl == ["clean-a", "clean-b"] and dp.needs_sync
+
+
+def test_bpf_cleanup_asks_the_interfaces_when_the_program_list_is_unreadable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No program of ours loaded: the interfaces are not asked; a program walk the kernel refuses
+    cannot tell, and then they are (as before the check existed)."""
+    import errno
+
+    from felixpy.bpf.errors import BPFSyscallError
+    from felixpy.drivers.bpfendpoints import cleanup as bpfcleanup
+
+    monkeypatch.setattr(bpfcleanup, "list_owned_programs", lambda: [])
+    assert bpfcleanup._owned_programs_loaded() is False
+
+    def refused() -> list[object]:
+        raise BPFSyscallError("BPF_PROG_GET_NEXT_ID", errno.EPERM)
+
+    monkeypatch.setattr(bpfcleanup, "list_owned_programs", refused)
+    assert bpfcleanup._owned_programs_loaded() is True
+    asked: list[int] = []
+    cleanup = bpfcleanup.BPFCleanup("/nonexistent/tc/globals", "/nonexistent/tcx",
+                                    links=lambda: asked.append(1) or [])
+    cleanup.apply()
+    assert cleanup.done and asked == [1]

@@ -52,6 +52,7 @@ import structlog
 
 from felixpy.bpf import attach as bpfattach
 from felixpy.bpf import syscall as sc
+from felixpy.bpf.errors import BPFSyscallError
 from felixpy.bpf.maps import OWNED_PREFIXES, is_bpffs
 from felixpy.bpf.owned import is_owned_prog_name, list_owned_programs
 from felixpy.bpf.polsource import SOURCE_DIR
@@ -97,8 +98,13 @@ def _owned_programs_loaded() -> bool:
     Programs belong to the kernel, not to a namespace, and every attachment this driver looks for
     holds its program: with none of ours loaded anywhere, no interface can carry one.  Asking each
     interface instead was ~3.5 ms an interface (3.5 s at 1,000 workloads, on every start of day in
-    the *tables modes, before ``DataplaneInSync``); the program list is one id walk."""
-    return bool(list_owned_programs())
+    the *tables modes, before ``DataplaneInSync``); the program list is one id walk.  A walk the
+    kernel refuses (no ``CAP_SYS_ADMIN``, no ``bpf()``) cannot tell: then the interfaces are asked."""
+    try:
+        return bool(list_owned_programs())
+    except (BPFSyscallError, OSError) as exc:
+        log.debug("BPF program list unreadable; looking at every interface", error=str(exc))
+        return True
 
 
 class BPFCleanup:
