@@ -117,7 +117,11 @@ def ifindexes(ns: str, names: list[str]) -> dict[str, int]:
 
 
 def daemon_run(ns: str, pin_root: str, cache: str, names: list[str], n_policies: int, attach: str,
-               settle: float, extra_env: dict[str, str] | None = None) -> dict[str, float]:
+               settle: float, extra_env: dict[str, str] | None = None,
+               steady_after: float = 10.0) -> dict[str, float]:
+    """The daemon fed the batch, then InSync -> DataplaneInSync: its time, CPU and RSS, and (unless
+    *steady_after* is 0) its RSS that many seconds later.  *extra_env* may override every setting
+    (``bench_tables_workloads``: ``FELIX_BPFENABLED=false`` and a *tables mode)."""
     env = {"FELIX_BPFENABLED": "true", "FELIX_IPTABLESBACKEND": "legacy",
            "FELIX_BPFATTACHTYPE": attach, "FELIXPY_BPF_PIN_ROOT": pin_root, "FELIXPY_BPF_CACHE_DIR": cache,
            "FELIX_BPFMAPSIZEIFSTATE": str(ifstate_size(len(names))), **(extra_env or {})}
@@ -136,8 +140,9 @@ def daemon_run(ns: str, pin_root: str, cache: str, names: list[str], n_policies:
         res["cpu_s"] = cpu_s(d.proc.pid) - cpu0
         rss, hwm = rss_kib(d.proc.pid)
         res["rss_mib"], res["hwm_mib"] = rss / 1024, hwm / 1024
-        time.sleep(10)
-        res["steady_rss_mib"] = rss_kib(d.proc.pid)[0] / 1024
+        if steady_after:
+            time.sleep(steady_after)
+            res["steady_rss_mib"] = rss_kib(d.proc.pid)[0] / 1024
         c.close()
     finally:
         rc = d.stop()

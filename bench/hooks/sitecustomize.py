@@ -47,6 +47,18 @@ import sys
 
 _DAEMON = sys.orig_argv[1:4] == ["-m", "felixpy", "run"]
 
+
+def _step_naming(state: dict, orig):  # type: ignore[no-untyped-def,type-arg]
+    """A wrapper of ``InternalDataplane._step`` *orig* that keeps ``state["step"]`` naming the foreground
+    step running (``after <step>`` between steps), for the samplers below."""
+    def step(self, report, name, fn):  # type: ignore[no-untyped-def]
+        state["step"] = name
+        try:
+            return orig(self, report, name, fn)
+        finally:
+            state["step"] = f"after {name}"
+    return step
+
 if os.environ.get("FELIXPY_BENCH_NFT_SHIM") == "child":
     import felixpy.drivers.nftables as _nft
     from felixpy.drivers.nftables.shim import NftChildProcess
@@ -207,15 +219,8 @@ if _RSS:
             with open(_RSS, "a") as f:
                 f.write(_json.dumps({"at": _time.time(), "peak": peak, "samples": kept}) + "\n")
 
-    def _traced_step(self: _Any, report: _Any, name: str, fn: _Any) -> _Any:
-        _state["step"] = name
-        try:
-            return _rstep(self, report, name, fn)
-        finally:
-            _state["step"] = f"after {name}"
-
     _rcore.InternalDataplane.apply = _traced_apply  # type: ignore[method-assign]
-    _rcore.InternalDataplane._step = _traced_step  # type: ignore[method-assign]
+    _rcore.InternalDataplane._step = _step_naming(_state, _rstep)  # type: ignore[method-assign]
 
 
 _CPU = os.environ.get("FELIXPY_BENCH_CPUTRACE") if _DAEMON else None
@@ -297,15 +302,8 @@ if _CPU:
                 f.write(_cjson.dumps({"at": _ctime2.time(), "ms": round(rows[-1][0] * 1000),
                                       "buckets": buckets}) + "\n")
 
-    def _cpu_traced_step(self: _CpAny, report: _CpAny, name: str, fn: _CpAny) -> _CpAny:
-        _cst["step"] = name
-        try:
-            return _cpstep(self, report, name, fn)
-        finally:
-            _cst["step"] = f"after {name}"
-
     _cpcore.InternalDataplane.apply = _cpu_traced_apply  # type: ignore[method-assign]
-    _cpcore.InternalDataplane._step = _cpu_traced_step  # type: ignore[method-assign]
+    _cpcore.InternalDataplane._step = _step_naming(_cst, _cpstep)  # type: ignore[method-assign]
 
 
 _CSLOW = os.environ.get("FELIXPY_BENCH_CPROFILE_SLOW") if _DAEMON else None
