@@ -18,7 +18,9 @@ them (the pod ends in a namespace of their own), and per mode (``legacy``, ``nft
   ``ip -batch`` (routes and static ARP entries), ``sysctl -p`` (procps, every value).
 
 ``--before PATH``: a second checkout (``git worktree add PATH REV``) run the same way in between, for
-an A/B of a change in the same run.
+an A/B of a change in the same run.  That checkout's own copy of this script runs its daemon, so it
+must have one: ``2102479`` or later (an older one needs this script and ``bench_bpf_scale.daemon_run``'s
+``steady_after`` copied in).
 
 Usage: ``.venv/bin/python bench/bench_tables_workloads.py [--modes legacy,nft,nftables] [--workloads N]
 [--runs N] [--before PATH]``.
