@@ -43,8 +43,9 @@ Read-backs
     iptables-nft: a family's tables share one save when they read together
     (:mod:`.sharedsave`).  With ``background_rechecks`` (on in the daemon) the
     refresh and post-write checks of an in-sync table read off the apply path
-    (:mod:`.recheck`) and a later apply merges them; docs/iptables.md has the
-    rules and the why.
+    (:mod:`.recheck`) and a later apply merges them, and a table that is not in
+    sync starts its read-back when the apply begins (:meth:`IptablesTable.prefetch`,
+    :mod:`felixpy.drivers.readahead`); docs/iptables.md has the rules and the why.
 
 Thread safety: none; call from one thread (a background recheck touches only
 its own job and the shared save).  One instance per table per family.
@@ -75,6 +76,7 @@ from felixpy.drivers.iptables.recheck import RECHECK_POLL, Rechecks
 from felixpy.drivers.iptables.restore_buffer import RestoreBuffer, RestoreInput
 from felixpy.drivers.iptables.reader import SaveReader
 from felixpy.drivers.iptables.sharedsave import SharedSave
+from felixpy.drivers.readahead import ReadAhead
 from felixpy.drivers.iptables.savefile import (
     DEFAULT_OWNED_PREFIXES, FOREIGN_PLACEHOLDER, HISTORIC_INSERTED_NAT_RULE_REGEX, SaveParseError, SaveState,
 )
@@ -171,6 +173,7 @@ class IptablesTable:
         self._write_stamp = 0
         self._background_rechecks = background_rechecks
         self._rechecks = Rechecks(start_background)  # the background read in progress or finished, not merged
+        self._ahead: ReadAhead[SaveState] = ReadAhead(start_background)  # the next load's, started by prefetch
         self._features: FeatureSource = features or FeatureDetector(runner)
         self._insert_mode = insert_mode
         self._render = render.IptablesRenderer(hash_prefix)
@@ -219,6 +222,7 @@ class IptablesTable:
         self._peak_restore = 0.0
         self._reason = ""
         self._num_rules = 0
+        self._known_rules = 0  # in every chain held, referenced or not: a read ahead's size (prefetch)
         self._num_chains = 0
         self.unexpected_inserts_seen = 0
         self._restore_input: RestoreInput | None = None  # the last restore's, kept while it failed (see below)
@@ -281,6 +285,7 @@ class IptablesTable:
         if old is not None:
             self._decref_targets(chain.name, old.rules)
         self._chains[chain.name] = chain
+        self._known_rules += len(chain.rules) - (len(old.rules) if old else 0)
         self._hash_cache.pop(chain.name, None)
         self._fresh_bodies.pop(chain.name, None)
         if self._referenced(chain.name):
@@ -299,6 +304,7 @@ class IptablesTable:
             return
         self._decref_targets(name, old.rules)
         del self._chains[name]
+        self._known_rules -= len(old.rules)
         self._hash_cache.pop(name, None)
         self._fresh_bodies.pop(name, None)
         if self._referenced(name):
@@ -452,12 +458,27 @@ class IptablesTable:
         return all_h, ins_h, ins_b, app_h, app_b
 
     # ------------------------------------------------------------------ reading
+    def prefetch(self) -> None:
+        """Not in sync (start of day, or a failure emptied the view): start the read-back the coming
+        apply's load needs now (readahead.py), so that the save runs beside the managers' renders and
+        the IP-set read-back instead of after them.  Reads only."""
+        self._ahead.drop()
+        if not self._in_sync and self._background_rechecks:
+            # Sized by every chain held: before the apply's renders reference them, the referenced count
+            # can be far below what the read will find, and choose the daemon over the save worker.
+            size = max(self._num_rules, self._known_rules)
+            self._ahead.start(lambda: self._attempt_read(size=size), self._log, self.save_cmd)  # no prehash
+
     def _load_dataplane_state(self) -> None:
         self._rechecks.drop()  # a background read started before this one would be older: never merged
         self._features.refresh_features()
         features = self._check_features()
         self._last_read = self._clock()
-        self._reconcile(self._read_with_retries(features), features)
+        state = None
+        if self._ahead.started:
+            self._prehash_dirty_chains(features)  # what the save's while_running hook would overlap
+            state = self._ahead.take(self._log, self.save_cmd, self._metrics.save_errors.inc)
+        self._reconcile(self._read_with_retries(features) if state is None else state, features)
 
     def _reconcile(self, state: SaveState, features: Features, written: set[str] | None = None) -> None:
         """Take a read-back as the dataplane view, marking what differs from our belief dirty.  *written*:
@@ -540,10 +561,12 @@ class IptablesTable:
                 self._sleep(delay)
                 delay *= 2
 
-    def _attempt_read(self, features: Features | None = None) -> SaveState:
-        """One read (reader.py); with *features*, the dirty chains are hashed while the save runs."""
+    def _attempt_read(self, features: Features | None = None, size: int | None = None) -> SaveState:
+        """One read (reader.py) of a table of about *size* rules (default: the referenced ones); with
+        *features*, the dirty chains are hashed while the save runs."""
         hook = None if features is None else (lambda: self._prehash_dirty_chains(features))
-        return self._reader.read(self._num_rules, self._write_stamp, hook, self._hash_cache.get)
+        return self._reader.read(self._num_rules if size is None else size, self._write_stamp, hook,
+                                 self._hash_cache.get)
 
     # ------------------------------------------------------------------ apply
     def apply(self) -> float | None:

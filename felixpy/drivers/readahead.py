@@ -1,0 +1,80 @@
+"""A kernel read started ahead of the apply step that takes it (#17).
+
+A driver that must read the kernel back before its next write (start of day, or after a failure emptied
+its view) can start that read when the apply begins (the loop's ``_prefetch``, the protocol
+:class:`~felixpy.managers.base.PrefetchesReadBack`): the read's child process then runs beside the
+managers' renders and the other drivers' reads instead of after them, and the driver's own step takes the
+result.  Used by the ipset driver (``ipset save``) and the iptables tables (``*-save``); the nftables
+table has its own listings worker (``nftables/listing.py``), which also merges reads with its writes.
+
+The rules that keep a read ahead as fresh as one taken on the step's own path:
+
+* It reads only, and only the driver's own step takes it: no write of that driver's can come between
+  (the driver is not in sync, so its step loads before it writes).
+* Each ``start`` (and ``drop``) forgets one nobody took, so a result is never older than the start of
+  the apply that takes it.
+* A read that failed, or a thread that could not start, is logged and the step reads on its own path,
+  exactly as without it.
+
+It owns no kernel object and writes nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+StartBackground = Callable[[Callable[[], None]], None]
+
+
+class ReadAhead(Generic[T]):
+    """At most one read ahead (see the module docstring); used from one thread (the read runs on its own)."""
+
+    def __init__(self, start_background: StartBackground | None = None, thread_name: str = "read-ahead") -> None:
+        self._start = start_background or (
+            lambda fn: threading.Thread(target=fn, name=thread_name, daemon=True).start())
+        self._fut: Future[T] | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._fut is not None
+
+    def drop(self) -> None:
+        """Forget the read, running or done: nothing will take it."""
+        self._fut = None
+
+    def start(self, read: Callable[[], T], log: Any, what: str) -> None:
+        """Run *read* on a thread of its own, replacing one nobody took.  A thread that cannot be started
+        is logged, and nothing is started."""
+        self._fut = None
+        fut: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(read())
+            except BaseException as e:  # handed to take(), which logs it
+                fut.set_exception(e)
+        try:
+            self._start(run)
+        except Exception as e:  # e.g. no thread to be had
+            log.warning(f"Could not start {what} ahead; reading on the apply path", error=str(e))
+            return
+        self._fut = fut
+
+    def take(self, log: Any, what: str, on_error: Callable[[], None] | None = None) -> T | None:
+        """The read's result, waiting for it; None if none was started or it failed (logged, and
+        *on_error* called): the caller then reads on its own path."""
+        fut, self._fut = self._fut, None
+        if fut is None:
+            return None
+        try:
+            return fut.result()
+        except Exception as e:
+            log.warning(f"{what} started ahead failed; reading again", error=str(e))
+            if on_error is not None:
+                on_error()
+            return None

@@ -1,0 +1,297 @@
+"""A kernel read started ahead of the apply step that takes it (felixpy/drivers/readahead.py), and its two
+users: the ipset driver's start-of-day ``ipset save`` and an iptables table's start-of-day save.
+
+The background jobs are captured instead of started, so each test decides when the read runs, and what
+the kernel (a stateful fake) holds at that moment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from felixpy.drivers.cmdshim import CommandResult
+from felixpy.drivers.generictables.model import Accept, Chain, Jump, Match, Rule
+from felixpy.drivers.ipsets import IPSets
+from felixpy.drivers.ipsets.fake import FakeIPSet
+from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
+from felixpy.drivers.iptables.detect import Features, StaticFeatures
+from felixpy.drivers.iptables.fake import FakeIptables
+from felixpy.drivers.iptables.metrics import get_metrics
+from felixpy.drivers.iptables.table import IptablesTable
+from felixpy.drivers.readahead import ReadAhead
+from felixpy.testing.clock import FakeClock
+
+Jobs = list[Callable[[], None]]
+
+
+class Log:
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warning(self, event: str, **_kw: object) -> None:
+        self.warnings.append(event)
+
+
+# ------------------------------------------------------------------------------ the mechanism
+def test_a_read_is_taken_once_and_a_second_start_replaces_one_nobody_took() -> None:
+    jobs: Jobs = []
+    ahead: ReadAhead[int] = ReadAhead(jobs.append)
+    log = Log()
+    assert ahead.take(log, "x") is None  # nothing started
+    ahead.start(lambda: 1, log, "x")
+    ahead.start(lambda: 2, log, "x")
+    for job in jobs:
+        job()
+    assert ahead.take(log, "x") == 2
+    assert ahead.take(log, "x") is None and not ahead.started
+
+
+def test_a_failed_read_or_an_unstartable_thread_leaves_the_caller_to_read_itself() -> None:
+    errors: list[int] = []
+    log = Log()
+    jobs: Jobs = []
+    ahead: ReadAhead[int] = ReadAhead(jobs.append)
+
+    def boom() -> int:
+        raise OSError("no save")
+    ahead.start(boom, log, "x")
+    jobs.pop()()
+    assert ahead.take(log, "x", lambda: errors.append(1)) is None
+    assert errors == [1] and len(log.warnings) == 1
+
+    def no_thread(_fn: Callable[[], None]) -> None:
+        raise RuntimeError("can't start new thread")
+    refused: ReadAhead[int] = ReadAhead(no_thread)
+    refused.start(lambda: 1, log, "x")
+    assert not refused.started and len(log.warnings) == 2
+
+
+def test_the_default_runs_the_read_on_a_thread_of_its_own() -> None:
+    import threading
+    seen: list[str] = []
+    ahead: ReadAhead[str] = ReadAhead(thread_name="t-ahead")
+    ahead.start(lambda: seen.append(threading.current_thread().name) or "done", Log(), "x")
+    assert ahead.take(Log(), "x") == "done" and seen == ["t-ahead"]
+
+
+# ------------------------------------------------------------------------------ ipset save ahead
+def ipsets(fake: FakeIPSet, jobs: Jobs, v: int = 4) -> IPSets:
+    clock = FakeClock()
+    d = IPSets(v, fake, clock=clock.monotonic, sleep=clock.sleep, start_background=jobs.append)  # type: ignore[arg-type]
+    net = "10.0.0.0/24" if v == 4 else "fd00::/64"
+    d.add_or_replace_ip_set(IPSetMetadata("s:a", IPSetType.HASH_NET, 1048576), [net])
+    return d
+
+
+@pytest.mark.parametrize("v", [4, 6])
+def test_ipsets_start_of_day_save_runs_ahead_and_the_resync_takes_it(v: int) -> None:
+    fake, jobs = FakeIPSet(), []  # type: ignore[var-annotation]
+    fake.add_set(f"cali{v}0-stale", "hash:net", "inet" if v == 4 else "inet6")
+    d = ipsets(fake, jobs, v)
+    d.prefetch()
+    assert len(jobs) == 1 and fake.commands("save") == []  # started, not run
+    jobs.pop()()
+    assert len(fake.commands("save")) == 1
+    d.apply_updates()
+    while d.apply_deletions():
+        d.apply_updates()
+    assert len(fake.commands("save")) == 1  # the resync took the save made ahead
+    assert set(n for n in fake.sets if n.startswith(f"cali{v}")) == {f"cali{v}0s:a"}  # written and swept
+    d.prefetch()
+    assert jobs == []  # in sync: nothing to read ahead
+
+
+class RaisesOnFirstSave:
+    """The fake, except that the first ``ipset save`` cannot even start (as a failed fork)."""
+
+    def __init__(self, fake: FakeIPSet) -> None:
+        self.fake, self.raised = fake, False
+
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+            while_running: Callable[[], None] | None = None) -> CommandResult:
+        if not self.raised and list(argv[1:2]) == ["save"]:
+            self.raised = True
+            raise OSError("fork failed")
+        return self.fake.run(argv, stdin, while_running=while_running)
+
+
+def test_ipsets_save_ahead_that_failed_is_taken_again_on_the_resyncs_own_path() -> None:
+    fake, jobs = FakeIPSet(), []  # type: ignore[var-annotation]
+    runner = RaisesOnFirstSave(fake)
+    d = ipsets(runner, jobs)  # type: ignore[arg-type]
+    d.prefetch()
+    jobs.pop()()
+    assert runner.raised and fake.commands("save") == []
+    d.apply_updates()
+    assert len(fake.commands("save")) == 1 and fake.members("cali40s:a") == {"10.0.0.0/24"}
+
+
+def test_ipsets_save_ahead_not_taken_is_never_used_by_a_later_apply() -> None:
+    fake, jobs = FakeIPSet(), []  # type: ignore[var-annotation]
+    d = ipsets(fake, jobs)
+    d.prefetch()
+    jobs.pop()()  # saved: the kernel has no sets of ours yet
+    fake.add_set("cali40s:a", "hash:net", "inet")  # then someone makes one, with a member we don't want
+    fake.sets["cali40s:a"].members.add("10.9.9.9")
+    d.prefetch()  # the next apply begins: the old save is dropped, a new one started
+    jobs.pop()()
+    d.apply_updates()
+    # The fresh save saw the set: one write, deleting the stray member (the old one would have had it
+    # created, and the kernel refuse that).
+    assert len(fake.restore_inputs()) == 1 and "del cali40s:a 10.9.9.9" in fake.restore_inputs()[0]
+    assert fake.members("cali40s:a") == {"10.0.0.0/24"}
+
+
+# ------------------------------------------------------------------------------ iptables save ahead
+FEATURES = Features(SNATFullyRandom=True, MASQFullyRandom=True, RestoreSupportsLock=True, NFLogSize=True)
+
+
+class Table:
+    def __init__(self, backend: str, version: int = 4, fake: FakeIptables | None = None,
+                 runner: Callable[[FakeIptables], object] | None = None) -> None:
+        self.fake = fake or FakeIptables(default_backend=backend)
+        self.jobs: Jobs = []
+        self.registry = CollectorRegistry()
+        self.metrics = get_metrics(self.registry)
+        clock = FakeClock()
+        self.table = IptablesTable("filter", version, runner=runner(self.fake) if runner else self.fake,
+                                   backend=backend,  # type: ignore[arg-type]
+                                   features=StaticFeatures(FEATURES), clock=clock.monotonic, sleep=clock.sleep,
+                                   metrics=self.metrics, background_rechecks=True, start_background=self.jobs.append)
+        self.table.insert_or_append_rules("FORWARD", [Rule(action=Jump("cali-FORWARD"))])
+        self.table.update_chains([Chain("cali-FORWARD", (Rule(Match().protocol("tcp"), Accept()),))])
+
+    def saves(self) -> int:
+        return sum(1 for argv, _ in self.fake.calls if argv[0].endswith("-save"))
+
+    def restores(self) -> int:
+        return sum(1 for argv, _ in self.fake.calls if argv[0].endswith("-restore"))
+
+
+@pytest.mark.parametrize("backend", ["legacy", "nft"])
+@pytest.mark.parametrize("version", [4, 6])
+def test_a_table_not_in_sync_reads_ahead_and_its_load_takes_it(backend: str, version: int) -> None:
+    t = Table(backend, version)
+    t.table.prefetch()
+    assert len(t.jobs) == 1 and t.saves() == 0
+    t.jobs.pop()()
+    assert t.saves() == 1
+    t.table.apply()
+    assert t.saves() == 1 and t.restores() == 1  # the load took the read ahead; one write
+    assert t.fake.chain_specs("filter", "cali-FORWARD", version) != []
+    t.table.prefetch()
+    assert t.jobs == []  # in sync: nothing to read ahead
+
+    # A restart against that kernel (the same fake) writes nothing, from a read made ahead.
+    again = Table(backend, version, fake=t.fake)
+    again.table.prefetch()
+    again.jobs.pop()()
+    saves, restores = again.saves(), again.restores()
+    again.table.apply()
+    assert again.saves() == saves and again.restores() == restores
+
+
+class SaveRaisesOnce:
+    """The fake, except that the first ``*-save`` cannot even start (as a failed fork)."""
+
+    def __init__(self, fake: FakeIptables) -> None:
+        self.fake, self.raised = fake, False
+
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+            while_running: Callable[[], None] | None = None) -> CommandResult:
+        if not self.raised and argv[0].endswith("-save"):
+            self.raised = True
+            raise OSError("fork failed")
+        return self.fake.run(argv, stdin, while_running=while_running)
+
+
+def test_a_table_read_ahead_that_failed_is_counted_and_the_load_reads_again() -> None:
+    t = Table("legacy", runner=SaveRaisesOnce)
+    t.table.prefetch()
+    t.jobs.pop()()
+    t.table.apply()
+    assert t.saves() == 1 and t.restores() == 1  # read again on the load's own path, then written
+    assert t.fake.chain_specs("filter", "cali-FORWARD") != []
+    assert t.registry.get_sample_value("felix_iptables_save_errors_total") == 1.0
+
+
+def test_a_table_read_ahead_not_taken_is_replaced_by_the_next_prefetch() -> None:
+    t = Table("legacy")
+    t.table.prefetch()
+    t.jobs.pop()()  # read: nothing of ours in the kernel
+    t.fake.external_restore("*filter\n:cali-stray - [0:0]\n-A cali-stray -j ACCEPT\nCOMMIT\n")  # then a leftover
+    t.table.prefetch()  # the next apply begins
+    t.jobs.pop()()
+    t.table.apply()
+    saved = t.fake.run(["iptables-legacy-save", "-t", "filter"]).stdout
+    assert "cali-FORWARD" in saved and "cali-stray" not in saved  # the fresh read saw it: swept
+
+
+def test_the_loop_starts_the_ip_set_and_table_reads_before_the_managers_render() -> None:
+    from felixpy.config import Config
+    from felixpy.dataplane.core import InternalDataplane
+    from felixpy.proto import felixbackend_pb2 as pb
+
+    order: list[str] = []
+
+    def started(what: str) -> Callable[[Callable[[], None]], None]:
+        def start(fn: Callable[[], None]) -> None:  # the read runs at once, on the loop's thread here
+            order.append(what)
+            fn()
+        return start
+    fake = FakeIPSet()
+    sets = ipsets(fake, [])
+    sets._save_ahead = ReadAhead(started("ipset save"))
+    t = Table("legacy")
+    t.table._ahead = ReadAhead(started("iptables save"))
+
+    class Manager:
+        def on_update(self, msg: object) -> None: ...
+
+        def complete_deferred_work(self) -> None:
+            order.append("render")
+
+    dp = InternalDataplane(Config(), FakeClock())
+    dp.register_manager(Manager())
+    dp.register_ipsets(sets)
+    dp.register_table(t.table)
+    dp.set_iface_in_sync()
+    dp.on_datastore_message(pb.InSync())
+    dp.apply()
+    assert order == ["ipset save", "iptables save", "render"]
+    assert len(fake.commands("save")) == 1 and t.saves() == 1  # each taken by its own step
+    assert fake.members("cali40s:a") == {"10.0.0.0/24"} and t.fake.chain_specs("filter", "cali-FORWARD") != []
+
+
+class WorkerRefused:
+    """The fake, recording each command; the save worker's command line fails as a broken worker would."""
+
+    def __init__(self, fake: FakeIptables) -> None:
+        self.fake, self.argvs = fake, []  # type: ignore[var-annotation]
+
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+            while_running: Callable[[], None] | None = None) -> CommandResult:
+        self.argvs.append(list(argv))
+        if "felixpy.drivers.iptables.saveworker" in argv:
+            return CommandResult(1, "", "no worker here", tuple(argv))
+        return self.fake.run(argv, stdin, while_running=while_running)
+
+
+def test_a_read_ahead_is_sized_by_every_chain_held_not_only_the_referenced_ones() -> None:
+    fake = FakeIptables(default_backend="legacy")
+    runner = WorkerRefused(fake)
+    jobs: Jobs = []
+    clock = FakeClock()
+    table = IptablesTable("filter", 4, runner=runner, backend="legacy",  # type: ignore[arg-type]
+                          features=StaticFeatures(FEATURES), clock=clock.monotonic, sleep=clock.sleep,
+                          metrics=get_metrics(CollectorRegistry()), background_rechecks=True,
+                          start_background=jobs.append, save_worker_min_rules=20)
+    # 30 rules held in chains nothing references yet (the apply's dispatch chains will).
+    table.update_chains([Chain(f"cali-pi-{i}", tuple(Rule(Match().protocol("tcp"), Accept())
+                                                     for _ in range(10))) for i in range(3)])
+    table.prefetch()
+    jobs.pop()()
+    assert any("felixpy.drivers.iptables.saveworker" in a for a in runner.argvs)  # big: the worker first
