@@ -295,3 +295,23 @@ def test_a_read_ahead_is_sized_by_every_chain_held_not_only_the_referenced_ones(
     table.prefetch()
     jobs.pop()()
     assert any("felixpy.drivers.iptables.saveworker" in a for a in runner.argvs)  # big: the worker first
+
+
+def test_a_family_sharing_saves_reads_ahead_through_the_worker_whichever_table_reads_first() -> None:
+    from felixpy.drivers.iptables.sharedsave import SharedSave
+    fake = FakeIptables(default_backend="nft")
+    runner = WorkerRefused(fake)
+    shared = SharedSave(runner)  # type: ignore[arg-type]
+    clock = FakeClock()
+    jobs: dict[str, Jobs] = {"raw": [], "filter": []}
+    tables = {name: IptablesTable(name, 4, runner=runner, backend="nft",  # type: ignore[arg-type]
+                                  features=StaticFeatures(FEATURES), clock=clock.monotonic, sleep=clock.sleep,
+                                  metrics=get_metrics(CollectorRegistry()), background_rechecks=True,
+                                  start_background=jobs[name].append, shared_save=shared,
+                                  save_worker_min_rules=20) for name in jobs}
+    # The filter table holds 30 rules nothing references yet; the raw table has none.
+    tables["filter"].update_chains([Chain(f"cali-pi-{i}", tuple(Rule(Match().protocol("tcp"), Accept())
+                                                                for _ in range(10))) for i in range(3)])
+    tables["raw"].prefetch()
+    jobs["raw"].pop()()  # the raw table's read runs first: the family's dump
+    assert any("felixpy.drivers.iptables.saveworker" in a for a in runner.argvs)

@@ -285,7 +285,7 @@ class IptablesTable:
         if old is not None:
             self._decref_targets(chain.name, old.rules)
         self._chains[chain.name] = chain
-        self._known_rules += len(chain.rules) - (len(old.rules) if old else 0)
+        self._add_known(len(chain.rules) - (len(old.rules) if old else 0))
         self._hash_cache.pop(chain.name, None)
         self._fresh_bodies.pop(chain.name, None)
         if self._referenced(chain.name):
@@ -304,7 +304,7 @@ class IptablesTable:
             return
         self._decref_targets(name, old.rules)
         del self._chains[name]
-        self._known_rules -= len(old.rules)
+        self._add_known(-len(old.rules))
         self._hash_cache.pop(name, None)
         self._fresh_bodies.pop(name, None)
         if self._referenced(name):
@@ -371,7 +371,15 @@ class IptablesTable:
         if delta:
             self._num_rules += delta
             self._gauge_rules.set(self._num_rules)
-            self._reader.note_size(self._num_rules)
+            self._reader.note_size(max(self._num_rules, self._known_rules))
+
+    def _add_known(self, delta: int) -> None:
+        """Rules held in any chain, referenced or not: told to the reader too, so that a read ahead, which
+        starts before the apply's renders reference the chains, chooses the save worker by the table's
+        (iptables-nft: the family's) real size, whichever of a family's tables reads first."""
+        if delta:
+            self._known_rules += delta
+            self._reader.note_size(max(self._num_rules, self._known_rules))
 
     def _desired(self, name: str) -> Chain | None:
         """The chain as it should be programmed, or None if it should not exist."""
