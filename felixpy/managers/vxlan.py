@@ -78,6 +78,10 @@ class VXLANManager:
         self.mtu = self.mtu_config
         self._device_index = 0
         self.vteps_by_node: dict[str, VTEPInfo] = {}
+        # Each remote VTEP parsed and checked once per update (None: refused, logged when built), by node;
+        # built by render_ahead() before InSync or by the apply, for the nodes in _unbuilt.
+        self._built: dict[str, VTEP | None] = {}
+        self._unbuilt: set[str] = set()
         self.my_vtep: VTEPInfo | None = None
         self.vteps_dirty = True
         self.routes = RemoteRoutes(
@@ -109,6 +113,7 @@ class VXLANManager:
                 self.routes.set_parent_addr(self._parent_addr(msg))
             else:
                 self.vteps_by_node[msg.node] = VTEPInfo.of(msg)
+                self._unbuilt.add(msg.node)
             self.vteps_dirty = True
             self.routes.dirty = True
         elif isinstance(msg, pb.VXLANTunnelEndpointRemove):
@@ -117,6 +122,8 @@ class VXLANManager:
                 self.routes.set_parent_addr("")
             else:
                 self.vteps_by_node.pop(msg.node, None)
+                self._built.pop(msg.node, None)
+                self._unbuilt.discard(msg.node)
             self.vteps_dirty = True
             self.routes.dirty = True
         else:
@@ -132,6 +139,24 @@ class VXLANManager:
         return Target(dst, TargetType.VXLAN, gw=self._addr(vtep), mtu=self.mtu)
 
     # ------------------------------------------------------------ apply time
+    def render_ahead(self) -> None:
+        """Before the first ``InSync`` (managers/base.py): the remote VTEPs that arrived so far parsed and
+        checked (``VTEP``: addresses and MAC in canonical form), so that the first apply only hands them
+        on; ~8 us each, ~40 ms of a large node's (5,000 VTEPs) first apply.  Only the updated nodes are
+        built, so a feed arriving in many batches costs each VTEP once."""
+        self._build_vteps()
+
+    def _build_vteps(self) -> None:
+        for node in self._unbuilt:
+            u = self.vteps_by_node[node]
+            try:
+                self._built[node] = VTEP(host_ip=self._parent_addr(u), tunnel_ip=self._addr(u),
+                                         tunnel_mac=self._mac(u))
+            except ValueError as exc:
+                self.log.warning("ignoring VTEP with bad address or MAC", node=node, error=str(exc))
+                self._built[node] = None
+        self._unbuilt.clear()
+
     def complete_deferred_work(self) -> None:
         # VTEPs first: the static chains reference all-vxlan-net, so nothing about the device
         # may keep the set from existing.
@@ -170,15 +195,14 @@ class VXLANManager:
         self.routes.update_routes()
 
     def _update_vteps(self) -> None:
+        self._build_vteps()
         vteps: list[VTEP] = []
         sources = [c for c in self.cfg.ExternalNodesCIDRList if (":" in c) == (self.ip_version == 6)]
         for node, u in sorted(self.vteps_by_node.items()):
-            try:
-                vteps.append(VTEP(host_ip=self._parent_addr(u), tunnel_ip=self._addr(u), tunnel_mac=self._mac(u)))
-            except ValueError as exc:
-                self.log.warning("ignoring VTEP with bad address or MAC", node=node, error=str(exc))
-                continue
-            sources.append(self._parent_addr(u))
+            v = self._built[node]
+            if v is not None:
+                vteps.append(v)
+                sources.append(self._parent_addr(u))
         self.fdb.set_vteps(vteps)
         self.ipsets.add_or_replace_ip_set(
             IPSetMetadata(IPSET_ID_ALL_VXLAN_SOURCE_NETS, IPSetType.HASH_NET, self.cfg.MaxIpsetSize), sources)

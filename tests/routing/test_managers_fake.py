@@ -330,3 +330,62 @@ def test_wireguard_unsupported_removes_its_rule() -> None:
     assert stale not in fake.rules
     assert fake.routes_in(1) == {}
     assert node.feed_messages == []
+
+
+def test_vxlan_remote_vteps_are_built_once_each_ahead_of_the_first_apply(monkeypatch: Any) -> None:
+    """Before InSync the loop's render-ahead parses each VTEP as it arrives (once per update, however many
+    batches the feed comes in), so the first apply only hands them to the FDB; a bad one is refused
+    then, logged once, and everything else is programmed."""
+    import felixpy.managers.vxlan as vxlan_mod
+    built: list[str] = []
+    real = vxlan_mod.VTEP
+
+    def counting(**kw: str) -> Any:
+        built.append(kw["tunnel_ip"])
+        return real(**kw)
+    monkeypatch.setattr(vxlan_mod, "VTEP", counting)
+    node = routing_node(VXLAN)
+    fake = node.netlink
+    node.send(LOCAL_VTEP, VTEP2, pb.RouteUpdate(types=pb.REMOTE_WORKLOAD, ip_pool_type=pb.VXLAN,
+                                                dst="10.5.1.0/26", dst_node_name="node2"))
+    node.dp.render_ahead()
+    assert built == ["10.5.1.0"] and fake.fdb == {}  # built, nothing written
+    bad = pb.VXLANTunnelEndpointUpdate(node="node4", mac="not-a-mac", ipv4_addr="10.5.4.0",
+                                       parent_device_ip="192.168.0.4")
+    node.send(bad)
+    node.dp.render_ahead()
+    node.dp.render_ahead()  # a batch with nothing new for it: nothing rebuilt
+    assert built == ["10.5.1.0", "10.5.4.0"]
+    node.apply()
+    assert built == ["10.5.1.0", "10.5.4.0"]  # the apply built none again
+    assert {(e.mac, e.dst) for e in fake.fdb.values()} == {("66:00:00:00:00:02", "192.168.0.2")}
+    assert members(node, IPSET_ID_ALL_VXLAN_SOURCE_NETS) == ["172.16.0.0/16", "192.168.0.2"]
+    # node2's VTEP moves: rebuilt once, programmed; node4's is fixed and joins.
+    node.send(pb.VXLANTunnelEndpointUpdate(node="node2", mac="66:00:00:00:00:22", ipv4_addr="10.5.1.0",
+                                           parent_device_ip="192.168.0.22"),
+              pb.VXLANTunnelEndpointUpdate(node="node4", mac="66:00:00:00:00:04", ipv4_addr="10.5.4.0",
+                                           parent_device_ip="192.168.0.4"))
+    node.apply()
+    assert sorted(built) == ["10.5.1.0", "10.5.1.0", "10.5.4.0", "10.5.4.0"]
+    assert {(e.mac, e.dst) for e in fake.fdb.values()} == {("66:00:00:00:00:22", "192.168.0.22"),
+                                                          ("66:00:00:00:00:04", "192.168.0.4")}
+    node.send(pb.VXLANTunnelEndpointRemove(node="node4"))
+    node.apply()
+    assert {e.mac for e in fake.fdb.values()} == {"66:00:00:00:00:22"}
+    assert members(node, IPSET_ID_ALL_VXLAN_SOURCE_NETS) == ["172.16.0.0/16", "192.168.0.22"]
+
+
+def test_vxlan_v6_remote_vteps_built_ahead() -> None:
+    node = routing_node(VXLAN, families=(4, 6))
+    fake = node.netlink
+    node.send(pb.VXLANTunnelEndpointUpdate(node="node1", mac_v6="66:00:00:00:01:01", ipv6_addr="fd10::1",
+                                           parent_device_ipv6="fd00::1", ipv4_addr=""),
+              pb.VXLANTunnelEndpointUpdate(node="node2", mac_v6="66:00:00:00:01:02", ipv6_addr="fd10:1::1",
+                                           parent_device_ipv6="fd00::2"))
+    node.dp.render_ahead()
+    mgr = manager(node, VXLANManager, 6)
+    assert mgr._built["node2"] is not None and fake.fdb == {}  # built for the v6 manager, nothing written
+    node.apply()
+    vx = fake._by_name("vxlan-v6.calico")
+    assert {(e.mac, e.dst) for e in fake.fdb.values() if e.ifindex == vx.index} == {("66:00:00:00:01:02", "fd00::2")}
+    assert members(node, IPSET_ID_ALL_VXLAN_SOURCE_NETS, 6) == ["fd00::2"]
