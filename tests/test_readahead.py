@@ -254,14 +254,24 @@ def test_the_loop_starts_the_ip_set_and_table_reads_before_the_managers_render()
         def complete_deferred_work(self) -> None:
             order.append("render")
 
+    class OtherTable:  # any PrefetchesReadBack (the nftables table's is its lister's)
+        name, ip_version = "t", 4
+
+        def prefetch(self) -> None:
+            order.append("prefetch")
+
+        def apply(self) -> None:
+            order.append("table")
+
     dp = InternalDataplane(Config(), FakeClock())
     dp.register_manager(Manager())
     dp.register_ipsets(sets)
     dp.register_table(t.table)
+    dp.register_table(OtherTable())  # type: ignore[arg-type]
     dp.set_iface_in_sync()
     dp.on_datastore_message(pb.InSync())
     dp.apply()
-    assert order == ["ipset save", "iptables save", "render"]
+    assert order == ["ipset save", "iptables save", "prefetch", "render", "table"]
     assert len(fake.commands("save")) == 1 and t.saves() == 1  # each taken by its own step
     assert fake.members("cali40s:a") == {"10.0.0.0/24"} and t.fake.chain_specs("filter", "cali-FORWARD") != []
 

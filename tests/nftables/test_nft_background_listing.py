@@ -301,35 +301,3 @@ def test_a_failed_prefetch_is_not_used_and_a_later_one_after_a_failure_is(make: 
     h.root.apply()
     assert fake.list_calls == lists and lister.calls == 2     # the prefetched listing, nothing more
     assert len(hp.chains(fake, 4)["filter-cali-INPUT"]["rules"]) == 1
-
-
-def test_the_loop_starts_prefetches_before_the_managers_render() -> None:
-    from felixpy.config import Config
-    from felixpy.dataplane.core import InternalDataplane
-    from felixpy.proto import felixbackend_pb2 as pb
-    from felixpy.testing.clock import FakeClock
-
-    order: list[str] = []
-
-    class Table:
-        name, ip_version = "t", 4
-
-        def prefetch(self) -> None:
-            order.append("prefetch")
-
-        def apply(self) -> None:
-            order.append("table")
-
-    class Manager:
-        def on_update(self, msg: object) -> None: ...
-
-        def complete_deferred_work(self) -> None:
-            order.append("render")
-
-    dp = InternalDataplane(Config(), FakeClock())
-    dp.register_manager(Manager())
-    dp.register_table(Table())  # type: ignore[arg-type]
-    dp.set_iface_in_sync()
-    dp.on_datastore_message(pb.InSync())
-    dp.apply()
-    assert order == ["prefetch", "render", "table"]
