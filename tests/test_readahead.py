@@ -38,43 +38,42 @@ class Log:
 # ------------------------------------------------------------------------------ the mechanism
 def test_a_read_is_taken_once_and_a_second_start_replaces_one_nobody_took() -> None:
     jobs: Jobs = []
-    ahead: ReadAhead[int] = ReadAhead(jobs.append)
-    log = Log()
-    assert ahead.take(log, "x") is None  # nothing started
-    ahead.start(lambda: 1, log, "x")
-    ahead.start(lambda: 2, log, "x")
+    ahead: ReadAhead[int] = ReadAhead("x", Log(), jobs.append)
+    assert ahead.take() is None  # nothing started
+    ahead.start(lambda: 1)
+    ahead.start(lambda: 2)
     for job in jobs:
         job()
-    assert ahead.take(log, "x") == 2
-    assert ahead.take(log, "x") is None and not ahead.started
+    assert ahead.take() == 2
+    assert ahead.take() is None and not ahead.started
 
 
 def test_a_failed_read_or_an_unstartable_thread_leaves_the_caller_to_read_itself() -> None:
     errors: list[int] = []
     log = Log()
     jobs: Jobs = []
-    ahead: ReadAhead[int] = ReadAhead(jobs.append)
+    ahead: ReadAhead[int] = ReadAhead("x", log, jobs.append)
 
     def boom() -> int:
         raise OSError("no save")
-    ahead.start(boom, log, "x")
+    ahead.start(boom)
     jobs.pop()()
-    assert ahead.take(log, "x", lambda: errors.append(1)) is None
+    assert ahead.take(lambda: errors.append(1)) is None
     assert errors == [1] and len(log.warnings) == 1
 
     def no_thread(_fn: Callable[[], None]) -> None:
         raise RuntimeError("can't start new thread")
-    refused: ReadAhead[int] = ReadAhead(no_thread)
-    refused.start(lambda: 1, log, "x")
+    refused: ReadAhead[int] = ReadAhead("x", log, no_thread)
+    refused.start(lambda: 1)
     assert not refused.started and len(log.warnings) == 2
 
 
 def test_the_default_runs_the_read_on_a_thread_of_its_own() -> None:
     import threading
     seen: list[str] = []
-    ahead: ReadAhead[str] = ReadAhead(thread_name="t-ahead")
-    ahead.start(lambda: seen.append(threading.current_thread().name) or "done", Log(), "x")
-    assert ahead.take(Log(), "x") == "done" and seen == ["t-ahead"]
+    ahead: ReadAhead[str] = ReadAhead("x", Log(), thread_name="t-ahead")
+    ahead.start(lambda: seen.append(threading.current_thread().name) or "done")
+    assert ahead.take() == "done" and seen == ["t-ahead"]
 
 
 # ------------------------------------------------------------------------------ ipset save ahead
@@ -244,9 +243,9 @@ def test_the_loop_starts_the_ip_set_and_table_reads_before_the_managers_render()
         return start
     fake = FakeIPSet()
     sets = ipsets(fake, [])
-    sets._save_ahead = ReadAhead(started("ipset save"))
+    sets._save_ahead = ReadAhead("'ipset save'", Log(), started("ipset save"))
     t = Table("legacy")
-    t.table._ahead = ReadAhead(started("iptables save"))
+    t.table._ahead = ReadAhead("iptables-save", Log(), started("iptables save"))
 
     class Manager:
         def on_update(self, msg: object) -> None: ...

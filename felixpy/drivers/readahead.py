@@ -32,9 +32,13 @@ StartBackground = Callable[[Callable[[], None]], None]
 
 
 class ReadAhead(Generic[T]):
-    """At most one read ahead (see the module docstring); used from one thread (the read runs on its own)."""
+    """At most one read ahead (see the module docstring); used from one thread (the read runs on its own).
+    *what* names the read in the log lines of *log*."""
 
-    def __init__(self, start_background: StartBackground | None = None, thread_name: str = "read-ahead") -> None:
+    def __init__(self, what: str, log: Any, start_background: StartBackground | None = None,
+                 thread_name: str = "read-ahead") -> None:
+        self._what = what
+        self._log = log
         self._start = start_background or (
             lambda fn: threading.Thread(target=fn, name=thread_name, daemon=True).start())
         self._fut: Future[T] | None = None
@@ -47,7 +51,7 @@ class ReadAhead(Generic[T]):
         """Forget the read, running or done: nothing will take it."""
         self._fut = None
 
-    def start(self, read: Callable[[], T], log: Any, what: str) -> None:
+    def start(self, read: Callable[[], T]) -> None:
         """Run *read* on a thread of its own, replacing one nobody took.  A thread that cannot be started
         is logged, and nothing is started."""
         self._fut = None
@@ -61,11 +65,11 @@ class ReadAhead(Generic[T]):
         try:
             self._start(run)
         except Exception as e:  # e.g. no thread to be had
-            log.warning(f"Could not start {what} ahead; reading on the apply path", error=str(e))
+            self._log.warning(f"Could not start {self._what} ahead; reading on the apply path", error=str(e))
             return
         self._fut = fut
 
-    def take(self, log: Any, what: str, on_error: Callable[[], None] | None = None) -> T | None:
+    def take(self, on_error: Callable[[], None] | None = None) -> T | None:
         """The read's result, waiting for it; None if none was started or it failed (logged, and
         *on_error* called): the caller then reads on its own path."""
         fut, self._fut = self._fut, None
@@ -74,7 +78,7 @@ class ReadAhead(Generic[T]):
         try:
             return fut.result()
         except Exception as e:
-            log.warning(f"{what} started ahead failed; reading again", error=str(e))
+            self._log.warning(f"{self._what} started ahead failed; reading again", error=str(e))
             if on_error is not None:
                 on_error()
             return None

@@ -117,9 +117,10 @@ class IPSets:
         self._sleep = sleep
         self._bg_budget = background_budget
         self._full_resync_via_save = full_resync_via_save
-        # The full resync's ``ipset save``, started by prefetch() as the apply that needs it begins.
-        self._save_ahead: ReadAhead[CommandResult] = ReadAhead(start_background, "ipset-save-ahead")
         self._log = log.bind(ip_version=ip_version)
+        # The full resync's ``ipset save``, started by prefetch() as the apply that needs it begins.
+        self._save_ahead: ReadAhead[CommandResult] = ReadAhead("'ipset save'", self._log, start_background,
+                                                               "ipset-save-ahead")
 
         # Main set name -> Calico set ID, for every desired set.
         self._set_ids: dict[str, str] = {}
@@ -256,7 +257,7 @@ class IPSets:
         VXLAN manager's ~50 ms at a large node) and the apply's full resync takes its output.  Reads only."""
         self._save_ahead.drop()
         if self._full_resync_required and self._full_resync_via_save:
-            self._save_ahead.start(lambda: self._run(["ipset", "save"]), self._log, "'ipset save'")
+            self._save_ahead.start(lambda: self._run(["ipset", "save"]))
 
     def apply_updates(self) -> None:
         delay = RETRY_INITIAL_DELAY
@@ -355,7 +356,7 @@ class IPSets:
         self._drift_watch.clear()
         self._pending_renames.clear()
         if self._full_resync_via_save:
-            result = self._save_ahead.take(self._log, "'ipset save'")
+            result = self._save_ahead.take()
             if result is None:
                 result = self._run(["ipset", "save"])
             if result.ok:

@@ -173,7 +173,6 @@ class IptablesTable:
         self._write_stamp = 0
         self._background_rechecks = background_rechecks
         self._rechecks = Rechecks(start_background)  # the background read in progress or finished, not merged
-        self._ahead: ReadAhead[SaveState] = ReadAhead(start_background)  # the next load's, started by prefetch
         self._features: FeatureSource = features or FeatureDetector(runner)
         self._insert_mode = insert_mode
         self._render = render.IptablesRenderer(hash_prefix)
@@ -186,6 +185,7 @@ class IptablesTable:
         self.save_cmd = save_cmd or find_best_binary(ip_version, backend, "save", look)
         self._metrics = metrics or get_metrics()
         self._log = log.bind(table=name, ip_version=ip_version, backend=backend)
+        self._ahead: ReadAhead[SaveState] = ReadAhead(self.save_cmd, self._log, start_background)  # prefetch's
         # One read (which save, parsed here or by the save worker from save_worker_min_rules): reader.py.
         self._reader = SaveReader(name, runner=runner, save_cmd=self.save_cmd, shared_save=self._shared_save,
                                   metrics=self._metrics, clock=clock, log=self._log, hash_prefix=hash_prefix,
@@ -371,7 +371,7 @@ class IptablesTable:
         if delta:
             self._num_rules += delta
             self._gauge_rules.set(self._num_rules)
-            self._reader.note_size(max(self._num_rules, self._known_rules))
+            self._reader.note_size(self._held_rules())
 
     def _add_known(self, delta: int) -> None:
         """Rules held in any chain, referenced or not: told to the reader too, so that a read ahead, which
@@ -379,7 +379,10 @@ class IptablesTable:
         (iptables-nft: the family's) real size, whichever of a family's tables reads first."""
         if delta:
             self._known_rules += delta
-            self._reader.note_size(max(self._num_rules, self._known_rules))
+            self._reader.note_size(self._held_rules())
+
+    def _held_rules(self) -> int:
+        return max(self._num_rules, self._known_rules)
 
     def _desired(self, name: str) -> Chain | None:
         """The chain as it should be programmed, or None if it should not exist."""
@@ -474,8 +477,8 @@ class IptablesTable:
         if not self._in_sync and self._background_rechecks:
             # Sized by every chain held: before the apply's renders reference them, the referenced count
             # can be far below what the read will find, and choose the daemon over the save worker.
-            size = max(self._num_rules, self._known_rules)
-            self._ahead.start(lambda: self._attempt_read(size=size), self._log, self.save_cmd)  # no prehash
+            size = self._held_rules()
+            self._ahead.start(lambda: self._attempt_read(size=size))  # no prehash hook: the load runs it
 
     def _load_dataplane_state(self) -> None:
         self._rechecks.drop()  # a background read started before this one would be older: never merged
@@ -485,7 +488,7 @@ class IptablesTable:
         state = None
         if self._ahead.started:
             self._prehash_dirty_chains(features)  # what the save's while_running hook would overlap
-            state = self._ahead.take(self._log, self.save_cmd, self._metrics.save_errors.inc)
+            state = self._ahead.take(self._metrics.save_errors.inc)
         self._reconcile(self._read_with_retries(features) if state is None else state, features)
 
     def _reconcile(self, state: SaveState, features: Features, written: set[str] | None = None) -> None:

@@ -76,8 +76,9 @@ def canon_cidr(cidr: str) -> str:
 
     An IPv4 CIDR already spelled as ``ipaddress`` spells one (a canonical quad, a plain prefix length)
     is masked with integer arithmetic: the 5,000 VXLAN routes of a large cluster's start of day are
-    all like that, and a parse each was ~10 µs on the loop's thread (now ~4 µs, ~1 µs for a /32).  Anything else, IPv6 included,
-    goes through ``ipaddress`` (which also raises the ``ValueError`` for what is not a CIDR)."""
+    all like that, and a parse each was ~10 µs on the loop's thread (now ~4 µs, ~1 µs for a /32).
+    Anything else, IPv6 included, goes through ``ipaddress`` (which also raises the ``ValueError`` for
+    what is not a CIDR)."""
     addr, slash, plen = cidr.partition("/")
     if _CANONICAL_QUAD.fullmatch(addr) and (not slash or _V4_PREFIX_LEN.fullmatch(plen)):
         n = int(plen) if slash else 32
