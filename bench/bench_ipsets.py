@@ -39,7 +39,7 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from felixpy.drivers.cmdshim import CommandResult, SubprocessRunner  # noqa: E402
+from felixpy.drivers.cmdshim import Output, SubprocessRunner  # noqa: E402
 from felixpy.drivers.ipsets import IPSets  # noqa: E402
 from felixpy.managers.ipsets import IPSetsManager  # noqa: E402
 from felixpy.proto import felixbackend_pb2 as pb  # noqa: E402
@@ -53,10 +53,11 @@ class CountingRunner(SubprocessRunner):
         super().__init__()
         self.ops: list[str] = []
 
-    def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
-            while_running: Callable[[], None] | None = None) -> CommandResult:
+    def run_output(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
+                   while_running: Callable[[], None] | None = None) -> Output:
+        # Every command goes through here (``run`` too), ``ipset save``'s kept output as well.
         self.ops.append(" ".join(argv[1:2]))
-        return super().run(argv, stdin, while_running=while_running)
+        return super().run_output(argv, stdin, while_running=while_running)
 
 
 def ipset(*args: str, stdin: str | None = None) -> None:

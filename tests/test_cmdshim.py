@@ -26,6 +26,7 @@ from felixpy.drivers.cmdshim import (
     CommandResult,
     CommandRunner,
     SubprocessRunner,
+    run_output,
 )
 from felixpy.drivers.ipsets.fake import FakeIPSet
 from felixpy.drivers.iptables.fake import FakeIptables
@@ -193,6 +194,54 @@ def test_outputs_decode_as_text_mode_did() -> None:
     """UTF-8, universal newlines; an undecodable byte is replaced, never an exception."""
     res = SubprocessRunner().run(["printf", "a\\r\\nb\\rc\\n\\303\\274 \\377\\n"])
     assert res.ok and res.stdout == "a\nb\nc\n\u00fc \ufffd\n"
+
+
+# ------------------------------------------------------------------------------ kept outputs
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("size", [1, 7, 16, 64, 1 << 20])
+def test_a_kept_output_is_read_in_pieces_of_whole_records(size: int) -> None:
+    """Pieces end just before a line that begins a record, a cut may straddle two reads, a record longer
+    than a piece is one piece of its own, and together they are the output, decoded as :meth:`run` does."""
+    text = ("junk\ncreate a x\nadd a 1\r\ncreate b y\n" + "".join(f"add b {i}\n" for i in range(40))
+            + "create c z\nadd c \u00fc create d\n")
+    fds = _open_fds()
+    with SubprocessRunner().run_output(["printf", "%s", text]) as out:
+        assert out.result.ok and out.result.stdout == ""
+        pieces = list(out.pieces(b"create ", size))
+        again = list(out.pieces(b"create ", size))  # the file is read, not consumed
+    assert _open_fds() == fds  # closed with the with-block
+    whole = text.replace("\r\n", "\n")
+    assert "".join(pieces) == whole and again == pieces
+    assert all(p.endswith("\n") for p in pieces)
+    assert all(p.startswith("create ") for p in pieces[1:])
+    # Each piece is whole records: no record's lines are in two pieces.
+    assert all(sum(line.startswith("create ") for line in p.splitlines()) >= 1 for p in pieces[1:])
+    if size == 1 << 20:  # all in one read: cut before its last record only
+        assert pieces == [whole[:whole.index("create c")], whole[whole.index("create c"):]]
+    if size <= 16:
+        assert [p.split(" ", 2)[1] for p in pieces[1:]] == ["a", "b", "c"]  # b's 40 lines: one piece
+
+
+def test_a_kept_output_reads_whole_as_run_does_and_failures_keep_no_file() -> None:
+    fds = _open_fds()
+    with SubprocessRunner().run_output(["printf", "a\\r\\nb"]) as out:
+        assert out.read_all() == SubprocessRunner().run(["printf", "a\\r\\nb"])
+    missing = SubprocessRunner().run_output(["/nonexistent/binary"])
+    assert missing.result.returncode == EXIT_NOT_FOUND and list(missing.pieces(b"x")) == []
+    missing.close()
+    assert _open_fds() == fds
+
+
+def test_run_output_of_a_runner_that_cannot_keep_it_gives_its_text() -> None:
+    fake = FakeIPSet()
+    fake.add_set("cali40s:a", "hash:ip", "inet")
+    out = run_output(fake, ["ipset", "save"])
+    assert out.result.ok and list(out.pieces(b"create ")) == [out.result.stdout]
+    assert out.result.stdout.startswith("create cali40s:a hash:ip")
+    out.close()
 
 
 # ------------------------------------------------------------------------------ while_running

@@ -7,12 +7,13 @@ the kernel (a stateful fake) holds at that moment.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from felixpy.drivers.cmdshim import CommandResult
+from felixpy.drivers.cmdshim import CommandResult, Output
 from felixpy.drivers.generictables.model import Accept, Chain, Jump, Match, Rule
 from felixpy.drivers.ipsets import IPSets
 from felixpy.drivers.ipsets.fake import FakeIPSet
@@ -66,6 +67,30 @@ def test_a_failed_read_or_an_unstartable_thread_leaves_the_caller_to_read_itself
     refused: ReadAhead[int] = ReadAhead("x", log, no_thread)
     refused.start(lambda: 1)
     assert not refused.started and len(log.warnings) == 2
+
+
+def test_a_result_nobody_took_is_discarded_done_or_when_its_read_ends() -> None:
+    discarded: list[int] = []
+    jobs: Jobs = []
+    ahead: ReadAhead[int] = ReadAhead("x", Log(), jobs.append, discard=discarded.append)
+    ahead.start(lambda: 1)
+    jobs.pop()()
+    ahead.start(lambda: 2)  # replaces a done read: its result is let go at once
+    assert discarded == [1]
+    ahead.drop()  # a running read: let go when it ends
+    assert discarded == [1]
+    jobs.pop()()
+    assert discarded == [1, 2]
+    ahead.start(lambda: 3)
+    jobs.pop()()
+    assert ahead.take() == 3 and discarded == [1, 2]  # a taken one is the taker's
+
+    def boom() -> int:
+        raise OSError("no read")
+    ahead.start(boom)
+    jobs.pop()()
+    ahead.drop()  # nothing to let go of a failed read
+    assert discarded == [1, 2]
 
 
 def test_the_default_runs_the_read_on_a_thread_of_its_own() -> None:
@@ -142,6 +167,60 @@ def test_ipsets_save_ahead_not_taken_is_never_used_by_a_later_apply() -> None:
     # created, and the kernel refuse that).
     assert len(fake.restore_inputs()) == 1 and "del cali40s:a 10.9.9.9" in fake.restore_inputs()[0]
     assert fake.members("cali40s:a") == {"10.0.0.0/24"}
+
+
+class KeepsSaveOutput:
+    """The fake, whose ``ipset save`` output is kept in a file (an Output over a memfd, as the real
+    runner gives), counting the pieces read and the files still open."""
+
+    def __init__(self, fake: FakeIPSet) -> None:
+        self.fake, self.pieces, self.outputs = fake, 0, []  # type: ignore[var-annotation]
+
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+            while_running: Callable[[], None] | None = None) -> CommandResult:
+        return self.fake.run(argv, stdin, while_running=while_running)
+
+    def run_output(self, argv: Sequence[str]) -> Output:
+        res = self.fake.run(argv)
+        fd = os.memfd_create("test-save")
+        os.write(fd, res.stdout.encode())
+        runner = self
+
+        class Counted(Output):
+            def pieces(self, record: bytes, size: int = 0) -> Iterator[str]:
+                for p in super().pieces(record, size or 64):
+                    runner.pieces += 1
+                    yield p
+        out = Counted(CommandResult(res.returncode, "", res.stderr, tuple(argv)), fd)
+        self.outputs.append(out)
+        return out
+
+    def open_files(self) -> int:
+        return sum(out._fd is not None for out in self.outputs)
+
+
+def test_ipsets_resync_reads_a_kept_save_in_pieces_and_lets_every_file_go() -> None:
+    fake, jobs = FakeIPSet(), []  # type: ignore[var-annotation]
+    for i in range(20):  # sets of ours the resync must read (and sweep): more than one piece of 64 bytes
+        fake.add_set(f"cali40s:old{i}", "hash:net", "inet")
+        fake.sets[f"cali40s:old{i}"].members.add(f"10.1.{i}.0/24")
+    fake.add_set("cali40s:a", "hash:net", "inet")
+    fake.sets["cali40s:a"].members.update({"10.0.0.0/24", "10.9.9.9"})
+    runner = KeepsSaveOutput(fake)
+    d = ipsets(runner, jobs)  # type: ignore[arg-type]
+    d.prefetch()
+    jobs.pop()()
+    d.prefetch()  # a new apply begins before the first took its save: that one is let go
+    jobs.pop()()
+    assert len(runner.outputs) == 2 and runner.open_files() == 1
+    d.apply_updates()
+    while d.apply_deletions():
+        d.apply_updates()
+    assert runner.open_files() == 0 and runner.pieces > 1
+    # What the pieces held was read in full: only the stray member is deleted, and every old set swept.
+    assert len(fake.restore_inputs()) == 1 and "del cali40s:a 10.9.9.9" in fake.restore_inputs()[0]
+    assert fake.members("cali40s:a") == {"10.0.0.0/24"}
+    assert {n for n in fake.sets if n.startswith("cali4")} == {"cali40s:a"}
 
 
 # ------------------------------------------------------------------------------ iptables save ahead

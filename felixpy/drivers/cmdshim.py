@@ -55,7 +55,11 @@ the policy renders), that thread gets the GIL back once per switch interval
 child runs at its own speed and the output is read in one go once it exited.
 Outputs are decoded as UTF-8 (an undecodable byte becomes U+FFFD rather than an
 exception: a foreign rule's comment must not fail an apply) with universal
-newlines, as ``text=True`` did.
+newlines, as ``text=True`` did.  A caller that parses a big output a piece at a time
+runs the command with :func:`run_output` instead: the stdout stays in its file until
+:meth:`Output.pieces` reads it, so the whole text never exists in the daemon at once
+(``ipset save`` of a large node, 7 MB, was held as bytes and as text together at the
+restart's memory peak; issue #17).
 """
 
 from __future__ import annotations
@@ -65,14 +69,14 @@ import select
 import shutil
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeGuard, runtime_checkable
 
 from felixpy.drivers.netlink.nsutil import call_in_netns
 from felixpy.errors import CommandError
 
 __all__ = ["EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "EXIT_TIMED_OUT", "BinaryLocator", "CommandResult",
-           "CommandRunner", "SubprocessRunner"]
+           "CommandRunner", "Output", "SubprocessRunner", "run_output"]
 
 EXIT_TIMED_OUT = 124
 EXIT_NOT_EXECUTABLE = 126
@@ -173,6 +177,12 @@ class SubprocessRunner:
     def run(self, argv: Sequence[str], stdin: str | Iterable[str] | None = None, *,
             while_running: Callable[[], None] | None = None) -> CommandResult:
         """As :meth:`CommandRunner.run`; *stdin* may also be a sequence of lines (:class:`LinesRunner`)."""
+        with self.run_output(argv, stdin, while_running=while_running) as out:
+            return out.read_all()
+
+    def run_output(self, argv: Sequence[str], stdin: str | Iterable[str] | None = None, *,
+                   while_running: Callable[[], None] | None = None) -> Output:
+        """As :meth:`run`, the stdout left in its file (:class:`Output`; the caller closes it)."""
         args = tuple(argv)
         if not args:
             raise ValueError("empty argv")
@@ -199,13 +209,13 @@ class SubprocessRunner:
                 # Only the fork happens inside the namespace; the thread is back home before we wait.
                 started = call_in_netns(self.netns, spawn)
             except FileNotFoundError:  # /run/netns/<name>: spawn() catches its own
-                return CommandResult(EXIT_NOT_FOUND, "", f"{args[0]}: no such network namespace {self.netns!r}",
-                                     args)
+                return Output(CommandResult(EXIT_NOT_FOUND, "", f"{args[0]}: no such network namespace {self.netns!r}",
+                                            args))
             finally:
                 if stdin_fd is not None:
                     os.close(stdin_fd)  # the child has its own copy
             if isinstance(started, CommandResult):
-                return started
+                return Output(started)
             proc = started
             try:
                 if while_running is not None:
@@ -215,14 +225,17 @@ class SubprocessRunner:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-                return CommandResult(EXIT_TIMED_OUT, "", f"{args[0]}: timed out after {self.timeout}s", args)
+                return Output(CommandResult(EXIT_TIMED_OUT, "", f"{args[0]}: timed out after {self.timeout}s", args))
             except BaseException:
                 proc.kill()
                 proc.wait()
                 raise
-            return CommandResult(proc.returncode, _read_text(out_fd), _read_text(err_fd), args)
+            out = Output(CommandResult(proc.returncode, "", _read_text(err_fd), args), out_fd)
+            out_fd = -1  # the Output closes it
+            return out
         finally:
-            os.close(out_fd)
+            if out_fd >= 0:
+                os.close(out_fd)
             os.close(err_fd)
 
 
@@ -245,8 +258,16 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float) -> None:
     proc.wait()
 
 
+def _decode(data: bytes | bytearray) -> str:
+    """Output bytes as ``text=True`` would have decoded them from a pipe."""
+    text = data.decode("utf-8", "replace")
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
+
+
 def _read_text(fd: int) -> str:
-    """All a child wrote to the file *fd*, as ``text=True`` would have decoded it from a pipe."""
+    """All a child wrote to the file *fd*, decoded."""
     size = os.fstat(fd).st_size
     if not size:
         return ""
@@ -258,10 +279,77 @@ def _read_text(fd: int) -> str:
             break
         chunks.append(chunk)
         offset += len(chunk)
-    text = (chunks[0] if len(chunks) == 1 else b"".join(chunks)).decode("utf-8", "replace")
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return text
+    return _decode(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+
+
+OUTPUT_PIECE = 1 << 20  # bytes of a kept stdout read at a time by Output.pieces
+
+
+class Output:
+    """A finished command: its :class:`CommandResult` with an empty ``stdout``, and the stdout still in
+    the in-memory file the child wrote (none for a command that did not run).  Read it whole
+    (:meth:`read_all`) or a piece at a time (:meth:`pieces`); :meth:`close` (or ``with``) lets the file
+    go.  A runner without :meth:`SubprocessRunner.run_output` gives one through :func:`run_output`, its
+    stdout already read."""
+
+    def __init__(self, result: CommandResult, fd: int | None = None) -> None:
+        self.result = result
+        self._fd = fd
+
+    def __enter__(self) -> Output:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def read_all(self) -> CommandResult:
+        """The result with the whole stdout in it."""
+        if self._fd is None:
+            return self.result
+        return replace(self.result, stdout=_read_text(self._fd))
+
+    def pieces(self, record: bytes, size: int = 0) -> Iterator[str]:
+        """The stdout decoded about *size* bytes at a time, in pieces of whole lines that end just before
+        a line beginning with *record* (the last piece ends where the output does): a parser of records
+        whose first line begins so (``b"create "``: the sets of an ``ipset save``) sees only whole
+        records in every piece after the first.  A record longer than *size* is one piece of its own.
+        *size* 0: :data:`OUTPUT_PIECE`."""
+        size = size or OUTPUT_PIECE
+        if self._fd is None:
+            if self.result.stdout:
+                yield self.result.stdout
+            return
+        cut = b"\n" + record
+        buf = bytearray()
+        offset = 0
+        while True:
+            chunk = os.pread(self._fd, size, offset)
+            if not chunk:
+                break
+            offset += len(chunk)
+            searched = max(0, len(buf) - len(cut) + 1)  # no cut ends in what was already searched
+            buf += chunk
+            pos = buf.rfind(cut, searched)
+            if pos >= 0:
+                yield _decode(buf[:pos + 1])  # up to and with the newline
+                del buf[:pos + 1]
+        if buf:
+            yield _decode(buf)
+
+
+def run_output(runner: CommandRunner, argv: Sequence[str]) -> Output:
+    """*argv* run by *runner*, its stdout kept in its file if the runner can (:class:`SubprocessRunner`),
+    else read (the fakes): for callers that read a big output with :meth:`Output.pieces`."""
+    run_kept = getattr(runner, "run_output", None)
+    if run_kept is not None:
+        out: Output = run_kept(argv)
+        return out
+    return Output(runner.run(argv))
 
 
 _STDIN_PIECE = 256 << 10  # characters encoded and written at a time (at most)

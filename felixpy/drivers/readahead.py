@@ -12,7 +12,8 @@ The rules that keep a read ahead as fresh as one taken on the step's own path:
 * It reads only, and only the driver's own step takes it: no write of that driver's can come between
   (the driver is not in sync, so its step loads before it writes).
 * Each ``start`` (and ``drop``) forgets one nobody took, so a result is never older than the start of
-  the apply that takes it.
+  the apply that takes it.  A result holding something to let go (the ipset driver's kept output
+  file) is handed to *discard* when forgotten, at once or when its read ends.
 * A read that failed, or a thread that could not start, is logged and the step reads on its own path,
   exactly as without it.
 
@@ -33,14 +34,15 @@ StartBackground = Callable[[Callable[[], None]], None]
 
 class ReadAhead(Generic[T]):
     """At most one read ahead (see the module docstring); used from one thread (the read runs on its own).
-    *what* names the read in the log lines of *log*."""
+    *what* names the read in the log lines of *log*; *discard* lets go of a result nobody took."""
 
     def __init__(self, what: str, log: Any, start_background: StartBackground | None = None,
-                 thread_name: str = "read-ahead") -> None:
+                 thread_name: str = "read-ahead", discard: Callable[[T], None] | None = None) -> None:
         self._what = what
         self._log = log
         self._start = start_background or (
             lambda fn: threading.Thread(target=fn, name=thread_name, daemon=True).start())
+        self._discard = discard
         self._fut: Future[T] | None = None
 
     @property
@@ -49,12 +51,19 @@ class ReadAhead(Generic[T]):
 
     def drop(self) -> None:
         """Forget the read, running or done: nothing will take it."""
-        self._fut = None
+        fut, self._fut = self._fut, None
+        if fut is not None and self._discard is not None:
+            discard = self._discard
+
+            def let_go(f: Future[T]) -> None:
+                if f.exception() is None:
+                    discard(f.result())
+            fut.add_done_callback(let_go)  # at once if done
 
     def start(self, read: Callable[[], T]) -> None:
         """Run *read* on a thread of its own, replacing one nobody took.  A thread that cannot be started
         is logged, and nothing is started."""
-        self._fut = None
+        self.drop()
         fut: Future[T] = Future()
 
         def run() -> None:

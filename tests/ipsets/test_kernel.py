@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import pytest
 import structlog
 
-from felixpy.drivers.cmdshim import CommandResult, SubprocessRunner
+from felixpy.drivers import cmdshim
+from felixpy.drivers.cmdshim import Output, SubprocessRunner
 from felixpy.drivers.ipsets import IPSets
 from felixpy.drivers.ipsets.parse import parse_list
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
@@ -74,10 +75,11 @@ class RecordingRunner(SubprocessRunner):
         super().__init__()
         self.runs: list[list[str]] = []
 
-    def run(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
-            while_running: Callable[[], None] | None = None) -> CommandResult:
+    def run_output(self, argv: Sequence[str], stdin: str | Sequence[str] | None = None, *,
+                   while_running: Callable[[], None] | None = None) -> Output:
+        # Every command goes through here (``run`` too), ``ipset save``'s kept output as well.
         self.runs.append(list(argv))
-        return super().run(argv, stdin, while_running=while_running)
+        return super().run_output(argv, stdin, while_running=while_running)
 
 
 def apply_all(d: IPSets) -> None:
@@ -228,6 +230,7 @@ def test_restart_finds_every_unchanged_set_in_sync_by_digest(in_netns: str, ip_v
     p = f"cali{ip_version}0s:"
     sh("ipset", "del", p + "ip", sorted(before[p + "ip"])[0])
     sh("ipset", "add", p + "net", "10.9.0.0/16" if ip_version == 4 else "fd09::/16")
+    monkeypatch.setattr(cmdshim, "OUTPUT_PIECE", 97)  # the save read in many pieces, cut mid-set and all
     third, recorder = restarted()
     assert third.in_sync() and kernel_sets() == before
     assert [r[:2] for r in recorder.runs] == [["ipset", "save"], ["ipset", "restore"]]

@@ -211,6 +211,17 @@ def test_save_equals_the_line_by_line_reading(lines: list[str], end: str, wanted
     sets = parse_save(text, want, sink)
     assert all(s.members is None for s in sets)
     assert [(s.name, s.type, s.family, s.max_size, got.get(id(s))) for s in sets] == expected
+    # In pieces cut before create lines, as the driver reads a kept ``ipset save``: the same.
+    for pieces in (_cut_before_creates(text, every=True), _cut_before_creates(text, every=False)):
+        assert "".join(pieces) == text
+        assert [(s.name, s.type, s.family, s.max_size, s.members) for s in parse_save(pieces, want)] == expected
+
+
+def _cut_before_creates(text: str, every: bool) -> list[str]:
+    """*text* cut before each of its create lines (``every``), or before every other one."""
+    cuts = [i + 1 for i in range(len(text)) if text.startswith("\ncreate ", i)]
+    cuts = cuts if every else cuts[::2]
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True) if b > a]
 
 
 def test_save_of_a_large_set_keeps_every_member_in_order() -> None:

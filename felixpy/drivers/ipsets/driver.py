@@ -21,7 +21,8 @@ What it owns, and how it recognises its own after a restart
     differing members and, after the tables, destroys the rest (mark and sweep).
     That ``ipset save`` starts when the apply begins (:meth:`IPSets.prefetch`, on
     a thread of its own), so it runs beside the managers' renders; the apply's
-    full resync takes its output.
+    full resync takes its output, left in the file the child wrote, and parses
+    it a piece of whole sets at a time (a large node's 7 MB is never held whole).
 
 Writes
     One ``ipset restore`` session per apply holds every dirty set: ``create``
@@ -75,7 +76,7 @@ from collections.abc import Callable, Iterable
 import structlog
 
 from felixpy.deltatracker import DeltaTracker, MemberTracker
-from felixpy.drivers.cmdshim import CommandResult, CommandRunner, stdin_text, takes_stdin_lines
+from felixpy.drivers.cmdshim import CommandResult, CommandRunner, Output, run_output, stdin_text, takes_stdin_lines
 from felixpy.drivers.ipsets import metrics
 from felixpy.drivers.ipsets.digest import local_digest
 from felixpy.drivers.ipsets.members import BadMembers, canonicalise_members
@@ -119,8 +120,8 @@ class IPSets:
         self._full_resync_via_save = full_resync_via_save
         self._log = log.bind(ip_version=ip_version)
         # The full resync's ``ipset save``, started by prefetch() as the apply that needs it begins.
-        self._save_ahead: ReadAhead[CommandResult] = ReadAhead("'ipset save'", self._log, start_background,
-                                                               "ipset-save-ahead")
+        self._save_ahead: ReadAhead[Output] = ReadAhead("'ipset save'", self._log, start_background,
+                                                        "ipset-save-ahead", discard=Output.close)
 
         # Main set name -> Calico set ID, for every desired set.
         self._set_ids: dict[str, str] = {}
@@ -257,7 +258,7 @@ class IPSets:
         VXLAN manager's ~50 ms at a large node) and the apply's full resync takes its output.  Reads only."""
         self._save_ahead.drop()
         if self._full_resync_required and self._full_resync_via_save:
-            self._save_ahead.start(lambda: self._run(["ipset", "save"]))
+            self._save_ahead.start(self._save)
 
     def apply_updates(self) -> None:
         delay = RETRY_INITIAL_DELAY
@@ -356,15 +357,13 @@ class IPSets:
         self._drift_watch.clear()
         self._pending_renames.clear()
         if self._full_resync_via_save:
-            result = self._save_ahead.take()
-            if result is None:
-                result = self._run(["ipset", "save"])
-            if result.ok:
-                self._load_full_dump(result.stdout)
-                self._bg_resync_requested = False
-                return
+            with self._save_ahead.take() or self._save() as out:
+                if out.result.ok:
+                    self._load_full_dump(out.pieces(b"create "))
+                    self._bg_resync_requested = False
+                    return
             self._log.warning("'ipset save' failed; re-reading Calico sets one by one",
-                              stderr=result.stderr.strip()[:300])
+                              stderr=out.result.stderr.strip()[:300])
         listed = self._list_owned_names()
         self._sets.replace_dataplane({n: UNREAD for n in listed})
         for name in listed:
@@ -373,9 +372,10 @@ class IPSets:
         # The full resync subsumes a pending background one.
         self._bg_resync_requested = False
 
-    def _load_full_dump(self, text: str) -> None:
-        """An ``ipset save``'s sets and members, read a set at a time (its member strings are let go
-        before the next set's are cut out)."""
+    def _load_full_dump(self, text: Iterable[str]) -> None:
+        """An ``ipset save``'s sets and members (its text in pieces of whole sets), read a set at a time:
+        its member strings are let go before the next set's are cut out, and each piece of the output
+        before the next is read, so neither the whole text nor all members are ever held at once."""
         def sink(s: ListedSet, members: list[str], whole: bool) -> None:
             if not self.names.owns(s.name):
                 return
@@ -801,6 +801,14 @@ class IPSets:
             result = self._runner.run(argv, stdin_text(stdin), while_running=while_running)
         metrics.exec_time_micros.observe((time.perf_counter() - start) * 1e6)
         return result
+
+    def _save(self) -> Output:
+        """``ipset save``, its output left in its file for :meth:`Output.pieces` (7 MB at a large node,
+        held as bytes and text together at the restart's memory peak when read whole; #17)."""
+        start = time.perf_counter()
+        out = run_output(self._runner, ["ipset", "save"])
+        metrics.exec_time_micros.observe((time.perf_counter() - start) * 1e6)
+        return out
 
     def _dump_state(self) -> None:
         result = self._run(["ipset", "list", "-name"])

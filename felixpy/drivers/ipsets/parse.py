@@ -29,7 +29,7 @@ nothing to skip.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 NOT_FOUND_MSG = "The set with the given name does not exist"
@@ -104,9 +104,13 @@ def parse_list(text: str, want_members: Callable[[str], bool] = lambda _n: True)
 MemberSink = Callable[[ListedSet, list[str], bool], None]
 
 
-def parse_save(text: str, want_members: Callable[[str], bool] = lambda _n: True,
+def parse_save(text: str | Iterable[str], want_members: Callable[[str], bool] = lambda _n: True,
                sink: MemberSink | None = None) -> list[ListedSet]:
     """Parse ``ipset save`` output: create lines, then that set's add lines.
+
+    *text* is the whole output, or the output in pieces of whole lines, each piece after the first
+    beginning with a create line (:meth:`~felixpy.drivers.cmdshim.Output.pieces` cuts so): a set's
+    block is never split, and the whole output need never be held at once (#17).
 
     The text is cut at its ``create`` lines; a set's members are the run of
     ``add NAME `` lines that follows its create line.  When that run is the
@@ -145,15 +149,16 @@ def parse_save(text: str, want_members: Callable[[str], bool] = lambda _n: True,
                         s2.members = []
                     s2.members.append(member)
 
-    # Offsets of the create lines (each starts the text or follows a newline).
-    starts = [0] if text.startswith("create ") else []
-    pos = text.find("\ncreate ")
-    while pos >= 0:
-        starts.append(pos + 1)
-        pos = text.find("\ncreate ", pos + 1)
-    if not starts:
-        loose_lines(text.split("\n"))
-    else:
+    def piece(text: str) -> None:
+        # Offsets of the create lines (each starts the text or follows a newline).
+        starts = [0] if text.startswith("create ") else []
+        pos = text.find("\ncreate ")
+        while pos >= 0:
+            starts.append(pos + 1)
+            pos = text.find("\ncreate ", pos + 1)
+        if not starts:
+            loose_lines(text.split("\n"))
+            return
         if starts[0] > 0:
             loose_lines(text[:starts[0] - 1].split("\n"))
         last = len(starts) - 1
@@ -163,7 +168,7 @@ def parse_save(text: str, want_members: Callable[[str], bool] = lambda _n: True,
             line = text[begin:stop] if nl < 0 else text[begin:nl]
             body = "" if nl < 0 else text[nl + 1:stop]
             if idx == last and body.endswith("\n"):
-                body = body[:-1]  # the text's final newline: an empty last line, ignored either way
+                body = body[:-1]  # the piece's final newline: an empty last line, ignored either way
             tokens = line.split()
             if len(tokens) < 3:
                 raise ValueError(f"bad create line {line!r}")
@@ -195,6 +200,9 @@ def parse_save(text: str, want_members: Callable[[str], bool] = lambda _n: True,
             if wanted:
                 take(s, [m[plen:] for m in lines[:run]])
             loose_lines(lines[run:])
+
+    for p in ([text] if isinstance(text, str) else text):
+        piece(p)
     for s in out:
         if id(s) in given or not want_members(s.name):
             continue
