@@ -464,9 +464,11 @@ def test_dumps_decode_an_element_at_a_time_as_json_would_whole() -> None:
     takes and refuses exactly what ``json.loads`` of a list does."""
     from felixpy.drivers.netlink.iproute2 import _load
 
-    for text in ("[]", " [ ] \n", "[{}]", '[{"a":[1,{"b":"],"}]},\n {"c":null} ]\n', LINKS, NEIGHS, ""):
+    for text in ("[]", " [ ] \n", "[{}]", '[{"a":[1,{"b":"],"}]},\n {"c":null} ]\n', LINKS, NEIGHS, "",
+                 "[{} , {}]", "[{},\t{}]", "[1,2,3]"):
         assert list(_load(text)) == (json.loads(text) if text.strip() else [])
-    for bad in ("[", "[{}", '[{"a":1},', "[{}]]", "[{}] x", "{}", '[{"a":1} {"b":2}]', "[,]"):
+    for bad in ("[", "[{}", '[{"a":1},', "[{}]]", "[{}] x", "{}", '[{"a":1} {"b":2}]', "[,]", "[{},]", "[{} ,]",
+                "[{},,{}]", "[{} }", "[{}"):
         with pytest.raises(ValueError):
             list(_load(bad))
 

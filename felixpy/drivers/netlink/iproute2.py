@@ -247,7 +247,8 @@ def _int(value: Any, default: int) -> int:
     return int(str(value), 0)
 
 
-_DECODE_AT = json.JSONDecoder().raw_decode
+# json's C scanner: (value, end) of the value at an index (what raw_decode calls, without its frame).
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 _SPACE = re.compile(r"[ \t\n\r]*")
 _DEV_FIELD = re.compile(r'"dev"[ \t\n\r]*:[ \t\n\r]*"((?:[^"\\]|\\.)*)"')
 
@@ -266,8 +267,9 @@ def _load(text: str) -> Iterator[Any]:
     """The elements of the JSON list ``ip -j`` printed, decoded one at a time (ValueError if it is not
     one): the whole list never exists decoded.  At 10,000 links a ``link show -d`` decoded whole was
     ~21 MiB of dicts at once, +31-34 MiB of resident set for the host-MTU and route-table dumps; each
-    element here is reduced to what the caller keeps before the next is decoded."""
-    skip = _skip_space
+    element here is reduced to what the caller keeps before the next is decoded.  ``ip`` prints the
+    list without spaces (``[{...},{...}]``), which is read without a pattern match between elements."""
+    skip, scan = _skip_space, _SCAN
     i = skip(text, 0)
     if i == len(text):
         return
@@ -276,17 +278,32 @@ def _load(text: str) -> Iterator[Any]:
     i = skip(text, i + 1)
     more = i < len(text) and text[i] != "]"
     while more:
-        obj, i = _DECODE_AT(text, i)
+        try:
+            obj, i = scan(text, i)
+        except StopIteration as exc:
+            raise ValueError(f"expected a JSON value at {exc.value} of the JSON list") from None
         yield obj
-        i = skip(text, i)
-        if text[i:i + 1] == ",":
-            i = skip(text, i + 1)
-        elif text[i:i + 1] == "]":
+        c = text[i:i + 1]
+        if c == ",":
+            i += 1
+            if text[i:i + 1] in _BLANKS:
+                i = skip(text, i)
+            continue
+        if c in _BLANKS:
+            i = skip(text, i)
+            c = text[i:i + 1]
+            if c == ",":
+                i = skip(text, i + 1)
+                continue
+        if c == "]":
             more = False
         else:
             raise ValueError(f"expected ',' or ']' at {i} of the JSON list")
     if text[i:i + 1] != "]" or skip(text, i + 1) != len(text):
         raise ValueError("the JSON list is cut short or followed by more")
+
+
+_BLANKS = frozenset(" \t\n\r")
 
 
 def _dst(dst: str, family: int) -> str:
