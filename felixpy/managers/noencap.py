@@ -20,7 +20,6 @@ it never asks the kernel.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ import structlog
 from felixpy.config import Config
 from felixpy.drivers.netlink.types import DEFAULT_ROUTE_PROTO, RTPROT_BOOT
 from felixpy.drivers.routetable.api import RouteTableAPI
-from felixpy.drivers.routetable.defs import Target, TargetType
+from felixpy.drivers.routetable.defs import Target, TargetType, canonical_cidr
 from felixpy.drivers.routetable.routeclass import RouteClass
 from felixpy.ifacemonitor.events import IfaceAddrsUpdate
 from felixpy.managers.hostaddrs import InterfaceAddresses
@@ -56,8 +55,11 @@ def _is_type(msg: Any, t: int) -> bool:
 
 
 def _version(cidr: str) -> int | None:
+    """The CIDR's IP version (None: not a CIDR), from its canonical form: the route table canonicalises
+    every target's CIDR through the same cache, so a route's costs nothing more at the apply (~5 us a
+    route otherwise: 5,000 VXLAN routes are rebuilt by a large node's first apply)."""
     try:
-        return ipaddress.ip_network(cidr, strict=False).version
+        return 6 if ":" in canonical_cidr(cidr) else 4
     except ValueError:
         return None
 
