@@ -196,13 +196,9 @@ class VXLANManager:
 
     def _update_vteps(self) -> None:
         self._build_vteps()
-        vteps: list[VTEP] = []
+        vteps = [v for _node, v in sorted(self._built.items()) if v is not None]
         sources = [c for c in self.cfg.ExternalNodesCIDRList if (":" in c) == (self.ip_version == 6)]
-        for node, u in sorted(self.vteps_by_node.items()):
-            v = self._built[node]
-            if v is not None:
-                vteps.append(v)
-                sources.append(self._parent_addr(u))
+        sources += [v.host_ip for v in vteps]  # each VTEP's parent address, as built (canonical)
         self.fdb.set_vteps(vteps)
         self.ipsets.add_or_replace_ip_set(
             IPSetMetadata(IPSET_ID_ALL_VXLAN_SOURCE_NETS, IPSetType.HASH_NET, self.cfg.MaxIpsetSize), sources)
