@@ -278,6 +278,27 @@ def test_resync_skips_static_arp_entries_the_kernel_already_has(fake: FakeNetlin
         ("10.0.0.3", "ee:ee:ee:ee:ee:03", 0x80)}
 
 
+def test_the_resyncs_neighbour_dump_asks_only_about_interfaces_with_entries_pending(fake: FakeNetlink) -> None:
+    """A large node's 5,000 VXLAN neighbours are not read into objects to check 250 workloads' entries."""
+    asked: list[set[str] | None] = []
+    neigh_list = fake.neigh_list
+    fake.neigh_list = lambda *a, names=None, **k: (  # type: ignore[method-assign]
+        asked.append(None if names is None else set(names.values())) or neigh_list(*a, names=names, **k))
+    cali2 = fake._by_name("cali2").index
+    fake.neighs[(AF_INET, cali2, "10.0.0.9")] = Neigh(AF_INET, cali2, "10.0.0.9", "ee:ee:ee:ee:ee:09")
+    rt = main_table(fake, FakeClock(), static_arp=True)
+    rt.set_routes(LW, "cali1", [Target("10.0.0.1/32", dest_mac="ee:ee:ee:ee:ee:01")])
+    rt.set_routes(LW, "cali9", [Target("10.0.0.5/32", dest_mac="ee:ee:ee:ee:ee:05")])  # no such interface
+    rt.apply()
+    assert asked == [{"cali1"}]
+    assert {(n.dst, n.lladdr) for n in fake.neighs.values()} == {("10.0.0.1", "ee:ee:ee:ee:ee:01"),
+                                                                 ("10.0.0.9", "ee:ee:ee:ee:ee:09")}
+    rt.set_routes(LW, "cali1", [])
+    rt.queue_resync()
+    rt.apply()  # nothing pending on an interface that exists: no dump
+    assert asked == [{"cali1"}]
+
+
 def test_static_arp_written_when_the_neighbour_dump_fails(fake: FakeNetlink) -> None:
     rt = main_table(fake, FakeClock(), static_arp=True)
     rt.set_routes(LW, "cali1", [Target("10.0.0.1/32", dest_mac="ee:ee:ee:ee:ee:01")])

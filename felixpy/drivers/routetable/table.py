@@ -499,8 +499,13 @@ class RouteTable:
         restart with nothing to change writes nothing; in steady state the
         pending entries are for new workloads and are written without a dump.
         """
+        # Only the interfaces with entries pending are asked about (the dump's names, as listed): a large
+        # node's 5,000 VXLAN neighbours are then skipped before they are made into objects.
+        pending = {i: n for i, n in names.items() if n in self._pending_arps}
+        if not pending:
+            return
         try:
-            present = {(n.ifindex, n.dst): n.lladdr for n in nl.neigh_list(None, AF_INET, names=names)
+            present = {(n.ifindex, n.dst): n.lladdr for n in nl.neigh_list(None, AF_INET, names=pending)
                        if n.state & NUD_PERMANENT}
         except NetlinkCallError as exc:
             self.log.warning("neighbour dump failed; writing every pending static ARP entry", error=str(exc))
