@@ -501,11 +501,11 @@ class RouteTable:
         """
         # Only the interfaces with entries pending are asked about (the dump's names, as listed): a large
         # node's 5,000 VXLAN neighbours are then skipped before they are made into objects.
-        pending = {i: n for i, n in names.items() if n in self._pending_arps}
-        if not pending:
+        asked = {i: n for i, n in names.items() if n in self._pending_arps}
+        if not asked:
             return
         try:
-            present = {(n.ifindex, n.dst): n.lladdr for n in nl.neigh_list(None, AF_INET, names=pending)
+            present = {(n.ifindex, n.dst): n.lladdr for n in nl.neigh_list(None, AF_INET, names=asked)
                        if n.state & NUD_PERMANENT}
         except NetlinkCallError as exc:
             self.log.warning("neighbour dump failed; writing every pending static ARP entry", error=str(exc))
