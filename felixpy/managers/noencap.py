@@ -56,8 +56,8 @@ def _is_type(msg: Any, t: int) -> bool:
 
 def _version(cidr: str) -> int | None:
     """The CIDR's IP version (None: not a CIDR), from its canonical form: the route table canonicalises
-    every target's CIDR through the same cache, so a route's costs nothing more at the apply (~5 us a
-    route otherwise: 5,000 VXLAN routes are rebuilt by a large node's first apply)."""
+    every target's CIDR through the same cache, so the apply finds each route's CIDR already parsed
+    (~5 us a route otherwise, for the 5,000 VXLAN routes of a large node's first apply)."""
     try:
         return 6 if ":" in canonical_cidr(cidr) else 4
     except ValueError:

@@ -372,7 +372,7 @@ class IPSets:
         # The full resync subsumes a pending background one.
         self._bg_resync_requested = False
 
-    def _load_full_dump(self, text: Iterable[str]) -> None:
+    def _load_full_dump(self, pieces: Iterable[str]) -> None:
         """An ``ipset save``'s sets and members (its text in pieces of whole sets), read a set at a time:
         its member strings are let go before the next set's are cut out, and each piece of the output
         before the next is read, so neither the whole text nor all members are ever held at once."""
@@ -384,7 +384,7 @@ class IPSets:
             else:  # an add line out of order (ipset save writes none): one more member found
                 self._load_found_members(s.name, members)
 
-        owned = [s for s in parse_save(text, self._wants_members, sink) if self.names.owns(s.name)]
+        owned = [s for s in parse_save(pieces, self._wants_members, sink) if self.names.owns(s.name)]
         self._sets.replace_dataplane({s.name: DataplaneMeta(s.type, s.family, s.max_size) for s in owned})
         self._sweep_missing({s.name for s in owned})
         self._log.info("Resynced IP sets with the dataplane", owned=len(owned),
