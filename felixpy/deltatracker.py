@@ -210,11 +210,6 @@ class DeltaTracker(_WorkLists[K], Generic[K, V]):
         if self._plain_eq and len(desired) == len(dp) and desired == dp:
             self._pending_updates = {}  # in sync: the common case after a restart
             self._pending_deletions = {}
-            # The read-back's equal values are let go: the dataplane view holds the desired ones (immutable,
-            # so shared safely), in the read-back's order (deletions are written in it).  A large node's
-            # restart read 5,000 routes and 10,000 FDB entries back, ~2 MiB of objects kept only to say
-            # what the desired ones already do.
-            self._dataplane = dict(zip(dp, map(desired.__getitem__, dp)))
             return
         get = dp.get
         if self._plain_eq:

@@ -214,27 +214,3 @@ def test_bulk_keys_forms_on_a_large_set() -> None:
     assert t.pending_update_keys() == members[:1] and t.pending_deletions() == ["192.0.2.1"]
     t.replace_all_desired_keys(members[2:], True)
     assert t.pending_update_keys() == [] and t.pending_deletions() == ["192.0.2.1", members[1]]
-
-
-def test_a_resync_that_finds_the_desired_state_keeps_the_desired_objects_not_the_read_backs() -> None:
-    """After a restart the kernel's copies equal the desired values: the view holds the desired objects
-    (the read-back's are let go) in the read-back's order, and a later change of the desired value is
-    still a pending update, the dataplane keeping the old one."""
-    t: DeltaTracker[tuple[str, int], tuple[str, str]] = DeltaTracker()
-    desired = {(f"10.0.0.{i}", 0): (f"10.0.0.{i}", "aa") for i in range(50)}
-    t.replace_all_desired(desired)
-    read_back = {(f"10.0.0.{i}", 0): ("10.0.0." + str(i), "a" + "a") for i in reversed(range(50))}  # equal
-    assert all(read_back[k] is not desired[k] for k in desired)
-    t.replace_dataplane(read_back)
-    assert t.in_sync()
-    assert all(v is desired[k] for k, v in t.dataplane_items())
-    assert [k for k, _ in t.dataplane_items()] == list(read_back)  # the kernel's order kept
-    old = desired[("10.0.0.1", 0)]
-    t.set_desired(("10.0.0.1", 0), ("10.0.0.1", "bb"))
-    assert t.pending_update_keys() == [("10.0.0.1", 0)] and t.get_dataplane(("10.0.0.1", 0)) is old
-    # Not in sync: the read-back's values are what the kernel holds, kept as they are.
-    t2: DeltaTracker[str, tuple[str]] = DeltaTracker()
-    t2.replace_all_desired({"a": ("x",), "b": ("y",)})
-    back = {"a": ("x" + "",), "b": ("z",)}
-    t2.replace_dataplane(back)
-    assert t2.get_dataplane("b") is back["b"] and t2.pending_update_keys() == ["b"]
