@@ -76,7 +76,7 @@ from felixpy.drivers.netlink.nsutil import call_in_netns
 from felixpy.errors import CommandError
 
 __all__ = ["EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "EXIT_TIMED_OUT", "BinaryLocator", "CommandResult",
-           "CommandRunner", "Output", "SubprocessRunner", "run_output"]
+           "CommandRunner", "KeepsOutput", "Output", "SubprocessRunner", "run_output"]
 
 EXIT_TIMED_OUT = 124
 EXIT_NOT_EXECUTABLE = 126
@@ -342,13 +342,18 @@ class Output:
             yield _decode(buf)
 
 
+@runtime_checkable
+class KeepsOutput(Protocol):
+    """A runner that can leave a command's stdout in its file (:class:`SubprocessRunner`)."""
+
+    def run_output(self, argv: Sequence[str]) -> Output: ...
+
+
 def run_output(runner: CommandRunner, argv: Sequence[str]) -> Output:
-    """*argv* run by *runner*, its stdout kept in its file if the runner can (:class:`SubprocessRunner`),
-    else read (the fakes): for callers that read a big output with :meth:`Output.pieces`."""
-    run_kept = getattr(runner, "run_output", None)
-    if run_kept is not None:
-        out: Output = run_kept(argv)
-        return out
+    """*argv* run by *runner*, its stdout kept in its file if the runner can (:class:`KeepsOutput`), else
+    read (the fakes): for callers that read a big output with :meth:`Output.pieces`."""
+    if isinstance(runner, KeepsOutput):
+        return runner.run_output(argv)
     return Output(runner.run(argv))
 
 

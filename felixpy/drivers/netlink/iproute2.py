@@ -284,18 +284,14 @@ def _load(text: str) -> Iterator[Any]:
             raise ValueError(f"expected a JSON value at {exc.value} of the JSON list") from None
         yield obj
         c = text[i:i + 1]
+        if c in _BLANKS:
+            i = skip(text, i)
+            c = text[i:i + 1]
         if c == ",":
             i += 1
             if text[i:i + 1] in _BLANKS:
                 i = skip(text, i)
-            continue
-        if c in _BLANKS:
-            i = skip(text, i)
-            c = text[i:i + 1]
-            if c == ",":
-                i = skip(text, i + 1)
-                continue
-        if c == "]":
+        elif c == "]":
             more = False
         else:
             raise ValueError(f"expected ',' or ']' at {i} of the JSON list")
