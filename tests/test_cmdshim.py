@@ -14,6 +14,7 @@ import stat
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -242,6 +243,70 @@ def test_run_output_of_a_runner_that_cannot_keep_it_gives_its_text() -> None:
     assert out.result.ok and list(out.pieces(b"create ")) == [out.result.stdout]
     assert out.result.stdout.startswith("create cali40s:a hash:ip")
     out.close()
+
+
+# ------------------------------------------------------------------------------ followed outputs
+def test_a_followed_output_is_handed_out_while_the_child_still_runs(tmp_path: Path) -> None:
+    """The child writes a first part, then waits for a file that only the reader of that first part
+    creates: the command can only end if its output was read before it exited."""
+    flag = tmp_path / "flag"
+    script = ('yes 0123456789abcdef | head -c 300000; '
+              'i=0; while [ ! -e "$1" ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done; echo tail')
+    fds = _open_fds()
+    seen_before_flag: list[str] = []
+    with SubprocessRunner(timeout=60).follow(["sh", "-c", script, "sh", str(flag)]) as running:
+        pieces = []
+        for piece in running.pieces(64 << 10):
+            if not flag.exists():
+                seen_before_flag.append(piece)
+                flag.touch()
+            pieces.append(piece)
+        res = running.result()
+    assert _open_fds() == fds
+    assert res == CommandResult(0, "", "", ("sh", "-c", script, "sh", str(flag)))
+    assert seen_before_flag and "tail" not in seen_before_flag[0]
+    assert "".join(pieces) == "0123456789abcdef\n" * (300000 // 17) + "0123456789abcdef\n"[:300000 % 17] + "tail\n"
+    assert all(p.endswith("\n") for p in pieces)
+
+
+@pytest.mark.parametrize("size", [1, 5, 64, 1 << 20])
+def test_a_followed_output_joins_to_what_run_gives(size: int) -> None:
+    """Pieces of whole lines, decoded as :meth:`run` decodes (universal newlines, U+FFFD), a line longer
+    than a piece kept whole, and an unterminated last line handed out at the end."""
+    fmt = "a\\r\\nb\\rc\\n\\303\\274 \\377\\n" + "x" * 40 + "\\n" + "last"
+    argv = ["sh", "-c", f"printf '{fmt}'; sleep 0.05; printf ' more\\nend'"]
+    whole = SubprocessRunner().run(argv)
+    with SubprocessRunner().follow(argv) as running:
+        pieces = list(running.pieces(size))
+        assert running.result() == replace(whole, stdout="")
+    assert "".join(pieces) == whole.stdout == "a\nb\nc\n\u00fc \ufffd\n" + "x" * 40 + "\nlast more\nend"
+    assert all(p.endswith("\n") for p in pieces[:-1])
+
+
+def test_a_followed_command_that_fails_times_out_or_cannot_start() -> None:
+    with SubprocessRunner().follow(["sh", "-c", "echo part; echo oops >&2; exit 3"]) as running:
+        assert "".join(running.pieces()) == "part\n"
+        res = running.result()
+    assert (res.returncode, res.stderr) == (3, "oops\n")
+    with SubprocessRunner(timeout=0.3).follow(["sh", "-c", "echo first; exec sleep 30"]) as running:
+        t0 = time.monotonic()
+        # Killed at the timeout: the pieces end there, and the 6 bytes written (less than a piece) never came.
+        assert "".join(running.pieces()) == ""
+        assert running.result().returncode == EXIT_TIMED_OUT and time.monotonic() - t0 < 5
+    with SubprocessRunner().follow(["/nonexistent/binary"]) as running:
+        assert list(running.pieces()) == [] and running.result().returncode == EXIT_NOT_FOUND
+
+
+def test_closing_a_followed_command_kills_it_and_keeps_no_file() -> None:
+    fds = _open_fds()
+    running = SubprocessRunner(timeout=60).follow(["sleep", "30"])
+    pid = running._proc.pid  # type: ignore[union-attr]
+    t0 = time.monotonic()
+    running.close()
+    assert time.monotonic() - t0 < 5 and running.result().returncode == EXIT_TIMED_OUT
+    assert _open_fds() == fds
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped
 
 
 # ------------------------------------------------------------------------------ while_running

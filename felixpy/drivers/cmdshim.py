@@ -68,6 +68,7 @@ import os
 import select
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeGuard, runtime_checkable
@@ -76,7 +77,7 @@ from felixpy.drivers.netlink.nsutil import call_in_netns
 from felixpy.errors import CommandError
 
 __all__ = ["EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "EXIT_TIMED_OUT", "BinaryLocator", "CommandResult",
-           "CommandRunner", "KeepsOutput", "Output", "SubprocessRunner", "run_output"]
+           "CommandRunner", "Following", "KeepsOutput", "Output", "SubprocessRunner", "run_output"]
 
 EXIT_TIMED_OUT = 124
 EXIT_NOT_EXECUTABLE = 126
@@ -184,6 +185,45 @@ class SubprocessRunner:
                    while_running: Callable[[], None] | None = None) -> Output:
         """As :meth:`run`, the stdout left in its file (:class:`Output`; the caller closes it)."""
         args = tuple(argv)
+        started = self._start(args, stdin)
+        if isinstance(started, CommandResult):
+            return Output(started)
+        proc, out_fd, err_fd = started
+        try:
+            try:
+                if while_running is not None:
+                    # The child reads its input and writes its outputs in files while we work.
+                    while_running()
+                _wait(proc, self.timeout)
+            except subprocess.TimeoutExpired:
+                _kill(proc)
+                return Output(_timed_out(args, self.timeout))
+            except BaseException:
+                _kill(proc)
+                raise
+            out = Output(CommandResult(proc.returncode, "", _read_text(err_fd), args), out_fd)
+            out_fd = -1  # the Output closes it
+            return out
+        finally:
+            if out_fd >= 0:
+                os.close(out_fd)
+            os.close(err_fd)
+
+    def follow(self, argv: Sequence[str]) -> Following:
+        """*argv* started, its stdout read while the child writes it (:class:`Following`; the caller closes
+        it): a parser of a big output that keeps up with the child finishes about when the child does,
+        instead of starting only then."""
+        args = tuple(argv)
+        started = self._start(args, None)
+        if isinstance(started, CommandResult):
+            return Following(args, started)
+        return Following(args, started, self.timeout)
+
+    def _start(self, argv: Sequence[str], stdin: str | Iterable[str] | None
+               ) -> tuple[subprocess.Popen[bytes], int, int] | CommandResult:
+        """The child started, writing its stdout and stderr into two new in-memory files (the caller closes
+        both), or why it could not start."""
+        args = tuple(argv)
         if not args:
             raise ValueError("empty argv")
         env = self._child_env()
@@ -203,40 +243,34 @@ class SubprocessRunner:
         except BaseException:
             os.close(out_fd)
             raise
+        started: subprocess.Popen[bytes] | CommandResult | None = None
         try:
             stdin_fd = _stdin_file(stdin) if stdin is not None else None
             try:
                 # Only the fork happens inside the namespace; the thread is back home before we wait.
                 started = call_in_netns(self.netns, spawn)
             except FileNotFoundError:  # /run/netns/<name>: spawn() catches its own
-                return Output(CommandResult(EXIT_NOT_FOUND, "", f"{args[0]}: no such network namespace {self.netns!r}",
-                                            args))
+                started = CommandResult(EXIT_NOT_FOUND, "", f"{args[0]}: no such network namespace {self.netns!r}",
+                                        args)
             finally:
                 if stdin_fd is not None:
                     os.close(stdin_fd)  # the child has its own copy
-            if isinstance(started, CommandResult):
-                return Output(started)
-            proc = started
-            try:
-                if while_running is not None:
-                    # The child reads its input and writes its outputs in files while we work.
-                    while_running()
-                _wait(proc, self.timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                return Output(CommandResult(EXIT_TIMED_OUT, "", f"{args[0]}: timed out after {self.timeout}s", args))
-            except BaseException:
-                proc.kill()
-                proc.wait()
-                raise
-            out = Output(CommandResult(proc.returncode, "", _read_text(err_fd), args), out_fd)
-            out_fd = -1  # the Output closes it
-            return out
         finally:
-            if out_fd >= 0:
+            if not isinstance(started, subprocess.Popen):
                 os.close(out_fd)
-            os.close(err_fd)
+                os.close(err_fd)
+        if isinstance(started, CommandResult):
+            return started
+        return started, out_fd, err_fd
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait()
+
+
+def _timed_out(args: Sequence[str], timeout: float) -> CommandResult:
+    return CommandResult(EXIT_TIMED_OUT, "", f"{args[0]}: timed out after {timeout}s", tuple(args))
 
 
 def _wait(proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -340,6 +374,124 @@ class Output:
                 del buf[:pos + 1]
         if buf:
             yield _decode(buf)
+
+
+FOLLOW_PIECE = 256 << 10  # bytes a followed stdout gathers before a piece is handed out (at least)
+FOLLOW_POLL = 0.005  # s between looks at a followed stdout while the child runs
+
+
+class Following:
+    """A command running with its stdout read while the child writes it (:meth:`SubprocessRunner.follow`).
+
+    The child still writes into an in-memory file at its own speed (never blocked on a pipe we have not
+    emptied); :meth:`pieces` looks at the file's size every :data:`FOLLOW_POLL` and hands out what has
+    arrived in pieces of whole lines, decoded as :meth:`Output.read_all` decodes, so the pieces joined are
+    the text ``run`` would have given.  :meth:`result` waits for the exit (killing the child at the
+    runner's timeout) and gives the exit status and stderr; :meth:`close` (or ``with``) kills a child
+    still running and lets the files go."""
+
+    def __init__(self, argv: tuple[str, ...],
+                 started: tuple[subprocess.Popen[bytes], int, int] | CommandResult,
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
+        self._args = argv
+        self._done: CommandResult | None = started if isinstance(started, CommandResult) else None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._out = self._err = -1
+        if not isinstance(started, CommandResult):
+            self._proc, self._out, self._err = started
+        self._timeout = timeout
+        self._deadline = time.monotonic() + timeout
+
+    def __enter__(self) -> Following:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def pieces(self, size: int = 0) -> Iterator[str]:
+        """The stdout as it is written, in pieces of whole lines of about *size* bytes or more (0:
+        :data:`FOLLOW_PIECE`), the rest once the child exited.  Nothing for a command that did not start;
+        the child killed at the timeout ends the pieces early (:meth:`result` says so)."""
+        size = size or FOLLOW_PIECE
+        proc = self._proc
+        if proc is None:
+            return
+        with _ExitWatch(proc) as watch:
+            buf = bytearray()
+            offset = 0
+            exited = False
+            while True:
+                end = os.fstat(self._out).st_size
+                if end - offset >= size or (exited and end > offset):
+                    chunk = os.pread(self._out, end - offset, offset)
+                    offset += len(chunk)
+                    buf += chunk
+                    pos = len(buf) if exited and offset >= end else buf.rfind(b"\n") + 1
+                    if pos > 0:
+                        yield _decode(buf[:pos])
+                        del buf[:pos]
+                    continue
+                if exited:
+                    if buf:
+                        yield _decode(buf)
+                    return
+                if proc.poll() is not None:
+                    exited = True  # read what it wrote last, then end
+                elif time.monotonic() >= self._deadline:
+                    self._finish_killed()
+                    return
+                else:
+                    watch.wait(FOLLOW_POLL)
+
+    def result(self) -> CommandResult:
+        """How the command ended (stdout empty: it came through :meth:`pieces`); waits for the exit."""
+        if self._done is None:
+            assert self._proc is not None
+            try:
+                _wait(self._proc, max(0.0, self._deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._finish_killed()
+            else:
+                self._done = CommandResult(self._proc.returncode, "", _read_text(self._err), self._args)
+        assert self._done is not None
+        return self._done
+
+    def _finish_killed(self) -> None:
+        assert self._proc is not None
+        _kill(self._proc)
+        self._done = _timed_out(self._args, self._timeout)
+
+    def close(self) -> None:
+        if self._done is None and self._proc is not None:
+            self._finish_killed()
+        for fd in (self._out, self._err):
+            if fd >= 0:
+                os.close(fd)
+        self._out = self._err = -1
+
+
+class _ExitWatch:
+    """Sleeps until a child exits or a while passes: on its pidfd where there is one, else a plain sleep."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        try:
+            self._fd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):  # no pidfds, or already reaped
+            self._fd = -1
+
+    def __enter__(self) -> _ExitWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def wait(self, seconds: float) -> None:
+        if self._fd >= 0:
+            select.select([self._fd], [], [], seconds)
+        else:
+            time.sleep(seconds)
 
 
 @runtime_checkable

@@ -262,6 +262,31 @@ def test_parse_save_equals_the_line_by_line_reading(lines: list[str], end: str, 
     assert list(got.full_rules.items()) == list(want.full_rules.items())
 
 
+@settings(max_examples=400, deadline=None)
+@given(lines=st.lists(st.sampled_from(_SAVE_LINES), max_size=14), end=st.sampled_from(["", "\n", "\r\n"]),
+       with_old=st.booleans(), cuts=st.sets(st.integers(min_value=0, max_value=30)))
+def test_parse_save_of_pieces_of_whole_lines_equals_the_whole(lines: list[str], end: str, with_old: bool,
+                                                               cuts: set[int]) -> None:
+    """The save worker parses a save as it is written, in pieces cut after a newline (a chain's run of
+    rules may be split between two pieces, a declaration be in the piece before its rules): the state
+    is the joined text's, or the same refusal."""
+    text = "\n".join(lines) + end
+    ends = [i + 1 for i, c in enumerate(text) if c == "\n"]
+    bounds = sorted({ends[c] for c in cuts if c < len(ends)})
+    pieces = [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)])]
+    assert "".join(pieces) == text
+    old = OLD_RE if with_old else None
+    try:
+        want = savefile.parse_save(text, hash_re=HASH_RE, owned_re=OWNED_RE, old_insert_re=old)
+    except savefile.SaveParseError:
+        with pytest.raises(savefile.SaveParseError):
+            savefile.parse_save(iter(pieces), hash_re=HASH_RE, owned_re=OWNED_RE, old_insert_re=old)
+        return
+    got = savefile.parse_save(iter(pieces), hash_re=HASH_RE, owned_re=OWNED_RE, old_insert_re=old)
+    assert list(got.hashes.items()) == list(want.hashes.items())
+    assert list(got.full_rules.items()) == list(want.full_rules.items())
+
+
 def test_restore_buffer_write_lines() -> None:
     a, b = RestoreBuffer(), RestoreBuffer()
     for buf in (a, b):

@@ -146,6 +146,49 @@ def test_main_runs_the_save_and_prints_the_report(tmp_path: Path, capsys: pytest
     assert json.loads(capsys.readouterr().err)["returncode"] == 1
 
 
+def test_main_parses_a_table_while_it_is_saved_and_the_saves_failure_still_wins(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``-t`` save is parsed as it is written (here in two parts, a pause between, the split inside a
+    chain's rules); the report is the whole text's.  A save that fails after printing part of its table
+    is a failed save, never a report of the part; a refused table with the save's success is the
+    table's error; a full save (no ``-t``) is cut into its tables as before."""
+    fake = programmed_fake()
+    own = fake.run(["iptables-nft-save", "-t", "filter"]).stdout
+    lines = own.splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if line.startswith("-A ")) + 1
+    (tmp_path / "a.txt").write_text("".join(lines[:first]))
+    (tmp_path / "b.txt").write_text("".join(lines[first:]))
+
+    def stand_in(name: str, body: str) -> str:
+        path = tmp_path / name
+        path.write_text("#!/bin/sh\n" + body)
+        path.chmod(0o755)
+        return str(path)
+
+    in_parts = stand_in("in-parts", f"cat {tmp_path}/a.txt; sleep 0.2; cat {tmp_path}/b.txt\n")
+    assert saveworker.main(["--owned-prefix", "cali-", "--", in_parts, "-t", "filter"]) == 0
+    assert capsys.readouterr().out == saveworker.encode_report({"filter": in_process(own)})
+
+    dies = stand_in("dies", f"cat {tmp_path}/a.txt; echo 'iptables-save: broken' >&2; exit 4\n")
+    assert saveworker.main(["--", dies, "-t", "filter"]) == saveworker.EXIT_SAVE_FAILED
+    got = capsys.readouterr()
+    assert got.out == "" and json.loads(got.err) == {"returncode": 4, "stderr": "iptables-save: broken\n"}
+
+    refused = stand_in("refused", "echo \"# Table \\`filter' is incompatible, use 'nft' tool.\"; cat "
+                       f"{tmp_path}/b.txt\n")
+    assert saveworker.main(["--", refused, "-t", "filter"]) == 0
+    report = saveworker.parse_output(capsys.readouterr().out)
+    with pytest.raises(SaveParseError, match="incompatible"):
+        saveworker.state_from_wire(report["filter"])
+
+    full = fake.run(["iptables-nft-save"]).stdout
+    (tmp_path / "full.txt").write_text(full)
+    whole = stand_in("whole", f"cat {tmp_path}/full.txt\n")
+    assert saveworker.main(["--owned-prefix", "cali-", "--", whole]) == 0
+    assert capsys.readouterr().out == saveworker.encode_report(
+        {name: in_process(section) for name, section in split_tables(full).items()})
+
+
 # ---------------------------------------------------------------------- the table
 def test_a_big_table_reads_through_the_worker_and_a_restart_rewrites_nothing() -> None:
     fake = FakeIptables(default_backend="legacy")

@@ -17,7 +17,7 @@ Counters (``-c``: ``[pkts:bytes] -A …``) are tolerated everywhere.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 OLD_INSERT = "OLD INSERT RULE"
@@ -74,7 +74,7 @@ _RULE_RUN = re.compile(r"^-A (\S+) [^\n]*\n(?:-A \1 [^\n]*\n)*", re.M)
 _OTHER_LINE_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")
 
 
-def parse_save(text: str, *, hash_re: re.Pattern[str], owned_re: re.Pattern[str],
+def parse_save(text: str | Iterable[str], *, hash_re: re.Pattern[str], owned_re: re.Pattern[str],
                old_insert_re: re.Pattern[str] | None = None) -> SaveState:
     """What a save says: per chain, one hash per rule; full text where :class:`SaveState` keeps it.
 
@@ -82,6 +82,10 @@ def parse_save(text: str, *, hash_re: re.Pattern[str], owned_re: re.Pattern[str]
     text (ASCII, ``\n`` line ends) each run of one chain's rules is found with one
     regex match and hashed with one ``map`` of the hash regex; everything between
     runs (headers, declarations, counters, comments) goes through the line loop.
+
+    *text* may also come in pieces, each of whole lines (the save worker parses a
+    save while it is being written, :meth:`~felixpy.drivers.cmdshim.SubprocessRunner.follow`):
+    the result is the joined text's.
     """
     hashes: dict[str, list[str]] = {}
     full: dict[str, list[str]] = {}
@@ -181,18 +185,19 @@ def parse_save(text: str, *, hash_re: re.Pattern[str], owned_re: re.Pattern[str]
                 else:
                     cur_full.append(FOREIGN_PLACEHOLDER)
 
-    if text.isascii() and not any(c in text for c in _OTHER_LINE_BREAKS):
-        pos = 0
-        for run in _RULE_RUN.finditer(text):
-            start, stop = run.span()
-            if start > pos:
-                add_lines(text[pos:start].splitlines())
-            add_run(run[1], text[start:stop - 1].split("\n"))
-            pos = stop
-        if pos < len(text):
-            add_lines(text[pos:].splitlines())
-    else:
-        add_lines(text.splitlines())
+    for piece in ((text,) if isinstance(text, str) else text):
+        if piece.isascii() and not any(c in piece for c in _OTHER_LINE_BREAKS):
+            pos = 0
+            for run in _RULE_RUN.finditer(piece):
+                start, stop = run.span()
+                if start > pos:
+                    add_lines(piece[pos:start].splitlines())
+                add_run(run[1], piece[start:stop - 1].split("\n"))
+                pos = stop
+            if pos < len(piece):
+                add_lines(piece[pos:].splitlines())
+        else:
+            add_lines(piece.splitlines())
     return SaveState(hashes, {c: r for c, r in full.items() if c in has_ours})
 
 
