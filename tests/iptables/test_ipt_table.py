@@ -623,6 +623,54 @@ def test_each_rule_is_rendered_once_per_cold_apply(make_table: Callable[..., Ipt
         c.name: render.rule_hashes(c.name, c.rules, FEATURES) for c in programmed}}
 
 
+def test_chains_sharing_one_rule_tuple_render_it_once_and_keep_their_own_hashes(
+        make_table: Callable[..., IptablesTable], fake: FakeIptables, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Endpoint chains of endpoints with the same policies share one rule tuple (rules/endpoints.py): the
+    table renders it once for all of them, each chain still hashes from its own name, the kernel gets each
+    chain's own lines, and nothing of the shared rendering is held after the apply.  A tuple that is only
+    equal (not the same object) renders on its own; a restart of the same tables writes nothing."""
+    rendered: list[Rule] = []
+    real = render.render_body
+
+    def counting(rule: Rule, features: Features) -> str:
+        rendered.append(rule)
+        return real(rule, features)
+
+    monkeypatch.setattr(render, "render_body", counting)
+    shared = (Rule(Match().conntrack_state("RELATED,ESTABLISHED"), Accept()), Rule(action=Drop(), comments=("x",)))
+    equal = tuple(Rule(r.match, r.action, r.comments) for r in shared)
+    names = [f"cali-tw-cali{i}" for i in range(4)]
+    chains = [Chain(n, shared) for n in names] + [Chain("cali-tw-other", equal)]
+
+    def program_all(t: IptablesTable) -> None:
+        t.insert_or_append_rules("FORWARD", [Rule(action=Jump(c.name)) for c in chains])
+        t.update_chains(chains)
+
+    def chain_renders() -> int:  # the renders of the chains' rules (not the FORWARD jumps)
+        return sum(1 for r in rendered if any(r is x for x in shared + equal))
+
+    t = make_table()
+    program_all(t)
+    t.apply()
+    assert chain_renders() == 2 * len(shared)  # the shared tuple once, the equal one once
+    for c in chains:
+        hashes = render.rule_hashes(c.name, c.rules, FEATURES)
+        assert fake.chain_specs("filter", c.name) == [
+            f'-m comment --comment "cali:{h}" {real(r, FEATURES).replace("--jump", "-j")}'  # as -save prints
+            for h, r in zip(hashes, c.rules)]
+        assert t.dataplane_hashes()[c.name] == hashes
+    assert len({tuple(t.dataplane_hashes()[n]) for n in names}) == len(names)  # each chain's own
+    assert t._bodies_by_rules == {} and t._fresh_bodies == {}
+
+    restarted = make_table()
+    program_all(restarted)
+    calls = len(fake.calls)
+    rendered.clear()
+    restarted.apply()
+    assert not [a for a, _ in fake.calls[calls:] if a[0].endswith("-restore")]
+    assert chain_renders() == 2 * len(shared)
+
+
 def test_unrenderable_rule_still_raises_from_apply(make_table: Callable[..., IptablesTable],
                                                    fake: FakeIptables) -> None:
     # Hashing during the save must not change where a bad rule is reported.

@@ -210,6 +210,10 @@ class IptablesTable:
         # Bodies rendered along with a _hash_cache entry, kept until the apply that
         # writes them (each rule is rendered once per change); dropped after each apply.
         self._fresh_bodies: dict[str, list[str]] = {}
+        # The same bodies by the rules they render, for as long as _fresh_bodies holds them: endpoints with
+        # the same policies share one rule tuple (rules/endpoints.py), so their chains render once.  Keyed
+        # by the tuple's identity, with the tuple itself held (an id is never reused while it is).
+        self._bodies_by_rules: dict[int, tuple[tuple[Rule, ...], list[str]]] = {}
         self._hash_features: Features | None = None
         # Timers (seconds, from the injected clock).
         now = clock()
@@ -401,6 +405,7 @@ class IptablesTable:
             # rewrite whatever renders differently now (Felix only picks that up on restart).
             self._hash_cache.clear()
             self._fresh_bodies.clear()
+            self._bodies_by_rules.clear()
             if self._hash_features is not None:
                 self._log.info("iptables features changed; rechecking all chains")
                 self._dirty_chains.update(c for c in self._chains if self._referenced(c))
@@ -414,14 +419,23 @@ class IptablesTable:
         """The chain's hashes (cached) and, if still held, its rendered bodies.
 
         Bodies are held from the hashing until the end of the next apply, so a
-        rule is rendered once for both its hash and its restore line.
+        rule is rendered once for both its hash and its restore line; chains with
+        the very same rule tuple share one list of bodies (read only, never mutated).
+        The hashes are each chain's own (they chain from its name).
         """
         name = chain.name
         cached = self._hash_cache.get(name)
         if cached is not None:
             return cached, self._fresh_bodies.get(name)
-        rb = render.render_body
-        bodies = [rb(r, features) for r in chain.rules]
+        rules = chain.rules
+        shared = self._bodies_by_rules.get(id(rules))
+        if shared is not None and shared[0] is rules:
+            bodies = shared[1]
+        else:
+            rb = render.render_body
+            bodies = [rb(r, features) for r in rules]
+            if keep_bodies:
+                self._bodies_by_rules[id(rules)] = (rules, bodies)
         hashes = render.rule_hashes_from_bodies(name, bodies)
         self._hash_cache[name] = hashes
         if keep_bodies:
@@ -815,6 +829,7 @@ class IptablesTable:
         # The table's hold on the rendered bodies ends here (a retry renders again): the buffer keeps only
         # those of the chains it formats as the input is written, and the rest go before the restore runs.
         self._fresh_bodies = {}
+        self._bodies_by_rules = {}
         if not buf.empty():
             self._exec_restore(buf)
             self._rechecks.note_written(new_hashes)  # newer than anything a running read can have seen
