@@ -354,6 +354,57 @@ def test_the_loop_starts_the_ip_set_and_table_reads_before_the_managers_render()
     assert fake.members("cali40s:a") == {"10.0.0.0/24"} and t.fake.chain_specs("filter", "cali-FORWARD") != []
 
 
+def test_the_loop_starts_the_tables_hashing_after_the_managers_and_while_the_ip_sets_are_written() -> None:
+    """``HashesAhead``: once every manager's ``complete_deferred_work`` has run (nothing else updates the
+    tables in this apply), each table that can starts its hashing, and the IP-set write the tables wait
+    for is still running then; the tables apply after both."""
+    import threading
+
+    from felixpy.config import Config
+    from felixpy.dataplane.core import InternalDataplane
+    from felixpy.proto import felixbackend_pb2 as pb
+
+    order: list[str] = []
+    hashing = threading.Event()
+
+    class Manager:
+        def on_update(self, msg: object) -> None: ...
+
+        def complete_deferred_work(self) -> None:
+            order.append("render")
+
+    class Sets:
+        ip_version = 4
+
+        def queue_resync(self) -> None: ...
+
+        def apply_updates(self) -> None:
+            if not order.count("ipsets"):  # the write started in the programming pass
+                order.append("ipsets" if hashing.wait(10) else "ipsets (no hashing seen)")
+
+        def apply_deletions(self) -> bool:
+            return False
+
+    class HashingTable:
+        name, ip_version = "t", 4
+
+        def hash_ahead(self) -> None:
+            order.append("hash ahead")
+            hashing.set()
+
+        def apply(self) -> None:
+            order.append("table")
+
+    dp = InternalDataplane(Config(), FakeClock())
+    dp.register_manager(Manager())
+    dp.register_ipsets(Sets())  # type: ignore[arg-type]
+    dp.register_table(HashingTable())  # type: ignore[arg-type]
+    dp.set_iface_in_sync()
+    dp.on_datastore_message(pb.InSync())
+    dp.apply()
+    assert order == ["render", "hash ahead", "ipsets", "table"]
+
+
 class WorkerRefused:
     """The fake, recording each command; the save worker's command line fails as a broken worker would."""
 

@@ -78,6 +78,7 @@ from felixpy.managers.base import (
     ManagerWithRouteTables,
     ManagerWithStatus,
     NamedSyncer,
+    HashesAhead,
     PrefetchesReadBack,
     Syncer,
     UpdateBatchResolver,
@@ -380,6 +381,7 @@ class InternalDataplane:
             if {id(d) for d in self.ipsets} & {id(s) for s in self.devices}:
                 self._join(report, write)                         # (BPF mode: before its maps' apply)
             early = self._apply_devices(report)                   # 4 (BPF mode: 5-7 before its attach)
+            self._hash_ahead()                                    # (pure: overlaps 5-8)
             background = early if early is not None else self._start_routing(report)   # 5-7
             background += self._devices_background()              # (joined with the routes, 11)
             ipsets_ok = self._apply_ipset_updates(report, write)  # 8
@@ -402,6 +404,15 @@ class InternalDataplane:
         for d in (*self.ipsets, *self.tables):
             if _conforms(d, PrefetchesReadBack):
                 d.prefetch()
+
+    def _hash_ahead(self) -> None:
+        """The managers are done with the tables for this apply: each table that can starts hashing its
+        changed chains now, on a thread of its own (``HashesAhead``).  At a start of day the IP-set
+        write the tables wait for is mostly the ``ipset restore`` child's time (~0.9 s at the stress
+        profile), and the filter table's render and hash of 145,000 rules (~0.5 s) then ran after it."""
+        for t in self.tables:
+            if _conforms(t, HashesAhead):
+                t.hash_ahead()
 
     def _resolve(self, report: ApplyReport) -> None:
         for mgr in self.managers:

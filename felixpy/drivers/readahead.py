@@ -6,6 +6,8 @@ its view) can start that read when the apply begins (the loop's ``_prefetch``, t
 managers' renders and the other drivers' reads instead of after them, and the driver's own step takes the
 result.  Used by the ipset driver (``ipset save``) and the iptables tables (``*-save``); the nftables
 table has its own listings worker (``nftables/listing.py``), which also merges reads with its writes.
+The iptables tables also run their rule hashing ahead this way (``HashesAhead``): no kernel read at all,
+but the same start / take / drop.
 
 The rules that keep a read ahead as fresh as one taken on the step's own path:
 
@@ -74,7 +76,7 @@ class ReadAhead(Generic[T]):
         try:
             self._start(run)
         except Exception as e:  # e.g. no thread to be had
-            self._log.warning(f"Could not start {self._what} ahead; reading on the apply path", error=str(e))
+            self._log.warning(f"Could not start {self._what} ahead; doing it on the apply path", error=str(e))
             return
         self._fut = fut
 
@@ -87,7 +89,7 @@ class ReadAhead(Generic[T]):
         try:
             return fut.result()
         except Exception as e:
-            self._log.warning(f"{self._what} started ahead failed; reading again", error=str(e))
+            self._log.warning(f"{self._what} started ahead failed; doing it again on the apply path", error=str(e))
             if on_error is not None:
                 on_error()
             return None

@@ -157,6 +157,16 @@ class PrefetchesReadBack(Protocol):
 
 
 @runtime_checkable
+class HashesAhead(Protocol):
+    """A table that can render and hash its changed chains now, on a thread of its own: the work its
+    apply starts with, pure computation, begun once the managers are done with it for this apply so that
+    it overlaps the IP-set write the tables wait for.  The table finishes it before anything else of its
+    own runs (its apply, or a manager's next update); a table with nothing to hash does nothing."""
+
+    def hash_ahead(self) -> None: ...
+
+
+@runtime_checkable
 class WaitsOnChild(Protocol):
     """A device syncer whose apply waits on a child process (BPF mode's ``tc -batch`` attach) and can
     let *during* -- the device steps registered after it -- run on this thread while it waits.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from felixpy.drivers.iptables.detect import Features, StaticFeatures
 from felixpy.drivers.iptables.fake import FakeIptables
 from felixpy.drivers.iptables.metrics import get_metrics
 from felixpy.drivers.iptables.table import IptablesTable
+from felixpy.drivers.readahead import ReadAhead
 from felixpy.errors import FatalDataplaneError
 from felixpy.testing.clock import FakeClock
 
@@ -669,6 +671,55 @@ def test_chains_sharing_one_rule_tuple_render_it_once_and_keep_their_own_hashes(
     restarted.apply()
     assert not [a for a, _ in fake.calls[calls:] if a[0].endswith("-restore")]
     assert chain_renders() == 2 * len(shared)
+
+
+def test_hashing_ahead_renders_on_its_thread_and_the_table_waits_for_it(
+        make_table: Callable[..., IptablesTable], fake: FakeIptables, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hash_ahead`` renders and hashes the dirty chains on a thread of its own (the loop starts it once
+    the managers are done, while the IP sets are written); the apply then renders nothing again and
+    writes the same; an update arriving while it runs waits for it, so no hash computed for the old
+    chain survives the update."""
+    threads: list[threading.Thread] = []
+    gate = threading.Event()
+    rendered_on: list[str] = []
+    real = render.render_body
+
+    def counting(rule: Rule, features: Features) -> str:
+        rendered_on.append(threading.current_thread().name)
+        return real(rule, features)
+
+    def start(fn: Callable[[], None]) -> None:
+        def run() -> None:
+            gate.wait(10)
+            fn()
+        threads.append(threading.Thread(target=run, name="hash-ahead-test"))
+        threads[-1].start()
+
+    monkeypatch.setattr(render, "render_body", counting)
+    t = make_table()
+    t._hashing = ReadAhead("rule hashing", structlog.get_logger(), start)
+    program(t)
+    t.hash_ahead()
+    assert threads and not rendered_on  # started, held at the gate
+    changed = Chain("cali-to-wl", (Rule(action=Drop(), comments=("changed",)),))
+    done = threading.Event()
+    updater = threading.Thread(target=lambda: (t.update_chain(changed), done.set()))
+    updater.start()
+    assert not done.wait(0.2)  # the update waits for the hashing
+    gate.set()
+    assert done.wait(10)
+    updater.join()
+    assert rendered_on and set(rendered_on) == {"hash-ahead-test"}
+    rendered_on.clear()
+    t.apply()
+    # Only the changed chain (and the kernel chains' rules) render on the apply path.
+    assert len(rendered_on) == len(changed.rules) + 3
+    want = {c.name: render.rule_hashes(c.name, c.rules, FEATURES) for c in (*CHAINS[:2], changed)}
+    got = t.dataplane_hashes()
+    assert {name: got[name] for name in want} == want
+
+    t.hash_ahead()  # nothing dirty, nothing to hash: no thread
+    assert len(threads) == 1
 
 
 def test_unrenderable_rule_still_raises_from_apply(make_table: Callable[..., IptablesTable],

@@ -186,6 +186,9 @@ class IptablesTable:
         self._metrics = metrics or get_metrics()
         self._log = log.bind(table=name, ip_version=ip_version, backend=backend)
         self._ahead: ReadAhead[SaveState] = ReadAhead(self.save_cmd, self._log, start_background)  # prefetch's
+        # hash_ahead's: the dirty chains rendered and hashed while the IP sets are written, always on a thread
+        # of its own (not start_background, whose jobs a caller may hold back: everything here waits for it).
+        self._hashing: ReadAhead[None] = ReadAhead("rule hashing", self._log, thread_name="hash-ahead")
         # One read (which save, parsed here or by the save worker from save_worker_min_rules): reader.py.
         self._reader = SaveReader(name, runner=runner, save_cmd=self.save_cmd, shared_save=self._shared_save,
                                   metrics=self._metrics, clock=clock, log=self._log, hash_prefix=hash_prefix,
@@ -259,10 +262,12 @@ class IptablesTable:
     # ------------------------------------------------------------------ desired state
     def insert_or_append_rules(self, chain_name: str, rules: Sequence[Rule]) -> None:
         """Our rules at the top (``ChainInsertMode=insert``) or bottom of a foreign chain."""
+        self._finish_hashing()
         self._set_kernel_rules(self._inserts, chain_name, tuple(rules))
 
     def append_rules(self, chain_name: str, rules: Sequence[Rule]) -> None:
         """Our rules always appended to a foreign chain (after any insert-mode appends)."""
+        self._finish_hashing()
         self._set_kernel_rules(self._appends, chain_name, tuple(rules))
 
     def _set_kernel_rules(self, store: dict[str, tuple[Rule, ...]], chain_name: str,
@@ -282,6 +287,7 @@ class IptablesTable:
             self.update_chain(c)
 
     def update_chain(self, chain: Chain) -> None:
+        self._finish_hashing()
         old = self._chains.get(chain.name)
         if old is not None and (old is chain or old == chain):
             return  # Nothing changes: no refcount churn, no write, no re-read.
@@ -303,6 +309,7 @@ class IptablesTable:
             self.remove_chain_by_name(c.name)
 
     def remove_chain_by_name(self, name: str) -> None:
+        self._finish_hashing()
         old = self._chains.get(name)
         if old is None:
             return
@@ -461,6 +468,19 @@ class IptablesTable:
         except Exception:  # deferred: the apply re-renders that chain and raises there
             pass
 
+    def hash_ahead(self) -> None:
+        """``HashesAhead`` (managers/base.py): the dirty chains rendered and hashed on a thread now, the
+        work the apply starts with (``_prehash_dirty_chains``), while the loop waits for the IP-set write.
+        Everything that touches the desired state or the caches first waits for it (``_finish_hashing``),
+        so it never runs beside anything else of this table's."""
+        self._finish_hashing()
+        if any(name not in self._hash_cache for name in self._dirty_chains):
+            self._hashing.start(lambda: self._prehash_dirty_chains(self._check_features()))
+
+    def _finish_hashing(self) -> None:
+        if self._hashing.started:
+            self._hashing.take()  # a failure is logged; the apply hashes what is left, as without it
+
     def _expected_insert_append(self, chain_name: str, num_foreign: int, features: Features
                                 ) -> tuple[list[str], list[str], list[str], list[str], list[str]]:
         """Expected hashes of a whole foreign chain, given how many foreign rules it has.
@@ -595,6 +615,7 @@ class IptablesTable:
 
     # ------------------------------------------------------------------ apply
     def apply(self) -> float | None:
+        self._finish_hashing()
         now = self._clock()
         self._take_recheck()
         invalidated = False
@@ -898,6 +919,7 @@ class IptablesTable:
         return {c: list(h) for c, h in self._dp_hashes.items()}
 
     def expected_hashes(self, chain_name: str) -> list[str]:
+        self._finish_hashing()
         chain = self._chains.get(chain_name)
         if chain is None:
             return []
