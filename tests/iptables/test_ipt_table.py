@@ -600,22 +600,30 @@ def test_from_config(fake: FakeIptables) -> None:
     assert "--random-fully" not in fake.save("nat", 6, backend="nft")
 
 
-def test_each_rule_is_rendered_once_per_cold_apply(make_table: Callable[..., IptablesTable], fake: FakeIptables,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    # Hashed while the save runs, then the same rendering is written: no second rendering.
-    rendered: list[Rule] = []
-    real = render.render_body
+RENDER_BODY = render.render_body  # the real one, for expectations in tests that count renders
+
+
+@pytest.fixture
+def renders(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Rule, str]]:
+    """Every ``render_body`` call from now on: the rule, and the name of the thread it ran on."""
+    seen: list[tuple[Rule, str]] = []
 
     def counting(rule: Rule, features: Features) -> str:
-        rendered.append(rule)
-        return real(rule, features)
+        seen.append((rule, threading.current_thread().name))
+        return RENDER_BODY(rule, features)
 
     monkeypatch.setattr(render, "render_body", counting)
+    return seen
+
+
+def test_each_rule_is_rendered_once_per_cold_apply(make_table: Callable[..., IptablesTable], fake: FakeIptables,
+                                                  renders: list[tuple[Rule, str]]) -> None:
+    # Hashed while the save runs, then the same rendering is written: no second rendering.
     t = make_table()
     t.insert_or_append_rules("FORWARD", [Rule(action=Jump("cali-FORWARD"))])
     t.update_chains(CHAINS)
     t.apply()
-    during_apply = list(rendered)
+    during_apply = [r for r, _ in renders]
     programmed = [c for c in CHAINS if c.name in fake.chain_names("filter")]
     assert programmed
     chain_rules = [r for c in programmed for r in c.rules]
@@ -626,19 +634,11 @@ def test_each_rule_is_rendered_once_per_cold_apply(make_table: Callable[..., Ipt
 
 
 def test_chains_sharing_one_rule_tuple_render_it_once_and_keep_their_own_hashes(
-        make_table: Callable[..., IptablesTable], fake: FakeIptables, monkeypatch: pytest.MonkeyPatch) -> None:
+        make_table: Callable[..., IptablesTable], fake: FakeIptables, renders: list[tuple[Rule, str]]) -> None:
     """Endpoint chains of endpoints with the same policies share one rule tuple (rules/endpoints.py): the
     table renders it once for all of them, each chain still hashes from its own name, the kernel gets each
     chain's own lines, and nothing of the shared rendering is held after the apply.  A tuple that is only
     equal (not the same object) renders on its own; a restart of the same tables writes nothing."""
-    rendered: list[Rule] = []
-    real = render.render_body
-
-    def counting(rule: Rule, features: Features) -> str:
-        rendered.append(rule)
-        return real(rule, features)
-
-    monkeypatch.setattr(render, "render_body", counting)
     shared = (Rule(Match().conntrack_state("RELATED,ESTABLISHED"), Accept()), Rule(action=Drop(), comments=("x",)))
     equal = tuple(Rule(r.match, r.action, r.comments) for r in shared)
     names = [f"cali-tw-cali{i}" for i in range(4)]
@@ -649,7 +649,7 @@ def test_chains_sharing_one_rule_tuple_render_it_once_and_keep_their_own_hashes(
         t.update_chains(chains)
 
     def chain_renders() -> int:  # the renders of the chains' rules (not the FORWARD jumps)
-        return sum(1 for r in rendered if any(r is x for x in shared + equal))
+        return sum(1 for r, _ in renders if any(r is x for x in shared + equal))
 
     t = make_table()
     program_all(t)
@@ -658,7 +658,7 @@ def test_chains_sharing_one_rule_tuple_render_it_once_and_keep_their_own_hashes(
     for c in chains:
         hashes = render.rule_hashes(c.name, c.rules, FEATURES)
         assert fake.chain_specs("filter", c.name) == [
-            f'-m comment --comment "cali:{h}" {real(r, FEATURES).replace("--jump", "-j")}'  # as -save prints
+            f'-m comment --comment "cali:{h}" {RENDER_BODY(r, FEATURES).replace("--jump", "-j")}'  # as -save prints
             for h, r in zip(hashes, c.rules)]
         assert t.dataplane_hashes()[c.name] == hashes
     assert len({tuple(t.dataplane_hashes()[n]) for n in names}) == len(names)  # each chain's own
@@ -667,26 +667,20 @@ def test_chains_sharing_one_rule_tuple_render_it_once_and_keep_their_own_hashes(
     restarted = make_table()
     program_all(restarted)
     calls = len(fake.calls)
-    rendered.clear()
+    renders.clear()
     restarted.apply()
     assert not [a for a, _ in fake.calls[calls:] if a[0].endswith("-restore")]
     assert chain_renders() == 2 * len(shared)
 
 
 def test_hashing_ahead_renders_on_its_thread_and_the_table_waits_for_it(
-        make_table: Callable[..., IptablesTable], fake: FakeIptables, monkeypatch: pytest.MonkeyPatch) -> None:
+        make_table: Callable[..., IptablesTable], fake: FakeIptables, renders: list[tuple[Rule, str]]) -> None:
     """``hash_ahead`` renders and hashes the dirty chains on a thread of its own (the loop starts it once
     the managers are done, while the IP sets are written); the apply then renders nothing again and
     writes the same; an update arriving while it runs waits for it, so no hash computed for the old
     chain survives the update."""
     threads: list[threading.Thread] = []
     gate = threading.Event()
-    rendered_on: list[str] = []
-    real = render.render_body
-
-    def counting(rule: Rule, features: Features) -> str:
-        rendered_on.append(threading.current_thread().name)
-        return real(rule, features)
 
     def start(fn: Callable[[], None]) -> None:
         def run() -> None:
@@ -695,12 +689,11 @@ def test_hashing_ahead_renders_on_its_thread_and_the_table_waits_for_it(
         threads.append(threading.Thread(target=run, name="hash-ahead-test"))
         threads[-1].start()
 
-    monkeypatch.setattr(render, "render_body", counting)
     t = make_table()
     t._hashing = ReadAhead("rule hashing", structlog.get_logger(), start)
     program(t)
     t.hash_ahead()
-    assert threads and not rendered_on  # started, held at the gate
+    assert threads and not renders  # started, held at the gate
     changed = Chain("cali-to-wl", (Rule(action=Drop(), comments=("changed",)),))
     done = threading.Event()
     updater = threading.Thread(target=lambda: (t.update_chain(changed), done.set()))
@@ -709,11 +702,11 @@ def test_hashing_ahead_renders_on_its_thread_and_the_table_waits_for_it(
     gate.set()
     assert done.wait(10)
     updater.join()
-    assert rendered_on and set(rendered_on) == {"hash-ahead-test"}
-    rendered_on.clear()
+    assert renders and {thread for _, thread in renders} == {"hash-ahead-test"}
+    renders.clear()
     t.apply()
     # Only the changed chain (and the kernel chains' rules) render on the apply path.
-    assert len(rendered_on) == len(changed.rules) + 3
+    assert len(renders) == len(changed.rules) + 3
     want = {c.name: render.rule_hashes(c.name, c.rules, FEATURES) for c in (*CHAINS[:2], changed)}
     got = t.dataplane_hashes()
     assert {name: got[name] for name in want} == want
