@@ -303,10 +303,15 @@ def test_closing_a_followed_command_kills_it_and_keeps_no_file() -> None:
     pid = running._proc.pid  # type: ignore[union-attr]
     t0 = time.monotonic()
     running.close()
-    assert time.monotonic() - t0 < 5 and running.result().returncode == EXIT_TIMED_OUT
+    assert time.monotonic() - t0 < 5 and running.result().returncode == -9  # killed: death by SIGKILL
     assert _open_fds() == fds
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # killed and reaped
+    # One that already ended keeps its own result, read before its files go.
+    ended = SubprocessRunner().follow(["sh", "-c", "echo bye >&2; exit 5"])
+    assert "".join(ended.pieces()) == ""
+    ended.close()
+    assert (ended.result().returncode, ended.result().stderr) == (5, "bye\n") and _open_fds() == fds
 
 
 # ------------------------------------------------------------------------------ while_running

@@ -462,8 +462,14 @@ class Following:
         self._done = _timed_out(self._args, self._timeout)
 
     def close(self) -> None:
+        """Let the files go; a child still running is killed (its result: death by SIGKILL, ``-9``), and one
+        that already exited keeps its own result."""
         if self._done is None and self._proc is not None:
-            self._finish_killed()
+            if self._proc.poll() is None:
+                _kill(self._proc)
+                self._done = CommandResult(self._proc.returncode, "", "", self._args)
+            else:
+                self.result()
         for fd in (self._out, self._err):
             if fd >= 0:
                 os.close(fd)
