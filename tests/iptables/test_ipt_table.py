@@ -633,7 +633,9 @@ def test_each_rule_is_rendered_once_per_cold_apply(make_table: Callable[..., Ipt
         c.name: render.rule_hashes(c.name, c.rules, FEATURES) for c in programmed}}
 
 
+@pytest.mark.parametrize("ip_version", [4, 6])
 def test_chains_sharing_one_rule_tuple_render_it_once_and_keep_their_own_hashes(
+        ip_version: int,
         make_table: Callable[..., IptablesTable], fake: FakeIptables, renders: list[tuple[Rule, str]]) -> None:
     """Endpoint chains of endpoints with the same policies share one rule tuple (rules/endpoints.py): the
     table renders it once for all of them, each chain still hashes from its own name, the kernel gets each
@@ -651,20 +653,20 @@ def test_chains_sharing_one_rule_tuple_render_it_once_and_keep_their_own_hashes(
     def chain_renders() -> int:  # the renders of the chains' rules (not the FORWARD jumps)
         return sum(1 for r, _ in renders if any(r is x for x in shared + equal))
 
-    t = make_table()
+    t = make_table(ip_version=ip_version)
     program_all(t)
     t.apply()
     assert chain_renders() == 2 * len(shared)  # the shared tuple once, the equal one once
     for c in chains:
         hashes = render.rule_hashes(c.name, c.rules, FEATURES)
-        assert fake.chain_specs("filter", c.name) == [
+        assert fake.chain_specs("filter", c.name, ip_version) == [
             f'-m comment --comment "cali:{h}" {RENDER_BODY(r, FEATURES).replace("--jump", "-j")}'  # as -save prints
             for h, r in zip(hashes, c.rules)]
         assert t.dataplane_hashes()[c.name] == hashes
     assert len({tuple(t.dataplane_hashes()[n]) for n in names}) == len(names)  # each chain's own
     assert t._bodies_by_rules == {} and t._fresh_bodies == {}
 
-    restarted = make_table()
+    restarted = make_table(ip_version=ip_version)
     program_all(restarted)
     calls = len(fake.calls)
     renders.clear()
@@ -673,7 +675,9 @@ def test_chains_sharing_one_rule_tuple_render_it_once_and_keep_their_own_hashes(
     assert chain_renders() == 2 * len(shared)
 
 
+@pytest.mark.parametrize("ip_version", [4, 6])
 def test_hashing_ahead_renders_on_its_thread_and_the_table_waits_for_it(
+        ip_version: int,
         make_table: Callable[..., IptablesTable], fake: FakeIptables, renders: list[tuple[Rule, str]]) -> None:
     """``hash_ahead`` renders and hashes the dirty chains on a thread of its own (the loop starts it once
     the managers are done, while the IP sets are written); the apply then renders nothing again and
@@ -689,7 +693,7 @@ def test_hashing_ahead_renders_on_its_thread_and_the_table_waits_for_it(
         threads.append(threading.Thread(target=run, name="hash-ahead-test"))
         threads[-1].start()
 
-    t = make_table()
+    t = make_table(ip_version=ip_version)
     t._hashing = ReadAhead("rule hashing", structlog.get_logger(), start)
     program(t)
     t.hash_ahead()
