@@ -185,7 +185,7 @@ def test_after_a_read_the_belief_shares_the_hash_caches_lists(s: Setup, backend:
     held until the next read.  Pinned for a restart's first apply and for a background check's merge."""
     def shared() -> bool:
         t = s.table
-        return all(t._dp_hashes[c] is t._hash_cache[c] for c in ("cali-x", "cali-y"))
+        return all(t._dp_hashes[c] is t._hasher._cache[c] for c in ("cali-x", "cali-y"))
 
     restarted = IptablesTable("filter", 4, runner=s.runner, backend=backend,  # type: ignore[arg-type]
                               features=StaticFeatures(FEATURES), clock=s.clock.monotonic, sleep=s.clock.sleep,
@@ -195,7 +195,7 @@ def test_after_a_read_the_belief_shares_the_hash_caches_lists(s: Setup, backend:
     n = len(s.restores())
     restarted.apply()
     assert len(s.restores()) == n
-    assert all(restarted._dp_hashes[c] is restarted._hash_cache[c] for c in ("cali-x", "cali-y"))
+    assert all(restarted._dp_hashes[c] is restarted._hasher._cache[c] for c in ("cali-x", "cali-y"))
     assert shared()
     s.due()
     s.jobs.pop()()

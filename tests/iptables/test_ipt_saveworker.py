@@ -232,7 +232,7 @@ def test_a_restart_through_the_worker_holds_one_list_of_hashes_per_unchanged_cha
     assert len(runner.worker_runs) == 2
     kept, drifted = "cali-filter-x", "cali-FORWARD"
     shared = read[kept]
-    assert shared is second._hash_cache[kept]  # one list for the read-back and the expectation
+    assert shared is second._hasher._cache[kept]  # one list for the read-back and the expectation
     assert read[drifted] != second.expected_hashes(drifted)
     assert second._dp_hashes[kept] is shared
     assert second.dataplane_hashes()[drifted] == second.expected_hashes(drifted)  # rewritten

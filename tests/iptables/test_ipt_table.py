@@ -509,7 +509,7 @@ def test_only_the_restore_text_is_held_while_the_restore_runs(make_table: Callab
 
     def spy(argv: Sequence[str], stdin: str | None = None, **kw: Any) -> Any:
         if argv[0].endswith("-restore"):
-            seen.append((len(t._fresh_bodies), len(stdin or "")))
+            seen.append((len(t._hasher._fresh_bodies), len(stdin or "")))
         return run(argv, stdin, **kw)
 
     fake.run = spy  # type: ignore[method-assign]
@@ -664,7 +664,7 @@ def test_chains_sharing_one_rule_tuple_render_it_once_and_keep_their_own_hashes(
             for h, r in zip(hashes, c.rules)]
         assert t.dataplane_hashes()[c.name] == hashes
     assert len({tuple(t.dataplane_hashes()[n]) for n in names}) == len(names)  # each chain's own
-    assert t._bodies_by_rules == {} and t._fresh_bodies == {}
+    assert t._hasher._bodies_by_rules == {} and t._hasher._fresh_bodies == {}
 
     restarted = make_table(ip_version=ip_version)
     program_all(restarted)
@@ -694,7 +694,7 @@ def test_hashing_ahead_renders_on_its_thread_and_the_table_waits_for_it(
         threads[-1].start()
 
     t = make_table(ip_version=ip_version)
-    t._hashing = ReadAhead("rule hashing", structlog.get_logger(), start)
+    t._hasher._hashing = ReadAhead("rule hashing", structlog.get_logger(), start)
     program(t)
     t.hash_ahead()
     assert threads and not renders  # started, held at the gate

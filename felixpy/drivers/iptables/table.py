@@ -36,6 +36,9 @@ Apply contract
     (1 ms doubling backoff, re-reading state each time); then the table logs
     every attempt and a save dump and raises :class:`FatalDataplaneError`.
     ``apply()`` returns the delay (s) after which it wants to be called again.
+    The chains' hashes, and the renderings they come from, are the table's
+    :class:`~.hasher.ChainHasher`'s; what goes into the restore input is worked
+    out by its :class:`~.restoreplan.RestorePlanner`.
 
 Read-backs
     One read — which save, parsed here or by the save worker — is
@@ -53,7 +56,6 @@ its own job and the shared save).  One instance per table per family.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import re
 import shutil
@@ -71,14 +73,16 @@ from felixpy.drivers.generictables.model import Chain, Rule, rule_targets
 from felixpy.drivers.iptables import render
 from felixpy.drivers.iptables.detect import Features, FeatureDetector, detect_backend, find_best_binary
 from felixpy.drivers.generictables.readmerge import merge_written
+from felixpy.drivers.iptables.hasher import ChainHasher
 from felixpy.drivers.iptables.metrics import IptablesMetrics, get_metrics
 from felixpy.drivers.iptables.recheck import RECHECK_POLL, Rechecks
 from felixpy.drivers.iptables.restore_buffer import RestoreBuffer, RestoreInput
+from felixpy.drivers.iptables.restoreplan import RestorePlanner
 from felixpy.drivers.iptables.reader import SaveReader
 from felixpy.drivers.iptables.sharedsave import SharedSave
 from felixpy.drivers.readahead import ReadAhead
 from felixpy.drivers.iptables.savefile import (
-    DEFAULT_OWNED_PREFIXES, FOREIGN_PLACEHOLDER, HISTORIC_INSERTED_NAT_RULE_REGEX, SaveParseError, SaveState,
+    DEFAULT_OWNED_PREFIXES, HISTORIC_INSERTED_NAT_RULE_REGEX, SaveParseError, SaveState,
 )
 from felixpy.errors import CommandError, DataplaneError, FatalDataplaneError
 
@@ -115,10 +119,6 @@ class WriteAttempt:
     error: str
     failed_line: str
     input_lines: int
-
-
-class _DeleteRenderError(DataplaneError):
-    """Our view of a foreign chain no longer matches (a rule to delete by value is unknown)."""
 
 
 # The daemon's tables read through the save worker (saveworker.py) from this many rules in the table, or in
@@ -175,7 +175,6 @@ class IptablesTable:
         self._rechecks = Rechecks(start_background)  # the background read in progress or finished, not merged
         self._features: FeatureSource = features or FeatureDetector(runner)
         self._insert_mode = insert_mode
-        self._render = render.IptablesRenderer(hash_prefix)
         self.reread_before_write = reread_before_write
         self._clock = clock
         self._sleep = sleep
@@ -186,9 +185,11 @@ class IptablesTable:
         self._metrics = metrics or get_metrics()
         self._log = log.bind(table=name, ip_version=ip_version, backend=backend)
         self._ahead: ReadAhead[SaveState] = ReadAhead(self.save_cmd, self._log, start_background)  # prefetch's
-        # hash_ahead's: the dirty chains rendered and hashed while the IP sets are written, always on a thread
-        # of its own (not start_background, whose jobs a caller may hold back: everything here waits for it).
-        self._hashing: ReadAhead[None] = ReadAhead("rule hashing", self._log, thread_name="hash-ahead")
+        # The chains' hashes and renderings, and hash_ahead's thread (hasher.py).
+        self._hasher = ChainHasher(self._log)
+        # What each apply writes (restoreplan.py).
+        self._planner = RestorePlanner(name, nft=self._nft, insert_mode=insert_mode,
+                                       renderer=render.IptablesRenderer(hash_prefix), hasher=self._hasher)
         # One read (which save, parsed here or by the save worker from save_worker_min_rules): reader.py.
         self._reader = SaveReader(name, runner=runner, save_cmd=self.save_cmd, shared_save=self._shared_save,
                                   metrics=self._metrics, clock=clock, log=self._log, hash_prefix=hash_prefix,
@@ -209,15 +210,6 @@ class IptablesTable:
         self._in_sync = False
         self._dp_hashes: dict[str, list[str]] = {}
         self._dp_full_rules: dict[str, list[str]] = {}
-        self._hash_cache: dict[str, list[str]] = {}
-        # Bodies rendered along with a _hash_cache entry, kept until the apply that
-        # writes them (each rule is rendered once per change); dropped after each apply.
-        self._fresh_bodies: dict[str, list[str]] = {}
-        # The same bodies by the rules they render, for as long as _fresh_bodies holds them: endpoints with
-        # the same policies share one rule tuple (rules/endpoints.py), so their chains render once.  Keyed
-        # by the tuple's identity, with the tuple itself held (an id is never reused while it is).
-        self._bodies_by_rules: dict[int, tuple[tuple[Rule, ...], list[str]]] = {}
-        self._hash_features: Features | None = None
         # Timers (seconds, from the injected clock).
         now = clock()
         self._last_read = float("-inf")
@@ -262,12 +254,12 @@ class IptablesTable:
     # ------------------------------------------------------------------ desired state
     def insert_or_append_rules(self, chain_name: str, rules: Sequence[Rule]) -> None:
         """Our rules at the top (``ChainInsertMode=insert``) or bottom of a foreign chain."""
-        self._finish_hashing()
+        self._hasher.finish()
         self._set_kernel_rules(self._inserts, chain_name, tuple(rules))
 
     def append_rules(self, chain_name: str, rules: Sequence[Rule]) -> None:
         """Our rules always appended to a foreign chain (after any insert-mode appends)."""
-        self._finish_hashing()
+        self._hasher.finish()
         self._set_kernel_rules(self._appends, chain_name, tuple(rules))
 
     def _set_kernel_rules(self, store: dict[str, tuple[Rule, ...]], chain_name: str,
@@ -287,7 +279,7 @@ class IptablesTable:
             self.update_chain(c)
 
     def update_chain(self, chain: Chain) -> None:
-        self._finish_hashing()
+        self._hasher.finish()
         old = self._chains.get(chain.name)
         if old is not None and (old is chain or old == chain):
             return  # Nothing changes: no refcount churn, no write, no re-read.
@@ -296,8 +288,7 @@ class IptablesTable:
             self._decref_targets(chain.name, old.rules)
         self._chains[chain.name] = chain
         self._add_known(len(chain.rules) - (len(old.rules) if old else 0))
-        self._hash_cache.pop(chain.name, None)
-        self._fresh_bodies.pop(chain.name, None)
+        self._hasher.forget(chain.name)
         if self._referenced(chain.name):
             self._add_rules(len(chain.rules) - (len(old.rules) if old else 0))
             self._dirty_chains.add(chain.name)
@@ -309,15 +300,14 @@ class IptablesTable:
             self.remove_chain_by_name(c.name)
 
     def remove_chain_by_name(self, name: str) -> None:
-        self._finish_hashing()
+        self._hasher.finish()
         old = self._chains.get(name)
         if old is None:
             return
         self._decref_targets(name, old.rules)
         del self._chains[name]
         self._add_known(-len(old.rules))
-        self._hash_cache.pop(name, None)
-        self._fresh_bodies.pop(name, None)
+        self._hasher.forget(name)
         if self._referenced(name):
             self._add_rules(-len(old.rules))
             self._dirty_chains.add(name)
@@ -407,79 +397,21 @@ class IptablesTable:
     # ------------------------------------------------------------------ hashing
     def _check_features(self) -> Features:
         f = self._features.get_features()
-        if f != self._hash_features:
-            # Hashes depend on the rendering, which depends on features: recompute, and
-            # rewrite whatever renders differently now (Felix only picks that up on restart).
-            self._hash_cache.clear()
-            self._fresh_bodies.clear()
-            self._bodies_by_rules.clear()
-            if self._hash_features is not None:
-                self._log.info("iptables features changed; rechecking all chains")
-                self._dirty_chains.update(c for c in self._chains if self._referenced(c))
-                self._dirty_insert_append.update(self._inserts)
-                self._dirty_insert_append.update(self._appends)
-            self._hash_features = f
+        if self._hasher.take_features(f):
+            # Hashes depend on the rendering, which depends on features: rewrite whatever
+            # renders differently now (Felix only picks that up on restart).
+            self._log.info("iptables features changed; rechecking all chains")
+            self._dirty_chains.update(c for c in self._chains if self._referenced(c))
+            self._dirty_insert_append.update(self._inserts)
+            self._dirty_insert_append.update(self._appends)
         return f
-
-    def _chain_hashes(self, chain: Chain, features: Features,
-                      keep_bodies: bool = True) -> tuple[list[str], list[str] | None]:
-        """The chain's hashes (cached) and, if still held, its rendered bodies.
-
-        Bodies are held from the hashing until the end of the next apply, so a
-        rule is rendered once for both its hash and its restore line; chains with
-        the very same rule tuple share one list of bodies (read only, never mutated).
-        The hashes are each chain's own (they chain from its name).
-        """
-        name = chain.name
-        cached = self._hash_cache.get(name)
-        if cached is not None:
-            return cached, self._fresh_bodies.get(name)
-        rules = chain.rules
-        shared = self._bodies_by_rules.get(id(rules))
-        if shared is not None and shared[0] is rules:
-            bodies = shared[1]
-        else:
-            rb = render.render_body
-            bodies = [rb(r, features) for r in rules]
-            if keep_bodies:
-                self._bodies_by_rules[id(rules)] = (rules, bodies)
-        hashes = render.rule_hashes_from_bodies(name, bodies)
-        self._hash_cache[name] = hashes
-        if keep_bodies:
-            self._fresh_bodies[name] = bodies
-        return hashes, bodies
-
-    def _prehash_dirty_chains(self, features: Features) -> None:
-        """Hash (and render) the dirty chains the coming apply will compare.
-
-        Runs while ``*-save`` does (its ``while_running`` hook): the work is the
-        same the apply would do right after, independent of what the save says,
-        and overlapping it with the save's own run takes it off a restart's and a
-        cold start's critical path.  A rule that fails to render is left for the
-        apply, which raises just as it would have without this step.
-        """
-        cache = self._hash_cache
-        try:
-            for name in sorted(self._dirty_chains):  # the order apply writes them in
-                if name not in cache:
-                    chain = self._desired(name)
-                    if chain is not None:
-                        self._chain_hashes(chain, features)
-        except Exception:  # deferred: the apply re-renders that chain and raises there
-            pass
 
     def hash_ahead(self) -> None:
         """``HashesAhead`` (managers/base.py): the dirty chains rendered and hashed on a thread now, the
-        work the apply starts with (``_prehash_dirty_chains``), while the loop waits for the IP-set write.
-        Everything that touches the desired state or the caches first waits for it (``_finish_hashing``),
+        work the apply starts with (``ChainHasher.prehash``), while the loop waits for the IP-set write.
+        Everything that touches the desired state or the caches first waits for it (``ChainHasher.finish``),
         so it never runs beside anything else of this table's."""
-        self._finish_hashing()
-        if any(name not in self._hash_cache for name in self._dirty_chains):
-            self._hashing.start(lambda: self._prehash_dirty_chains(self._check_features()))
-
-    def _finish_hashing(self) -> None:
-        if self._hashing.started:
-            self._hashing.take()  # a failure is logged; the apply hashes what is left, as without it
+        self._hasher.hash_ahead(self._dirty_chains, self._desired, self._check_features)
 
     def _expected_insert_append(self, chain_name: str, num_foreign: int, features: Features
                                 ) -> tuple[list[str], list[str], list[str], list[str], list[str]]:
@@ -521,7 +453,7 @@ class IptablesTable:
         self._last_read = self._clock()
         state = None
         if self._ahead.started:
-            self._prehash_dirty_chains(features)  # what the save's while_running hook would overlap
+            self._hasher.prehash(self._dirty_chains, self._desired, features)  # what the save's hook overlaps
             state = self._ahead.take(self._metrics.save_errors.inc)
         self._reconcile(self._read_with_retries(features) if state is None else state, features)
 
@@ -609,13 +541,14 @@ class IptablesTable:
     def _attempt_read(self, features: Features | None = None, size: int | None = None) -> SaveState:
         """One read (reader.py) of a table of about *size* rules (default: the referenced ones); with
         *features*, the dirty chains are hashed while the save runs."""
-        hook = None if features is None else (lambda: self._prehash_dirty_chains(features))
+        hook = None if features is None else (
+            lambda: self._hasher.prehash(self._dirty_chains, self._desired, features))
         return self._reader.read(self._num_rules if size is None else size, self._write_stamp, hook,
-                                 self._hash_cache.get)
+                                 self._hasher.cached)
 
     # ------------------------------------------------------------------ apply
     def apply(self) -> float | None:
-        self._finish_hashing()
+        self._hasher.finish()
         now = self._clock()
         self._take_recheck()
         invalidated = False
@@ -730,130 +663,23 @@ class IptablesTable:
             f"{len(attempts)} times; last error: {err}") from err
 
     def _apply_updates(self) -> None:
+        """One write of what differs: the planner works out the restore input (restoreplan.py); this runs
+        it and, once it succeeded, takes what it wrote as the dataplane view.  Raises what a failed render
+        or restore raises (``apply`` retries a DataplaneError)."""
         features = self._check_features()
-        rnd = self._render
-        buf = RestoreBuffer()
-        buf.start_transaction(self.name)
-        dp_hashes = self._dp_hashes
-        dirty = self._dirty_chains
         split = UNHOOKED_TRANSACTION_LINES if self._nft and not self._hooked() else 0
-        new_hashes: dict[str, list[str] | None] = {}
-        order = sorted(dirty)
-        wanted = {name: self._desired(name) for name in order}  # fixed for the whole write
-
-        # Pass 1: create/flush chains we are about to (re)write or delete.
-        for name in order:
-            desired = wanted[name]
-            present = name in dp_hashes
-            if desired is None:
-                if not present:
-                    dirty.discard(name)  # nothing to delete
-                    continue
-                buf.write_forward_reference(name)  # flush first, to sever references
-            elif self._nft:
-                # iptables-nft: rewrite a changed chain whole (Felix works around an
-                # iptables-nft-restore rule-index bug this way); skip it if already right.
-                hashes, _ = self._chain_hashes(desired, features)
-                if present and hashes == dp_hashes[name]:
-                    dp_hashes[name] = hashes  # one list for both (a read's copy is as big as the chain)
-                    dirty.discard(name)
-                    continue
-                buf.write_forward_reference(name)
-                buf.split_if_over(split)
-            elif not present:
-                buf.write_forward_reference(name)
-
-        # Pass 2: rule changes in the chains we keep.
-        for name in order:
-            if name not in dirty:
-                continue
-            chain = wanted[name]
-            if chain is None:
-                continue
-            hashes, bodies = self._chain_hashes(chain, features)
-            prev: list[str] = [] if self._nft else dp_hashes.get(name, [])
-            new_hashes[name] = hashes
-            if prev == hashes:
-                continue  # legacy: already right (nft: only an empty chain gets here with nothing to write)
-            np, nc = len(prev), len(hashes)
-            if np == 0:
-                # A new or flushed chain: every rule is appended, in order.
-                if bodies is None:
-                    bodies = [render.render_body(r, features) for r in chain.rules]
-                # Formatted as the input is written (restore_buffer.py): never all of them at once.
-                buf.write_lazy(len(hashes), functools.partial(rnd.append_lines, name, hashes, bodies))
-                buf.split_if_over(split)
-                continue
-            for i in range(max(np, nc)):
-                if i < np and i < nc:
-                    if prev[i] == hashes[i]:
-                        continue
-                    body = bodies[i] if bodies is not None else render.render_body(chain.rules[i], features)
-                    buf.write_line(rnd.replace_line(name, i + 1, hashes[i], body))
-                elif i < np:
-                    buf.write_line(f"-D {name} {nc + 1}")  # trim the old tail
-                else:
-                    body = bodies[i] if bodies is not None else render.render_body(chain.rules[i], features)
-                    buf.write_line(rnd.append_line(name, hashes[i], body))
-
-        # Pass 3: our inserts/appends in foreign chains.
-        new_full = dict(self._dp_full_rules)
-        for name in sorted(self._dirty_insert_append):
-            prev = dp_hashes.get(name, [])
-            num_foreign = prev.count("")
-            exp, ins_h, ins_b, app_h, app_b = self._expected_insert_append(name, num_foreign, features)
-            if exp == prev:
-                continue
-            # Out of sync: delete all of ours (by value: other writers may have moved things), then re-add.
-            full = self._dp_full_rules.get(name, [])
-            for i, h in enumerate(prev):
-                if h:
-                    if i >= len(full) or not full[i].startswith("-A "):
-                        raise _DeleteRenderError(f"rendering delete for unknown rule {i} in {name!r}")
-                    buf.write_line("-D " + full[i][3:])
-            foreign = [FOREIGN_PLACEHOLDER] * num_foreign
-            ours_ins = [rnd.append_line(name, h, b) for h, b in zip(ins_h, ins_b)]
-            if ins_h:
-                if self._insert_mode == "insert":
-                    for i in range(len(ins_h) - 1, -1, -1):  # each insert goes on top: reverse order
-                        buf.write_line(rnd.insert_line(name, ins_h[i], ins_b[i]))
-                else:
-                    for line in ours_ins:
-                        buf.write_line(line)
-            ours_app = [rnd.append_line(name, h, b) for h, b in zip(app_h, app_b)]
-            for line in ours_app:
-                buf.write_line(line)
-            if self._insert_mode == "insert":
-                full_new = ours_ins + foreign + ours_app
-            else:
-                full_new = foreign + ours_ins + ours_app
-            new_hashes[name] = exp
-            if ins_h or app_h:
-                new_full[name] = full_new
-            else:
-                new_full.pop(name, None)
-
-        if self._nft:
-            # iptables-nft-restore only sees a chain as unreferenced at the start of a
-            # transaction: delete chains in a second one.
-            buf.end_transaction()
-            buf.start_transaction(self.name)
-            for name in order:
-                if name in dirty and wanted[name] is None:
-                    buf.write_forward_reference(name)
-        for name in order:
-            if name in dirty and wanted[name] is None:
-                buf.write_line(f"--delete-chain {name}")
-                new_hashes[name] = None
-        buf.end_transaction()
+        wanted = {name: self._desired(name) for name in sorted(self._dirty_chains)}  # fixed for the whole write
+        plan = self._planner.plan(features, wanted=wanted, dirty=self._dirty_chains,
+                                  dirty_insert_append=self._dirty_insert_append,
+                                  expected_insert_append=self._expected_insert_append,
+                                  dp_hashes=self._dp_hashes, dp_full_rules=self._dp_full_rules, split=split)
 
         # The table's hold on the rendered bodies ends here (a retry renders again): the buffer keeps only
         # those of the chains it formats as the input is written, and the rest go before the restore runs.
-        self._fresh_bodies = {}
-        self._bodies_by_rules = {}
-        if not buf.empty():
-            self._exec_restore(buf)
-            self._rechecks.note_written(new_hashes)  # newer than anything a running read can have seen
+        self._hasher.drop_bodies()
+        if not plan.buffer.empty():
+            self._exec_restore(plan.buffer)
+            self._rechecks.note_written(plan.written)  # newer than anything a running read can have seen
             self._last_write = self._clock()
             self._post_write = self._initial_post_write
         if self._post_write != 0:
@@ -862,20 +688,22 @@ class IptablesTable:
 
         self._dirty_chains = set()
         self._dirty_insert_append = set()
-        for name, written in new_hashes.items():
+        dp_hashes = self._dp_hashes
+        for name, written in plan.written.items():
             if written is None:
                 dp_hashes.pop(name, None)
             else:
                 dp_hashes[name] = written
-        self._dp_full_rules = new_full
+        self._dp_full_rules = plan.full_rules
 
     def _hooked(self) -> bool:
         """Whether a rule of ours is in a chain not ours (the kernel's own chains): the only way traffic
         reaches our chains.  While none is, a write of our chains is seen by no packet until its last
-        transaction adds the hooks (pass 3 comes last), so iptables-nft may take it in several: one
-        ``iptables-nft-restore --noflush`` transaction is quadratic in its commands x the chains they name
-        (it keeps the named chains in a list it searches per command), 8.7 s for a stress node's filter
-        table against 3.5 s in transactions of UNHOOKED_TRANSACTION_LINES (docs/iptables.md)."""
+        transaction adds the hooks (restoreplan.py writes them after every chain), so iptables-nft may
+        take it in several: one ``iptables-nft-restore --noflush`` transaction is quadratic in its
+        commands x the chains they name (it keeps the named chains in a list it searches per command),
+        8.7 s for a stress node's filter table against 3.5 s in transactions of UNHOOKED_TRANSACTION_LINES
+        (docs/iptables.md)."""
         return any(any(hs) for name, hs in self._dp_hashes.items() if hs and not self.is_owned(name))
 
     def _exec_restore(self, buf: RestoreBuffer) -> None:
@@ -919,8 +747,8 @@ class IptablesTable:
         return {c: list(h) for c, h in self._dp_hashes.items()}
 
     def expected_hashes(self, chain_name: str) -> list[str]:
-        self._finish_hashing()
+        self._hasher.finish()
         chain = self._chains.get(chain_name)
         if chain is None:
             return []
-        return self._chain_hashes(chain, self._check_features(), keep_bodies=False)[0]
+        return self._hasher.chain_hashes(chain, self._check_features(), keep_bodies=False)[0]
