@@ -1,4 +1,4 @@
-"""The start-of-day resync's digest comparison in the daemon (driver._load_members, digest.local_digest).
+"""The start-of-day resync's digest comparison in the daemon (resync.Resync._load_members, digest.local_digest).
 
 A set whose read-back has the desired count and digest is marked in sync without its members being
 compared key by key; anything else takes the full comparison.  Asserted on the fake kernel's state and
@@ -15,6 +15,7 @@ import structlog
 from felixpy.deltatracker import MemberTracker
 from felixpy.drivers.ipsets import IPSets
 from felixpy.drivers.ipsets import driver as driver_mod
+from felixpy.drivers.ipsets import resync as resync_mod
 from felixpy.drivers.ipsets.digest import local_digest
 from felixpy.drivers.ipsets.fake import FakeIPSet
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
@@ -134,7 +135,8 @@ def test_a_digest_collision_is_repaired_by_the_next_refresh(programmed, monkeypa
     sync; the periodic refresh compares members, not digests (drift), and repairs it."""
     fake, before = programmed
     fake.sets["cali40s:ports"].members = {"10.0.0.1,tcp:80", "10.0.0.3,udp:53"}
-    monkeypatch.setattr(driver_mod, "local_digest", lambda members: (len(members), 0, 0))
+    for mod in (driver_mod, resync_mod):   # the digest taken as a set arrives, and the read-back's
+        monkeypatch.setattr(mod, "local_digest", lambda members: (len(members), 0, 0))
     d = mk(fake)
     program(d)
     settle(d)

@@ -1,6 +1,7 @@
 """The ipset driver (iptables mode): Calico IP sets as kernel ``ipset`` sets.
 
 * :mod:`.driver` — :class:`IPSets`, one per IP family (the IPSetsDataplane).
+* :mod:`.resync` — its read-back of the kernel's sets (start of day, refresh).
 * :mod:`.naming` — Felix's set names and ownership prefixes.
 * :mod:`.members` — member validation and canonical forms.
 * :mod:`.parse` — parsers of ``ipset list`` / ``ipset save`` output.

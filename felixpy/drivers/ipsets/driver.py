@@ -46,6 +46,8 @@ Deletions
     retried until the set is next read back.
 
 Resync
+    The reads, and what they change in the trackers, are :mod:`.resync`'s
+    (:class:`~.resync.Resync`); this module decides when they run.
     Start of day and persistent failures force a *full* resync, drained before
     any write.  :meth:`IPSets.queue_resync` (the periodic refresh) is
     incremental: one cheap ``ipset list -name``; sets that vanished are recreated
@@ -82,10 +84,9 @@ from felixpy.drivers.ipsets.digest import local_digest
 from felixpy.drivers.ipsets.members import BadMembers, canonicalise_members
 from felixpy.drivers.ipsets.meta import UNREAD, DataplaneMeta, stdin_excerpt
 from felixpy.drivers.ipsets.naming import IPVersionConfig
-from felixpy.drivers.ipsets.parse import (ListedSet, is_not_found, parse_list, parse_list_names,
-                                          parse_save, restore_error_line)
-from felixpy.drivers.drift import DriftTally
+from felixpy.drivers.ipsets.parse import is_not_found, parse_list_names, restore_error_line
 from felixpy.drivers.readahead import ReadAhead
+from felixpy.drivers.ipsets.resync import Resync
 from felixpy.drivers.ipsets.resync_queue import ResyncPriority, ResyncQueue
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 from felixpy.errors import CommandError, DataplaneError, FatalDataplaneError
@@ -148,11 +149,12 @@ class IPSets:
 
         self._queue = ResyncQueue()
         self._full_resync_required = True
-        # Drift (felixpy.drivers.drift): only reads queued by a background resync compare the kernel with
-        # our belief; a read after a failed write (which ipset restore may have half-applied) does not.
-        self._drift = DriftTally(self._log)
-        self._drift_watch: set[str] = set()
-        self._bg_resync_requested = False
+        # Reads the kernel back into the trackers above (.resync): it shares them, it does not copy them.
+        self._resync = Resync(self.names, self._sets, self._members, self._queue, digests=self._digests,
+                              set_ids=self._set_ids, pending_renames=self._pending_renames, dirty=self._dirty,
+                              abandon_rename=self._abandon_rename, update_dirtiness=self._update_dirtiness,
+                              run=self._run, save=self._take_save if full_resync_via_save else None,
+                              clock=clock, log=self._log)
 
     # ------------------------------------------------------------------ update API
     def add_or_replace_ip_set(self, meta: IPSetMetadata, members: Iterable[str]) -> None:
@@ -240,12 +242,12 @@ class IPSets:
         return frozenset(k for k, _ in self._members[name].desired_items())
 
     def queue_resync(self) -> None:
-        self._bg_resync_requested = True
+        self._resync.background_requested = True
 
     # ------------------------------------------------------------------ introspection
     def in_sync(self) -> bool:
         """Nothing left to write, delete or re-read (for tests and the benchmark)."""
-        return (not self._full_resync_required and not self._bg_resync_requested and not self._queue
+        return (not self._full_resync_required and not self._resync.background_requested and not self._queue
                 and not self._dirty and self._sets.in_sync() and not self._pending_renames)
 
     def resync_queue_len(self) -> int:
@@ -269,7 +271,7 @@ class IPSets:
                 self._log.info("Retrying after an ipsets update failure", attempt=attempt)
             transient = attempt < MAX_RETRY_ATTEMPTS // 2
             resync_err: DataplaneError | None = None
-            if self._full_resync_required or self._bg_resync_requested or self._queue:
+            if self._full_resync_required or self._resync.background_requested or self._queue:
                 try:
                     self._try_resync(budget)
                 except DataplaneError as exc:
@@ -288,7 +290,7 @@ class IPSets:
             except DataplaneError as exc:
                 update_err = last_error = exc
                 metrics.ipset_errors.inc()
-                self._drift_watch.clear()
+                self._resync.forget_watched()
                 if transient:
                     self._log.warning("Failed to update IP sets; re-reading the touched sets",
                                       error=str(exc), attempt=attempt)
@@ -302,7 +304,7 @@ class IPSets:
                 continue
             self._full_resync_required = False
             self._digests.clear()
-            self._drift.repaired()
+            self._resync.report_repaired()
             self._try_pending_renames()
             metrics.ipsets_total.set(self._sets.dataplane_len())
             self._compact_settled()
@@ -346,199 +348,10 @@ class IPSets:
     # ------------------------------------------------------------------ resync
     def _try_resync(self, budget: list[float]) -> None:
         if self._full_resync_required:
-            self._begin_full_resync()
-        elif self._bg_resync_requested:
-            self._begin_background_resync()
-        self._drain_queue(budget)
-
-    def _begin_full_resync(self) -> None:
-        self._log.debug("Full resync of IP sets")
-        self._queue.clear()
-        self._drift_watch.clear()
-        self._pending_renames.clear()
-        if self._full_resync_via_save:
-            with self._save_ahead.take() or self._save() as out:
-                if out.result.ok:
-                    self._load_full_dump(out.pieces(b"create "))
-                    self._bg_resync_requested = False
-                    return
-            self._log.warning("'ipset save' failed; re-reading Calico sets one by one",
-                              stderr=out.result.stderr.strip()[:300])
-        listed = self._list_owned_names()
-        self._sets.replace_dataplane({n: UNREAD for n in listed})
-        for name in listed:
-            self._queue.add(name, ResyncPriority.MUST)
-        self._sweep_missing(set(listed))
-        # The full resync subsumes a pending background one.
-        self._bg_resync_requested = False
-
-    def _load_full_dump(self, pieces: Iterable[str]) -> None:
-        """An ``ipset save``'s sets and members (its text in pieces of whole sets), read a set at a time:
-        its member strings are let go before the next set's are cut out, and each piece of the output
-        before the next is read, so neither the whole text nor all members are ever held at once."""
-        def sink(s: ListedSet, members: list[str], whole: bool) -> None:
-            if not self.names.owns(s.name):
-                return
-            if whole:
-                self._load_members(s.name, members)
-            else:  # an add line out of order (ipset save writes none): one more member found
-                self._load_found_members(s.name, members)
-
-        owned = [s for s in parse_save(pieces, self._wants_members, sink) if self.names.owns(s.name)]
-        self._sets.replace_dataplane({s.name: DataplaneMeta(s.type, s.family, s.max_size) for s in owned})
-        self._sweep_missing({s.name for s in owned})
-        self._log.info("Resynced IP sets with the dataplane", owned=len(owned),
-                       to_create_or_rebuild=self._sets.num_pending_updates(),
-                       with_dirty_members=len(self._dirty), to_delete=self._sets.num_pending_deletions())
-
-    def _begin_background_resync(self) -> None:
-        self._log.debug("Background resync of IP sets")
-        listed = self._list_owned_names()  # on failure the request stays set
-        self._sweep_missing(set(listed), drift=True)
-        for name in listed:
-            if self._sets.get_dataplane(name) is None:
-                # Appeared behind our back.
-                if self._sets.get_desired(name) is not None:
-                    self._queue.add(name, ResyncPriority.MUST)  # read it before writing it
-                else:
-                    self._log.info("Found unexpected Calico IP set; will delete it", set_name=name)
-                    self._sets.set_dataplane(name, UNREAD)
-                    if not self.names.is_temp(name):
-                        self._drift.found("set")
-                    continue
-            self._queue.add(name, ResyncPriority.BACKGROUND)
-            self._drift_watch.add(name)
-        self._bg_resync_requested = False
-
-    def _drain_queue(self, budget: list[float]) -> None:
-        failed: list[str] = []
-
-        def resync(name: str) -> None:
-            try:
-                self._resync_set(name)
-            except DataplaneError as exc:
-                if self._sets.get_desired(name) is not None:
-                    failed.append(name)
-                    self._queue.add(name, ResyncPriority.MUST)
-                    self._log.warning("Failed to read a needed Calico IP set; will recreate it if this persists",
-                                      set_name=name, error=str(exc))
-                else:
-                    self._log.warning("Failed to read an unneeded Calico IP set; it is queued for deletion",
-                                      set_name=name, error=str(exc))
-
-        for name in self._queue.pop_all_must():
-            resync(name)
-        # A pending full resync re-reads everything anyway.
-        if not self._full_resync_required:
-            last = self._clock()
-            while budget[0] > 0:
-                bg_name = self._queue.pop(ResyncPriority.BACKGROUND)
-                if bg_name is None:
-                    break
-                resync(bg_name)
-                now = self._clock()
-                budget[0] -= now - last
-                last = now
-        if failed:
-            raise DataplaneError(f"failed to read IP sets {','.join(failed)}")
-
-    def _resync_set(self, name: str) -> None:
-        if name in self._pending_renames:
-            # Our member view describes the temp set, not this one.
-            self._abandon_rename(name, requeue=False)
-        watched = name in self._drift_watch
-        self._drift_watch.discard(name)
-        result = self._run(["ipset", "list", name])
-        if not result.ok:
-            if is_not_found(result.stderr):
-                self._on_missing(name, drift=watched)
-                return
-            # Unreadable (e.g. made by a newer ipset): mark it so that it is rebuilt.
-            self._sets.set_dataplane(name, DataplaneMeta("", "", 0, list_failed=True))
-            raise CommandError(["ipset", "list", name], result.returncode, result.stderr)
-        listed = parse_list(result.stdout, self._wants_members)
-        if not listed:
-            self._sets.set_dataplane(name, DataplaneMeta("", "", 0, list_failed=True))
-            raise DataplaneError(f"no set in 'ipset list {name}' output")
-        s = listed[0]
-        self._sets.set_dataplane(name, DataplaneMeta(s.type, s.family, s.max_size))
-        if s.members is not None:
-            self._load_members(name, s.members, drift=watched)
-
-    def _wants_members(self, name: str) -> bool:
-        # Only sets we want: unwanted ones are only ever destroyed, temp ones too.
-        return name in self._members and self.names.owns(name) and not self.names.is_temp(name)
-
-    def _load_members(self, name: str, members: list[str], drift: bool = False) -> None:
-        tracker = self._members.get(name)
-        if tracker is None:
-            return
-        if not drift:
-            # The kernel's members against the digest taken when the set arrived: equal, and the set is in
-            # sync without a dict of the read-back or a key-by-key comparison (#17; digest.py).  A refresh
-            # (drift) always compares key by key: it also repairs what a digest collision would hide.
-            dig = self._digests.get(name)
-            if dig is not None and dig[0] == len(members) == tracker.desired_len() and local_digest(members) == dig:
-                tracker.mark_dataplane_desired()
-                tracker.compact()
-                self._update_dirtiness(name)
-                return
-        if drift:
-            believed = {k for k, _ in tracker.dataplane_items()}
-            found, want = set(members), set(tracker.desired_keys())
-            self._drift.found("set_member", len((believed - found) & want) + len((found - believed) - want))
-        extras_before = tracker.num_pending_deletions()
-        tracker.replace_dataplane_keys(members, True)
-        missing = tracker.num_pending_updates()
-        extras = tracker.num_pending_deletions() - extras_before
-        if missing or extras > 0:
-            self._log.info("Resync found IP set members out of sync", set_name=name,
-                           set_id=self._set_ids.get(name), num_missing=missing, num_extra=max(extras, 0))
-        tracker.compact()  # a no-op unless the read-back found the set in sync
-        self._update_dirtiness(name)
-
-    def _load_found_members(self, name: str, members: list[str]) -> None:
-        tracker = self._members.get(name)
-        if tracker is None:
-            return
-        for m in members:
-            tracker.set_dataplane(m, True)
-        tracker.compact()
-        self._update_dirtiness(name)
-
-    def _list_owned_names(self) -> list[str]:
-        """Our sets' names, in the kernel's (creation) order."""
-        result = self._run(["ipset", "list", "-name"])
-        if not result.ok:
-            raise CommandError(["ipset", "list", "-name"], result.returncode, result.stderr)
-        return [n for n in parse_list_names(result.stdout) if self.names.owns(n)]
-
-    def _sweep_missing(self, listed: set[str], drift: bool = False) -> None:
-        candidates = set(self._members)
-        candidates.update(n for n, _ in self._sets.dataplane_items())
-        candidates.update(n for n, _ in self._sets.desired_items())
-        for name in candidates - listed:
-            self._on_missing(name, drift=drift)
-
-    def _on_missing(self, name: str, drift: bool = False) -> None:
-        """A set we track is not in the kernel: a wanted one becomes a pending create."""
-        if drift and self._sets.get_dataplane(name) is not None and self._sets.get_desired(name) is not None:
-            self._drift.found("set")  # believed there, wanted, gone: someone destroyed it
-        self._sets.delete_dataplane(name)
-        for main, temp in list(self._pending_renames.items()):
-            if name in (main, temp):
-                self._abandon_rename(main)
-        tracker = self._members.get(name)
-        if tracker is not None:
-            if self._sets.get_desired(name) is not None:
-                if tracker.dataplane_len():
-                    self._log.info("Calico IP set missing from the dataplane; recreating it", set_name=name,
-                                   set_id=self._set_ids.get(name))
-                tracker.replace_dataplane({})
-            else:
-                del self._members[name]
-        self._update_dirtiness(name)
-        self._queue.remove(name)
+            # Every set is read afresh: a waiting type change is forgotten (its temp set, unwanted now, is
+            # swept, and the change starts again from what the read-back finds).
+            self._pending_renames.clear()
+        self._resync.run(budget, full=self._full_resync_required)
 
     # ------------------------------------------------------------------ writes
     def _sets_to_write(self) -> list[str]:
@@ -801,6 +614,10 @@ class IPSets:
             result = self._runner.run(argv, stdin_text(stdin), while_running=while_running)
         metrics.exec_time_micros.observe((time.perf_counter() - start) * 1e6)
         return result
+
+    def _take_save(self) -> Output:
+        """The full resync's ``ipset save``: the one :meth:`prefetch` started, else one run now."""
+        return self._save_ahead.take() or self._save()
 
     def _save(self) -> Output:
         """``ipset save``, its output left in its file for :meth:`Output.pieces` (7 MB at a large node,
