@@ -6,14 +6,14 @@
 #   docker build --build-arg BASE_IMAGE=registry.example/debian:bookworm-slim -t felixpy:0.1.0 .
 ARG BASE_IMAGE=debian:bookworm-slim
 
-# ---- build: wheels (with the generated protobuf code) and the static shim
+# ---- build: wheels (with the generated protobuf code and the C rule hasher) and the static shim
 FROM ${BASE_IMAGE} AS build
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv gcc libc6-dev make \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev libssl-dev gcc libc6-dev make \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml requirements.txt ./
+COPY pyproject.toml setup.py requirements.txt ./
 COPY proto/ proto/
 COPY scripts/gen-proto.sh scripts/
 COPY felixpy/ felixpy/

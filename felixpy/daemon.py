@@ -46,6 +46,7 @@ from felixpy import nodestatus
 from felixpy.config import Config
 from felixpy.dataplane.clock import Clock, SystemClock
 from felixpy.dataplane.core import InternalDataplane
+from felixpy.drivers.generictables import hashing
 from felixpy.errors import ConfigError, FatalDataplaneError, UnsupportedFeature
 from felixpy.ifacemonitor.events import IfaceAddrsUpdate, IfaceStateUpdate
 from felixpy.managers.base import EndpointStatus
@@ -159,7 +160,8 @@ class Daemon:
 
     # ----------------------------------------------------------------------- runner
     def run(self) -> int:
-        log.info("felixpy daemon running")
+        # The rule hashes are computed in C (felixpy._rulehash) unless that extension was not built.
+        log.info("felixpy daemon running", rule_hashing="C" if hashing.ACCELERATED else "Python (slower)")
         # Probe-able while waiting for a feed: the servers take their settings from the
         # environment and config file now; a feed's config may move them later.
         self._serve_process_config(self._load_config({}))

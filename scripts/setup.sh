@@ -11,9 +11,10 @@ PY=${PYTHON:-python3}
 
 # gcc, libc6-dev, make: the static driver shim (tests/deploy/test_shim.py builds it);
 # gcc + libbpf-dev: tests/bpf/test_syscall.py compiles a probe against libbpf's headers.
+# python3-dev + libssl-dev: the C rule hasher, felixpy/_rulehash.c (OpenSSL's SHA-224).
 APT_PKGS=(python3-bpfcc libbpfcc linux-headers-amd64 bpftool nftables libnftables1
           python3-nftables iptables ipset iproute2 iputils-ping conntrack ncat procps
-          gcc libc6-dev make libbpf-dev)
+          gcc libc6-dev make libbpf-dev python3-dev libssl-dev)
 
 need_apt=0
 for p in "${APT_PKGS[@]}"; do
@@ -33,8 +34,18 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 # Editable install of the package itself (console scripts).
-if [ ! -f "$VENV/.felixpy-editable" ] || [ pyproject.toml -nt "$VENV/.felixpy-editable" ]; then
+if [ ! -f "$VENV/.felixpy-editable" ] || [ pyproject.toml -nt "$VENV/.felixpy-editable" ] ||
+   [ setup.py -nt "$VENV/.felixpy-editable" ]; then
   "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e . && touch "$VENV/.felixpy-editable"
+fi
+# The C rule hasher, built in place (and rebuilt when its source changes).  It is optional for the
+# package (hashing falls back to Python), so a failed build is only a warning here; the tests fail on it.
+so=$(ls felixpy/_rulehash.*.so 2>/dev/null | head -1 || true)
+if [ -z "$so" ] || [ felixpy/_rulehash.c -nt "$so" ] || [ setup.py -nt "$so" ]; then
+  if ! "$VENV/bin/python" setup.py -q build_ext --inplace >"$VENV/.rulehash-build.log" 2>&1 ||
+     ! "$VENV/bin/python" -c 'import felixpy._rulehash' 2>/dev/null; then
+    echo "setup: WARNING: felixpy/_rulehash.c did not build (see $VENV/.rulehash-build.log): rule hashes in Python" >&2
+  fi
 fi
 
 SP=$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
