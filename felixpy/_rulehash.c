@@ -9,15 +9,15 @@
  * passes "-A <chain> HASH" and the rendered bodies, so the texts are never built.
  *
  * Why C: a restart hashes every rule of the node (145,000 at the stress profile), and
- * in Python each rule costs a hash object, two byte strings and a digest, ~1.9 us,
+ * in Python each rule costs a hash object, two byte strings and a digest, ~2 us,
  * most of it interpreter overhead around a ~0.3 us SHA-224 of ~150 bytes.  Here one
  * OpenSSL digest context is reused for the whole chain.  SHA-224 and base64 are
  * OpenSSL's (libcrypto), never written here.
  *
- * The GIL is released around the digests of a chain with enough text, like hashlib
- * does for large inputs, so a table hashing ahead on its own thread (HashesAhead)
- * runs beside the loop's Python work: every text is referenced (strong references)
- * before the release, so no other thread can free one under us.
+ * The GIL stays held: a chain's digests take microseconds (a 10-rule endpoint chain
+ * ~6 us), and a thread that lets the GIL go waits up to the switch interval (5 ms)
+ * to get it back whenever another thread is running Python, which would cost the
+ * apply far more than any overlap could give.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,7 +26,6 @@
 
 #define DIGEST_BYTES 12              /* 12 bytes: exactly 16 base64 characters, no padding */
 #define HASH_CHARS 16
-#define NOGIL_MIN_BYTES 4096         /* below this, releasing the GIL costs more than it frees */
 #define ASSEMBLY_BYTES 2048          /* a rule's message up to this size is digested in one update */
 
 static EVP_MD *sha224;               /* fetched once at import */
@@ -93,29 +92,6 @@ static int digest_one(EVP_MD_CTX *ctx, const unsigned char *prev, unsigned int p
     return EVP_DigestFinal_ex(ctx, h, hlen) ? 0 : -1;
 }
 
-/* Digests all n texts; out receives n * HASH_CHARS characters.  Runs without the GIL. */
-static int digest_all(EVP_MD_CTX *ctx, const text_t *name, const text_t *head, const text_t *texts,
-                      Py_ssize_t n, char *out) {
-    unsigned char h[EVP_MAX_MD_SIZE];
-    unsigned int hlen = 0;
-    unsigned char b64[HASH_CHARS + 1];
-    unsigned char buf[ASSEMBLY_BYTES];
-
-    if (!EVP_DigestInit_ex2(ctx, sha224, NULL) || !EVP_DigestUpdate(ctx, name->data, (size_t)name->len) ||
-        !EVP_DigestFinal_ex(ctx, h, &hlen))
-        return -1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (digest_one(ctx, h, hlen, head, &texts[i], buf, sizeof(buf), h, &hlen) < 0)
-            return -1;
-        EVP_EncodeBlock(b64, h, DIGEST_BYTES);
-        for (int j = 0; j < HASH_CHARS; j++) {
-            unsigned char c = b64[j];
-            out[i * HASH_CHARS + j] = c == '+' ? '-' : c == '/' ? '_' : (char)c;
-        }
-    }
-    return 0;
-}
-
 static PyObject *chain_hashes(PyObject *self, PyObject *args) {
     PyObject *name_obj, *head_obj, *seq_obj;
     if (!PyArg_ParseTuple(args, "UOO:chain_hashes", &name_obj, &head_obj, &seq_obj))
@@ -129,72 +105,57 @@ static PyObject *chain_hashes(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
 
-    PyObject *result = NULL, *name_owned = NULL, *head_owned = NULL, *hashes = NULL;
+    PyObject *hashes = NULL, *name_owned = NULL, *head_owned = NULL;
     text_t name, head;
-    text_t *texts = PyMem_Calloc((size_t)(n ? n : 1), sizeof(text_t));
-    PyObject **held = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));    /* the strs, referenced */
-    PyObject **owned = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));   /* non-ASCII encodings */
-    char *out = PyMem_Malloc((size_t)(n ? n : 1) * HASH_CHARS);
+    unsigned char h[EVP_MAX_MD_SIZE];
+    unsigned int hlen = 0;
+    unsigned char b64[HASH_CHARS + 1];
+    unsigned char buf[ASSEMBLY_BYTES];
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    Py_ssize_t taken = 0, total = 0;
-    if (texts == NULL || held == NULL || owned == NULL || out == NULL || ctx == NULL) {
+    if (ctx == NULL) {
         PyErr_NoMemory();
-        goto done;
+        goto fail;
     }
-    if (utf8_of(name_obj, &name, &name_owned) < 0)
-        goto done;
-    if (head_obj != Py_None && utf8_of(head_obj, &head, &head_owned) < 0)
-        goto done;
-    for (; taken < n; taken++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, taken);
-        Py_INCREF(item);
-        held[taken] = item;
-        if (utf8_of(item, &texts[taken], &owned[taken]) < 0) {
-            taken++;
-            goto done;
-        }
-        total += texts[taken].len;
-    }
-
-    int rc;
-    if (total >= NOGIL_MIN_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = digest_all(ctx, &name, head_obj != Py_None ? &head : NULL, texts, n, out);
-        Py_END_ALLOW_THREADS
-    } else {
-        rc = digest_all(ctx, &name, head_obj != Py_None ? &head : NULL, texts, n, out);
-    }
-    if (rc < 0) {
-        PyErr_SetString(PyExc_RuntimeError, "OpenSSL SHA-224 failed");
-        goto done;
-    }
-    hashes = PyList_New(n);
-    if (hashes == NULL)
-        goto done;
+    if (utf8_of(name_obj, &name, &name_owned) < 0 ||
+        (head_obj != Py_None && utf8_of(head_obj, &head, &head_owned) < 0))
+        goto fail;
+    if ((hashes = PyList_New(n)) == NULL)
+        goto fail;
+    if (!EVP_DigestInit_ex2(ctx, sha224, NULL) || !EVP_DigestUpdate(ctx, name.data, (size_t)name.len) ||
+        !EVP_DigestFinal_ex(ctx, h, &hlen))
+        goto openssl_fail;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *h = PyUnicode_DecodeASCII(out + i * HASH_CHARS, HASH_CHARS, NULL);
-        if (h == NULL)
-            goto done;
-        PyList_SET_ITEM(hashes, i, h);
+        text_t text;
+        PyObject *owned;
+        if (utf8_of(PySequence_Fast_GET_ITEM(seq, i), &text, &owned) < 0)
+            goto fail;
+        int rc = digest_one(ctx, h, hlen, head_obj != Py_None ? &head : NULL, &text, buf, sizeof(buf), h, &hlen);
+        Py_XDECREF(owned);
+        if (rc < 0)
+            goto openssl_fail;
+        EVP_EncodeBlock(b64, h, DIGEST_BYTES);
+        for (int j = 0; j < HASH_CHARS; j++)
+            b64[j] = b64[j] == '+' ? '-' : b64[j] == '/' ? '_' : b64[j];
+        PyObject *hash = PyUnicode_DecodeASCII((const char *)b64, HASH_CHARS, NULL);
+        if (hash == NULL)
+            goto fail;
+        PyList_SET_ITEM(hashes, i, hash);
     }
-    result = hashes;
-    hashes = NULL;
+    Py_XDECREF(name_owned);
+    Py_XDECREF(head_owned);
+    Py_DECREF(seq);
+    EVP_MD_CTX_free(ctx);
+    return hashes;
 
-done:
-    for (Py_ssize_t i = 0; i < taken; i++) {
-        Py_XDECREF(owned[i]);
-        Py_XDECREF(held[i]);
-    }
+openssl_fail:
+    PyErr_SetString(PyExc_RuntimeError, "OpenSSL SHA-224 failed");
+fail:
     Py_XDECREF(hashes);
     Py_XDECREF(name_owned);
     Py_XDECREF(head_owned);
     Py_DECREF(seq);
-    PyMem_Free(texts);
-    PyMem_Free(held);
-    PyMem_Free(owned);
-    PyMem_Free(out);
     EVP_MD_CTX_free(ctx);
-    return result;
+    return NULL;
 }
 
 static PyMethodDef methods[] = {

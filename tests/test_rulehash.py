@@ -84,8 +84,8 @@ def test_errors_are_the_pythons() -> None:
 
 
 def test_big_chains_hashed_on_threads_at_once() -> None:
-    """Chains over 4 KiB are digested without the GIL: threads hashing at once (as a table's
-    hash-ahead thread does beside the loop) each get their own chain's hashes."""
+    """Threads hashing at once (as tables' hash-ahead threads do) each get their own chain's hashes:
+    the extension keeps nothing between calls (one digest context per call)."""
     chains = {f"cali-tw-cali{i:011x}": [f"-m set --match-set cali40s:{i}-{j} src -j MARK --set-xmark 0x{j:x}/0xff"
                                         for j in range(2000)] for i in range(4)}
     expected = {n: hashing.py_rule_hashes_joined(n, f"-A {n} HASH", b) for n, b in chains.items()}

@@ -8,16 +8,14 @@ chain name, appended ones under ``<chain>*appends*`` (callers pass that name).
 
 Speed (a restart hashes every rule of the node): the C extension
 ``felixpy._rulehash`` (``felixpy/_rulehash.c``, OpenSSL's SHA-224 and base64)
-computes the same hashes ~4x faster (~0.55 against ~2.3 us a rule), and releases
-the GIL for a chain of more than 4 KiB of text, so a table hashing ahead on its own
-thread runs beside the loop.  It is optional: built by ``scripts/setup.sh`` and
-into the image's wheel; where it is missing the functions below run in Python
-(:data:`ACCELERATED` says which, the daemon logs it at start).  The Python versions
-are the reference, and the tests hold the two to the same output.  In Python, 16
-base64 characters encode exactly the first 12 bytes of a digest, so the digests of
-a whole chain are truncated, joined and encoded in one ``b2a_base64`` call and cut
-into 16-character pieces, instead of encoding each 28-byte digest and trimming
-its text.
+computes the same hashes ~4x faster (~0.55 against ~2 us a rule).  It is
+optional: built by ``scripts/setup.sh`` and into the image's wheel; where it is
+missing the functions below run in Python (:data:`ACCELERATED` says which, the
+daemon logs it at start).  The Python versions are the reference, and the tests
+hold the two to the same output.  In Python, 16 base64 characters encode exactly
+the first 12 bytes of a digest, so the digests of a whole chain are truncated,
+joined and encoded in one ``b2a_base64`` call and cut into 16-character pieces,
+instead of encoding each 28-byte digest and trimming its text.
 """
 
 from __future__ import annotations
