@@ -14,7 +14,9 @@ The rules that keep a read ahead as fresh as one taken on the step's own path:
 * It reads only, and only the driver's own step takes it: no write of that driver's can come between
   (the driver is not in sync, so its step loads before it writes).
 * Each ``start`` (and ``drop``) forgets one nobody took, so a result is never older than the start of
-  the apply that takes it.  A result holding something to let go (the ipset driver's kept output
+  the apply that takes it — except a big iptables table's start-of-day read, which may start before
+  ``InSync`` (``PrefetchesBeforeInSync``, managers/base.py): nothing of ours writes before then, and the
+  table reads again in the background once the apply that took it is done.  A result holding something to let go (the ipset driver's kept output
   file) is handed to *discard* when forgotten, at once or when its read ends.
 * A read that failed, or a thread that could not start, is logged and the step reads on its own path,
   exactly as without it.

@@ -157,6 +157,16 @@ class PrefetchesReadBack(Protocol):
 
 
 @runtime_checkable
+class PrefetchesBeforeInSync(Protocol):
+    """A driver whose start-of-day read-back is long enough to start before ``InSync``, while the feed
+    still arrives (the loop's ``render_ahead``).  Returns whether it started one; the first apply then
+    takes that read instead of prefetching another.  The read is older than the apply that takes it, so
+    the driver checks it again in the background once that apply is done (docs/iptables.md)."""
+
+    def prefetch_before_insync(self) -> bool: ...
+
+
+@runtime_checkable
 class HashesAhead(Protocol):
     """A table that can render and hash its changed chains now, on a thread of its own: the work its
     apply starts with, pure computation, begun once the managers are done with it for this apply so that

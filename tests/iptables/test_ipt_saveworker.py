@@ -7,6 +7,9 @@ for real over a stand-in save command; and in a throwaway namespace the real chi
 
 from __future__ import annotations
 
+import dataclasses
+from concurrent.futures import Future
+
 import json
 import os
 import sys
@@ -243,6 +246,46 @@ def test_a_restart_through_the_worker_holds_one_list_of_hashes_per_unchanged_cha
     assert second.dataplane_hashes()[kept] == second.expected_hashes(kept) != before
 
 
+def test_a_read_before_insync_through_the_worker_is_decoded_when_taken_into_the_lists_hashed_by_then() -> None:
+    """A big table's read before InSync (prefetch_before_insync) ends before its apply hashes anything: the
+    worker's report is kept undecoded until the load takes it, so unchanged chains still hold one list for
+    the read-back and the expectation.  A report that will not decode is a failed read ahead: counted, and
+    read again on the apply path."""
+    fake = FakeIptables(default_backend="legacy")
+    runner = WorkerOnFake(fake)
+    first = table(runner)
+    program(first)
+    first.apply()
+    for torn in (False, True):
+        jobs: list[Callable[[], None]] = []
+        clock = FakeClock()
+        registry = CollectorRegistry()
+        second = IptablesTable("filter", 4, runner=runner, backend="legacy",  # type: ignore[arg-type]
+                               features=StaticFeatures(FEATURES), clock=clock.monotonic, sleep=clock.sleep,
+                               metrics=get_metrics(registry), owned_prefixes=("cali-",), save_worker_min_rules=1,
+                               background_rechecks=True, start_background=jobs.append)
+        program(second)
+        assert second.prefetch_before_insync()
+        jobs.pop()()
+        runs = len(runner.worker_runs)
+        if torn:
+            got = second._ahead._fut.result()  # type: ignore[union-attr]
+            assert isinstance(got, saveworker.WireTable)  # kept undecoded
+            cut: Future[object] = Future()
+            cut.set_result(dataclasses.replace(got, end=got.start + 1))  # as if cut inside a chain
+            second._ahead._fut = cut  # type: ignore[assignment]
+        second.apply()
+        assert len(restores(fake)) == 1  # nothing to write either way
+        if not torn:
+            assert len(runner.worker_runs) == runs  # taken, not read again
+            kept = "cali-filter-x"
+            assert second._dp_hashes[kept] is second._hasher._cache[kept]
+            assert registry.get_sample_value("felix_iptables_save_errors_total") == 0.0
+        else:
+            assert len(runner.worker_runs) == runs + 1  # read again on the apply path
+            assert registry.get_sample_value("felix_iptables_save_errors_total") == 1.0
+
+
 def test_a_small_table_parses_in_process_and_a_failed_worker_is_retried() -> None:
     fake = FakeIptables(default_backend="legacy")
     runner = WorkerOnFake(fake)
@@ -339,3 +382,46 @@ def test_kernel_the_worker_reads_what_the_table_wrote(netns: str, backend: str, 
     assert second.in_sync
     assert [c[1:3] for c in calls] == [("-m", saveworker.MODULE)]  # one read, through the worker; no restore
     assert second.dataplane_hashes()["cali-filter-x"] == second.expected_hashes("cali-filter-x")
+
+
+@pytest.mark.kernel
+@pytest.mark.skipif(os.geteuid() != 0, reason="kernel tests need root")
+@pytest.mark.parametrize("backend", ["legacy", "nft"])
+@pytest.mark.parametrize("ip_version", [4, 6])
+def test_kernel_a_read_before_insync_then_a_flush_is_repaired_by_the_check_after_the_apply(
+        netns: str, backend: str, ip_version: int) -> None:
+    """The restart of a big table (PrefetchesBeforeInSync) in a throwaway namespace, the real worker and
+    tools: the read runs before InSync, another writer flushes one of our chains before the apply, the
+    apply takes the read and writes nothing, and the background read it starts lets the next apply put the
+    chain back."""
+    runner = SubprocessRunner(netns=netns)
+    clock = FakeClock()
+    features = StaticFeatures(FeatureDetector(runner).get_features())
+    first = IptablesTable("filter", ip_version, runner=runner, backend=backend, features=features,  # type: ignore[arg-type]
+                          clock=clock.monotonic, sleep=clock.sleep)
+    program(first)
+    first.apply()
+    want = first.dataplane_hashes()["cali-filter-x"]
+    jobs: list[Callable[[], None]] = []
+    second = IptablesTable("filter", ip_version, runner=runner, backend=backend, features=features,  # type: ignore[arg-type]
+                           clock=clock.monotonic, sleep=clock.sleep, save_worker_min_rules=1,
+                           save_worker_python=sys.executable, background_rechecks=True,
+                           start_background=jobs.append)
+    program(second)
+    assert second.prefetch_before_insync()
+    jobs.pop()()
+    tool = f"ip{'6' if ip_version == 6 else ''}tables-{backend}"
+    runner.run([tool, "--wait", "-t", "filter", "-F", "cali-filter-x"]).check()
+    second.apply()
+
+    def ours() -> int:
+        saved = runner.run([f"{tool}-save", "-t", "filter"]).check().stdout
+        return sum(1 for line in saved.splitlines() if line.startswith("-A cali-filter-x "))
+
+    assert second.in_sync and ours() == 0  # in sync from the early read: the flush is not seen yet
+    assert len(jobs) == 1  # the check of the early read
+    jobs.pop()()
+    clock.advance(1.0)
+    second.apply()
+    assert ours() == len(want) == 1  # repaired
+    assert second.in_sync and second.dataplane_hashes()["cali-filter-x"] == want

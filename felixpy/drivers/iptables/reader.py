@@ -88,6 +88,13 @@ class SaveReader:
         save.  Raises CommandError (the save failed) or SaveParseError, for the caller's retries.  *known*:
         a chain's expected hashes, asked once *hook* has run, so that a worker's report decodes into the
         table's own lists where they are equal (:func:`~.saveworker.state_from_wire`)."""
+        return self.decode(self.read_undecoded(desired_rules, write_stamp, hook), known)
+
+    def read_undecoded(self, desired_rules: int, write_stamp: int, hook: Callable[[], None] | None = None) -> Any:
+        """:meth:`read` up to the parse: the save's text, or the worker's report of this table, for
+        :meth:`decode` later.  A read ahead keeps this until its apply takes it, then decodes it into the
+        lists the table has hashed by then (a worker's report is ~20 bytes a rule, the decoded hashes
+        ~80).  Raises as :meth:`read` does."""
         start = self._clock()
         worker = self.uses_worker(desired_rules)
         got: Any = None
@@ -103,6 +110,11 @@ class SaveReader:
                 got = self._own_save(worker, hook)
         finally:
             self.peak = max(self.peak * 0.99, self._clock() - start)
+        return got
+
+    def decode(self, got: Any, known: Callable[[str], list[str] | None] | None = None) -> SaveState:
+        """A :meth:`read_undecoded` result as the table's state; *known* as for :meth:`read`.  Raises
+        SaveParseError."""
         if isinstance(got, str):
             state = parse_save(got, hash_re=self.hash_re, owned_re=self.owned_re, old_insert_re=self.old_insert_re)
         else:  # the worker's report (state_from_wire refuses anything else)

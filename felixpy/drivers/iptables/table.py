@@ -79,6 +79,7 @@ from felixpy.drivers.iptables.recheck import RECHECK_POLL, Rechecks
 from felixpy.drivers.iptables.restore_buffer import RestoreBuffer, RestoreInput
 from felixpy.drivers.iptables.restoreplan import RestorePlanner
 from felixpy.drivers.iptables.reader import SaveReader
+from felixpy.drivers.iptables.saveworker import WireTable
 from felixpy.drivers.iptables.sharedsave import SharedSave
 from felixpy.drivers.readahead import ReadAhead
 from felixpy.drivers.iptables.savefile import (
@@ -171,6 +172,7 @@ class IptablesTable:
         # iptables-nft: the family's tables share one full save when they read together (sharedsave.py).
         self._shared_save = shared_save if backend == "nft" else None
         self._write_stamp = 0
+        self._writes = 0  # restores run (an apply that wrote, for _check_early_read)
         self._background_rechecks = background_rechecks
         self._rechecks = Rechecks(start_background)  # the background read in progress or finished, not merged
         self._features: FeatureSource = features or FeatureDetector(runner)
@@ -184,7 +186,10 @@ class IptablesTable:
         self.save_cmd = save_cmd or find_best_binary(ip_version, backend, "save", look)
         self._metrics = metrics or get_metrics()
         self._log = log.bind(table=name, ip_version=ip_version, backend=backend)
-        self._ahead: ReadAhead[SaveState] = ReadAhead(self.save_cmd, self._log, start_background)  # prefetch's
+        # prefetch's read: the state, or the save worker's report of it, decoded when the load takes it
+        self._ahead: ReadAhead[SaveState | WireTable] = ReadAhead(self.save_cmd, self._log, start_background)
+        self._ahead_before_insync = False  # _ahead was started before InSync (prefetch_before_insync)
+        self._check_early_read = False  # the state loaded came from such a read: re-read once the apply is done
         # The chains' hashes and renderings, and hash_ahead's thread (hasher.py).
         self._hasher = ChainHasher(self._log)
         # What each apply writes (restoreplan.py).
@@ -440,11 +445,33 @@ class IptablesTable:
         apply's load needs now (readahead.py), so that the save runs beside the managers' renders and
         the IP-set read-back instead of after them.  Reads only."""
         self._ahead.drop()
+        self._ahead_before_insync = False
         if not self._in_sync and self._background_rechecks:
             # Sized by every chain held: before the apply's renders reference them, the referenced count
             # can be far below what the read will find, and choose the daemon over the save worker.
             size = self._held_rules()
-            self._ahead.start(lambda: self._attempt_read(size=size))  # no prehash hook: the load runs it
+            self._ahead.start(lambda: self._read_ahead(size))
+
+    def _read_ahead(self, size: int) -> SaveState | WireTable:
+        """prefetch's read of a table of about *size* rules.  No prehash hook: the load runs it.  A save
+        parsed here is parsed at once (its text is the bigger); the save worker's report waits for the
+        load, which decodes it into the lists hashed by then, so that no second copy of the table's
+        hashes is held (a read before InSync ends before the apply hashes anything)."""
+        got = self._reader.read_undecoded(size, self._write_stamp)
+        return got if isinstance(got, WireTable) else self._reader.decode(got)
+
+    def prefetch_before_insync(self) -> bool:
+        """``PrefetchesBeforeInSync`` (managers/base.py): the start-of-day read started while the feed still
+        arrives, if what has been rendered so far already makes this table big enough for the save worker
+        (so the save's text and parse stay out of the daemon however much more arrives, and a small table,
+        quick to read after InSync, is read then).  Nothing of ours writes before InSync, but others may:
+        the apply that takes this read re-reads in the background once it is done (``_check_early_read``),
+        unless it wrote, whose post-write checks re-read anyway.  True if the read was started."""
+        if self._in_sync or not self._background_rechecks or not self._reader.uses_worker(self._held_rules()):
+            return False
+        self.prefetch()
+        self._ahead_before_insync = self._ahead.started
+        return self._ahead_before_insync
 
     def _load_dataplane_state(self) -> None:
         self._rechecks.drop()  # a background read started before this one would be older: never merged
@@ -454,8 +481,23 @@ class IptablesTable:
         state = None
         if self._ahead.started:
             self._hasher.prehash(self._dirty_chains, self._desired, features)  # what the save's hook overlaps
-            state = self._ahead.take(self._metrics.save_errors.inc)
+            state = self._decode_ahead(self._ahead.take(self._metrics.save_errors.inc))
+            self._check_early_read = self._ahead_before_insync and state is not None
+            self._ahead_before_insync = False
         self._reconcile(self._read_with_retries(features) if state is None else state, features)
+
+    def _decode_ahead(self, got: SaveState | WireTable | None) -> SaveState | None:
+        """A read ahead as the table's state: a worker's report decoded now, into the lists the table has
+        just hashed where they are equal.  None (counted, logged: the load reads again) if it will not
+        decode, as a read ahead that failed."""
+        if not isinstance(got, WireTable):
+            return got
+        try:
+            return self._reader.decode(got, self._hasher.cached)
+        except SaveParseError as e:
+            self._metrics.save_errors.inc()
+            self._log.warning(f"{self.save_cmd} started ahead failed; doing it again on the apply path", error=str(e))
+            return None
 
     def _reconcile(self, state: SaveState, features: Features, written: set[str] | None = None) -> None:
         """Take a read-back as the dataplane view, marking what differs from our belief dirty.  *written*:
@@ -565,6 +607,7 @@ class IptablesTable:
 
         attempts: list[WriteAttempt] = []
         backoff = 0.001
+        writes = self._writes
         while True:
             if not self._in_sync:
                 self._load_dataplane_state()  # may mark more chains dirty; FatalDataplaneError after retries
@@ -585,6 +628,12 @@ class IptablesTable:
                 self._log.warning("succeeded after retry", attempts=len(attempts) + 1)
             break
         self._drift.repaired()
+        if self._check_early_read:
+            # The state came from a read started before InSync: what changed in the kernel since is seen by
+            # a read now, off the apply path (one that wrote has its post-write checks instead).
+            self._check_early_read = False
+            if self._writes == writes:
+                self._recheck_now("read-back started before InSync")
 
         self._num_chains = len(self._refcounts)
         self._gauge_chains.set(self._num_chains)
@@ -681,6 +730,7 @@ class IptablesTable:
             self._exec_restore(plan.buffer)
             self._rechecks.note_written(plan.written)  # newer than anything a running read can have seen
             self._last_write = self._clock()
+            self._writes += 1
             self._post_write = self._initial_post_write
         if self._post_write != 0:
             # Don't re-check sooner than a save+restore takes (peaks decay 1 % per call).
