@@ -158,6 +158,9 @@ class Tbl:
     def prefetch(self) -> None:
         self.order.append(f"{self.name}: prefetch")
 
+    def hash_ahead(self) -> None:
+        self.order.append(f"{self.name}: hash ahead")
+
     def apply(self) -> None:
         self.order.append(f"{self.name}: apply")
 
@@ -180,16 +183,43 @@ def test_the_loop_offers_the_read_after_rendering_ahead_and_its_first_apply_does
     dp.register_table(small)  # type: ignore[arg-type]
     dp.set_iface_in_sync()
     dp.on_datastore_message(pb.ConfigUpdate())
-    dp.maybe_apply()  # before InSync: renders ahead, then offers the early read
-    assert order == ["render ahead", "big: before InSync", "small: before InSync"]
+    dp.maybe_apply()  # before InSync: renders ahead, offers the early read, hashes the early reader's chains
+    assert order == ["render ahead", "big: before InSync", "small: before InSync", "big: hash ahead"]
     dp.on_datastore_message(pb.ConfigUpdate())
     dp.maybe_apply()  # more of the feed: the big table keeps its read; the small one is asked again
-    assert order[3:] == ["render ahead", "small: before InSync"]
+    assert order[4:] == ["render ahead", "small: before InSync", "big: hash ahead"]
     del order[:]
     dp.on_datastore_message(pb.InSync())
     dp.maybe_apply()
-    assert order == ["small: prefetch", "big: apply", "small: apply"]  # the big table's read is taken as is
+    # The big table's read is taken as is; every table hashes what the apply's managers changed.
+    assert order == ["small: prefetch", "big: hash ahead", "small: hash ahead", "big: apply", "small: apply"]
     del order[:]
     dp.needs_sync = True
     dp.apply()
-    assert order == ["big: prefetch", "small: prefetch", "big: apply", "small: apply"]  # later applies as before
+    assert order == ["big: prefetch", "small: prefetch", "big: hash ahead", "small: hash ahead", "big: apply",
+                     "small: apply"]  # later applies as before
+
+
+class CountingFeatures(StaticFeatures):
+    def __init__(self) -> None:
+        super().__init__(FEATURES)
+        self.refreshes = 0
+
+    def refresh_features(self) -> None:
+        self.refreshes += 1
+
+
+def test_a_read_ahead_refreshes_the_features_so_the_load_need_not() -> None:
+    """The load starts with a features' refresh (an ``iptables --version`` child); a read ahead does it on
+    its own thread instead, so the load that takes the read skips it.  A load without one refreshes."""
+    for ahead in (True, False):
+        node = Node("legacy", 4)
+        features = CountingFeatures()
+        node.table._features = features
+        if ahead:
+            assert node.table.prefetch_before_insync()
+            assert features.refreshes == 0
+            node.jobs.pop()()
+            assert features.refreshes == 1
+        node.table.apply()
+        assert features.refreshes == 1 and node.table.in_sync

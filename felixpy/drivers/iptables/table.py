@@ -453,10 +453,12 @@ class IptablesTable:
             self._ahead.start(lambda: self._read_ahead(size))
 
     def _read_ahead(self, size: int) -> SaveState | WireTable:
-        """prefetch's read of a table of about *size* rules.  No prehash hook: the load runs it.  A save
-        parsed here is parsed at once (its text is the bigger); the save worker's report waits for the
-        load, which decodes it into the lists hashed by then, so that no second copy of the table's
-        hashes is held (a read before InSync ends before the apply hashes anything)."""
+        """prefetch's read of a table of about *size* rules, after the features' refresh the load would
+        start with.  No prehash hook: the load runs it.  A save parsed here is parsed at once (its text is
+        the bigger); the save worker's report waits for the load, which decodes it into the lists hashed by
+        then, so that no second copy of the table's hashes is held (a read before InSync ends before the
+        apply hashes anything)."""
+        self._features.refresh_features()  # what the load starts with (an iptables --version child), done here
         got = self._reader.read_undecoded(size, self._write_stamp)
         return got if isinstance(got, WireTable) else self._reader.decode(got)
 
@@ -475,7 +477,8 @@ class IptablesTable:
 
     def _load_dataplane_state(self) -> None:
         self._rechecks.drop()  # a background read started before this one would be older: never merged
-        self._features.refresh_features()
+        if not self._ahead.started:
+            self._features.refresh_features()  # else the read ahead did, off the apply path
         features = self._check_features()
         self._last_read = self._clock()
         state = None
