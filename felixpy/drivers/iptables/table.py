@@ -415,8 +415,13 @@ class IptablesTable:
         """``HashesAhead`` (managers/base.py): the dirty chains rendered and hashed on a thread now, the
         work the apply starts with (``ChainHasher.prehash``), while the loop waits for the IP-set write.
         Everything that touches the desired state or the caches first waits for it (``ChainHasher.finish``),
-        so it never runs beside anything else of this table's."""
-        self._hasher.hash_ahead(self._dirty_chains, self._desired, self._check_features)
+        so it never runs beside anything else of this table's.  While a read started before InSync waits for
+        its load, every chain held is hashed, referenced or not: before the first apply most are not yet (the
+        endpoints' chains wait for the dispatch chains the apply builds), and that apply will compare them."""
+        if self._ahead_before_insync:
+            self._hasher.hash_ahead(self._chains, self._chains.get, self._check_features)
+        else:
+            self._hasher.hash_ahead(self._dirty_chains, self._desired, self._check_features)
 
     def _expected_insert_append(self, chain_name: str, num_foreign: int, features: Features
                                 ) -> tuple[list[str], list[str], list[str], list[str], list[str]]:
