@@ -100,7 +100,7 @@ static PyObject *chain_hashes(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "head must be str or None");
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(seq_obj, "rule texts must be a sequence");
+    PyObject *seq = PySequence_Fast(seq_obj, "rule texts must be iterable");  /* a list or tuple as is */
     if (seq == NULL)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);

@@ -29,9 +29,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 StartBackground = Callable[[Callable[[], None]], None]
 
@@ -82,14 +83,23 @@ class ReadAhead(Generic[T]):
             return
         self._fut = fut
 
-    def take(self, on_error: Callable[[], None] | None = None) -> T | None:
-        """The read's result, waiting for it; None if none was started or it failed (logged, and
-        *on_error* called): the caller then reads on its own path."""
+    @overload
+    def take(self, on_error: Callable[[], None] | None = None) -> T | None: ...
+
+    @overload
+    def take(self, on_error: Callable[[], None] | None, finish: Callable[[T], U]) -> U | None: ...
+
+    def take(self, on_error: Callable[[], None] | None = None,
+             finish: Callable[[T], Any] | None = None) -> Any:
+        """The read's result, waiting for it, passed through *finish* if given (the part of the read
+        that must wait for its taker, e.g. a decode into what the taker holds by then); None if none
+        was started or the read or *finish* failed (logged, and *on_error* called): the caller then
+        reads on its own path."""
         fut, self._fut = self._fut, None
         if fut is None:
             return None
         try:
-            return fut.result()
+            return fut.result() if finish is None else finish(fut.result())
         except Exception as e:
             self._log.warning(f"{self._what} started ahead failed; doing it again on the apply path", error=str(e))
             if on_error is not None:

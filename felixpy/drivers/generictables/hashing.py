@@ -77,9 +77,9 @@ else:
     ACCELERATED = True
 
     def rule_hashes(chain_name: str, rule_texts: Iterable[str]) -> list[str]:
-        """The hash of each of a chain's rule texts."""
-        texts = rule_texts if isinstance(rule_texts, (list, tuple)) else list(rule_texts)
-        hashes: list[str] = _c_chain_hashes(chain_name, None, texts)
+        """The hash of each of a chain's rule texts (any iterable: the extension lists what is not a list
+        or tuple, as PySequence_Fast does)."""
+        hashes: list[str] = _c_chain_hashes(chain_name, None, rule_texts)
         return hashes
 
     def rule_hashes_joined(chain_name: str, head: str, bodies: Sequence[str]) -> list[str]:

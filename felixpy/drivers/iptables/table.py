@@ -489,23 +489,16 @@ class IptablesTable:
         state = None
         if self._ahead.started:
             self._hasher.prehash(self._dirty_chains, self._desired, features)  # what the save's hook overlaps
-            state = self._decode_ahead(self._ahead.take(self._metrics.save_errors.inc))
+            state = self._ahead.take(self._metrics.save_errors.inc, self._decode_ahead)
             self._check_early_read = self._ahead_before_insync and state is not None
             self._ahead_before_insync = False
         self._reconcile(self._read_with_retries(features) if state is None else state, features)
 
-    def _decode_ahead(self, got: SaveState | WireTable | None) -> SaveState | None:
+    def _decode_ahead(self, got: SaveState | WireTable) -> SaveState:
         """A read ahead as the table's state: a worker's report decoded now, into the lists the table has
-        just hashed where they are equal.  None (counted, logged: the load reads again) if it will not
-        decode, as a read ahead that failed."""
-        if not isinstance(got, WireTable):
-            return got
-        try:
-            return self._reader.decode(got, self._hasher.cached)
-        except SaveParseError as e:
-            self._metrics.save_errors.inc()
-            self._log.warning(f"{self.save_cmd} started ahead failed; doing it again on the apply path", error=str(e))
-            return None
+        just hashed where they are equal (SaveParseError if it will not decode: ReadAhead.take counts and
+        logs it as a read ahead that failed, and the load reads again)."""
+        return got if isinstance(got, SaveState) else self._reader.decode(got, self._hasher.cached)
 
     def _reconcile(self, state: SaveState, features: Features, written: set[str] | None = None) -> None:
         """Take a read-back as the dataplane view, marking what differs from our belief dirty.  *written*:
