@@ -422,13 +422,14 @@ class InternalDataplane:
         return report
 
     def _prefetch(self) -> None:
-        """Tables and IP sets that will read the kernel back in this apply (start of day) start that read
-        now, on a worker, while the managers render: at the large-node restart the nftables read-back
-        (~3.7 s) otherwise began only after ~2 s of rendering, and in the iptables modes the tables'
-        saves waited for the IP-set read-back, which waited for the VXLAN manager.  Nothing is written
-        here.  A driver whose read began before InSync (``_prefetch_before_insync``) keeps that one."""
+        """Tables, IP sets and cleanups of the backends not in use that will read the kernel back in this
+        apply (start of day) start that read now, on a worker, while the managers render: at the
+        large-node restart the nftables read-back (~3.7 s) otherwise began only after ~2 s of rendering,
+        in the iptables modes the tables' saves waited for the IP-set read-back, which waited for the
+        VXLAN manager, and the other iptables backend's save (~30 ms) ran after the tables.  Nothing is
+        written here.  A driver whose read began before InSync (``_prefetch_before_insync``) keeps that one."""
         early, self._early_reads = self._early_reads or set(), None
-        for d in (*self.ipsets, *self.tables):
+        for d in (*self.ipsets, *self.tables, *self.cleanups):
             if id(d) not in early and _conforms(d, PrefetchesReadBack):
                 d.prefetch()
 

@@ -176,6 +176,86 @@ def test_nft_cleanup_deletes_only_the_calico_table(v: int) -> None:
     assert d.done and d.removed == 1
 
 
+# ------------------------------------------------------------------------ the first read, started ahead
+def saves(runner: ScriptedRunner) -> int:
+    return sum(1 for a, _ in runner.calls if a[0].endswith("-save"))
+
+
+@pytest.mark.parametrize("v,backend", [(4, "nft"), (6, "legacy")])
+def test_the_first_read_started_ahead_is_taken_by_the_apply(v: int, backend: str) -> None:
+    jobs: list[Callable[[], None]] = []
+    runner = ScriptedRunner([SAVE, ""])
+    d = IptablesBackendCleanup(v, backend, runner=runner, start_background=jobs.append)
+    d.prefetch()
+    assert len(jobs) == 1 and runner.calls == []  # started, not run
+    jobs.pop()()
+    d.apply()
+    # The read ahead found our objects: removed, then read again (fresh) and found clean.
+    assert [a[0].rsplit("-", 1)[1] for a, _ in runner.calls] == ["save", "restore", "save"]
+    assert d.done and d.removed_chains == 2 and d.removed_rules == 3
+    d.prefetch()
+    assert jobs == []  # done: nothing to read ahead
+
+
+def test_a_read_ahead_nobody_took_is_replaced_by_the_next_apply_s() -> None:
+    jobs: list[Callable[[], None]] = []
+    runner = ScriptedRunner([SAVE, "", ""])
+    d = IptablesBackendCleanup(4, "nft", runner=runner, start_background=jobs.append)
+    d.prefetch()
+    jobs.pop()()  # read while our objects were there; the apply's tables then failed: cleanup held back
+    d.prefetch()  # the next apply begins: that read is dropped, a fresh one started
+    jobs.pop()()
+    d.apply()
+    assert d.done and d.removed_chains == 0 and not any(a[0].endswith("-restore") for a, _ in runner.calls)
+
+
+class FirstSaveRaises(ScriptedRunner):
+    def run(self, argv: Sequence[str], stdin: str | None = None, *,
+            while_running: Callable[[], None] | None = None) -> CommandResult:
+        if argv[0].endswith("-save") and not self.calls:
+            self.calls.append((tuple(argv), stdin))
+            raise OSError("fork failed")
+        return super().run(argv, stdin, while_running=while_running)
+
+
+def test_a_read_ahead_that_failed_is_made_again_on_the_apply_path() -> None:
+    jobs: list[Callable[[], None]] = []
+    runner = FirstSaveRaises([SAVE, ""])
+    d = IptablesBackendCleanup(4, "legacy", runner=runner, start_background=jobs.append)
+    d.prefetch()
+    jobs.pop()()
+    d.apply()
+    assert saves(runner) == 3 and d.done and d.removed_chains == 2  # the failed one, then two of its own
+
+
+def test_nothing_is_read_ahead_without_the_backend_installed() -> None:
+    jobs: list[Callable[[], None]] = []
+    d = IptablesBackendCleanup(4, "legacy", runner=ScriptedRunner([SAVE], installed=False),
+                               start_background=jobs.append)
+    d.prefetch()
+    assert jobs == []
+
+
+def test_the_loop_starts_the_cleanups_reads_before_the_managers_render_and_cleans_after_the_tables() -> None:
+    tl: list[str] = []
+
+    class Manager:
+        def on_update(self, msg: object) -> None: ...
+
+        def complete_deferred_work(self) -> None:
+            tl.append("render")
+
+    class Cleanup(Rec):
+        def prefetch(self) -> None:
+            self.tl.append(f"prefetch {self.name}")
+
+    dp = _dp()
+    dp.register_manager(Manager())
+    dp.register_table(Rec(tl, "table:filter"))  # type: ignore[arg-type]
+    dp.register_cleanup(Cleanup(tl, "clean"))
+    assert dp.apply().ok and tl == ["prefetch clean", "render", "table:filter", "clean"]
+
+
 # ------------------------------------------------------------------------ the loop's ordering
 class Rec:
     def __init__(self, tl: list[str], name: str, v: int = 4, fail: bool = False) -> None:
