@@ -589,9 +589,23 @@ def test_refreshes_faster_than_the_drain_become_a_rolling_scan(env: Env) -> None
         d.queue_resync()  # the timer pops again before the queue drained
         before = len(env.fake.commands("list"))
         d.apply_updates()
+        d.apply_deletions()  # the apply's last IP-set step
         seen += [a[-1] for a in env.fake.commands("list")[before:]]
     # Re-adds keep their place: the scan still walks every set, in order, without starving any.
     assert seen[:10] == [f"cali40s:{i:03}" for i in range(10)]
+
+
+def test_one_apply_spends_one_budget_however_often_it_calls_apply_updates(env: Env) -> None:
+    """The loop calls apply_updates twice an apply (the second for sets recorded since the first): the
+    refresh's listings share one budget across both, renewed by apply_deletions."""
+    d = _fleet(env, 10)
+    d.queue_resync()
+    d.apply_updates()
+    d.apply_updates()  # the same apply's second call: its budget is spent
+    assert len(env.fake.commands("list")) == 4
+    assert d.apply_deletions() is True
+    d.apply_updates()  # the next apply's
+    assert len(env.fake.commands("list")) == 8
 
 
 def test_start_of_day_must_tier_is_drained_in_full(env: Env) -> None:

@@ -118,6 +118,11 @@ class IPSets:
         self._clock = clock
         self._sleep = sleep
         self._bg_budget = background_budget
+        # What is left of this apply's background-listing budget: the loop calls apply_updates twice an
+        # apply (the second for sets recorded since the first), and each call spending a whole budget made
+        # every apply of a large node's periodic refresh 200 ms, not Felix's 100.  Renewed by
+        # apply_deletions, the apply's last IP-set step.
+        self._bg_left = background_budget
         self._full_resync_via_save = full_resync_via_save
         self._log = log.bind(ip_version=ip_version)
         # The full resync's ``ipset save``, started by prefetch() as the apply that needs it begins.
@@ -263,8 +268,14 @@ class IPSets:
             self._save_ahead.start(self._save)
 
     def apply_updates(self) -> None:
+        budget = [self._bg_left]  # shared by every attempt of this call, and by this apply's other calls
+        try:
+            self._apply_updates(budget)
+        finally:
+            self._bg_left = budget[0]
+
+    def _apply_updates(self, budget: list[float]) -> None:
         delay = RETRY_INITIAL_DELAY
-        budget = [self._bg_budget]  # shared by every attempt of this call
         last_error: DataplaneError | None = None
         for attempt in range(MAX_RETRY_ATTEMPTS):
             if attempt:
@@ -318,6 +329,7 @@ class IPSets:
         return {"sets": self._sets.dataplane_len(), "members": sum(t.desired_len() for t in self._members.values())}
 
     def apply_deletions(self) -> bool:
+        self._bg_left = self._bg_budget  # the next apply's
         self._try_pending_renames()
         deleted = self._delete_some(temp_only=False)
         metrics.ipsets_calico.labels(ip_version=str(self.ip_version)).set(self._sets.dataplane_len())
