@@ -372,14 +372,15 @@ class InternalDataplane:
 
     def _prefetch_before_insync(self) -> None:
         """Drivers whose start-of-day read-back is long (``PrefetchesBeforeInSync``: the iptables tables
-        big enough for the save worker) may start it now, once the renders above have sized them, so that
-        it runs while the feed still arrives instead of after ``InSync``: at the stress profile's restart
-        the filter table's read (~1 s) was the whole apply's critical path.  Reads only; each driver at
-        most once; the first apply takes the read (``_prefetch``)."""
+        big enough for the save worker, the ipset driver holding 50,000 members or more) may start it now,
+        once the renders above have sized them, so that it runs while the feed still arrives instead of
+        after ``InSync``: at the stress profile's restart the filter table's read (~1 s) was the whole
+        apply's critical path, and at a large node's the ``ipset save`` (~0.2 s) the tables waited for.
+        Reads only; each driver at most once; the first apply takes the read (``_prefetch``)."""
         early = self._early_reads
         if early is None:
             return
-        for d in self.tables:
+        for d in (*self.ipsets, *self.tables):
             if id(d) not in early and _conforms(d, PrefetchesBeforeInSync):
                 try:
                     if d.prefetch_before_insync():

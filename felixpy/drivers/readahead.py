@@ -4,7 +4,9 @@ A driver that must read the kernel back before its next write (start of day, or 
 its view) can start that read when the apply begins (the loop's ``_prefetch``, the protocol
 :class:`~felixpy.managers.base.PrefetchesReadBack`): the read's child process then runs beside the
 managers' renders and the other drivers' reads instead of after them, and the driver's own step takes the
-result.  Used by the ipset driver (``ipset save``) and the iptables tables (``*-save``); the nftables
+result.  Used by the ipset driver (``ipset save``), the iptables tables (``*-save``) and the cleanup of
+the iptables backend not in use (its first ``*-save``, which nothing the apply writes before it touches);
+the nftables
 table has its own listings worker (``nftables/listing.py``), which also merges reads with its writes.
 The iptables tables also run their rule hashing ahead this way (``HashesAhead``): no kernel read at all,
 but the same start / take / drop.
@@ -14,10 +16,11 @@ The rules that keep a read ahead as fresh as one taken on the step's own path:
 * It reads only, and only the driver's own step takes it: no write of that driver's can come between
   (the driver is not in sync, so its step loads before it writes).
 * Each ``start`` (and ``drop``) forgets one nobody took, so a result is never older than the start of
-  the apply that takes it — except a big iptables table's start-of-day read, which may start before
-  ``InSync`` (``PrefetchesBeforeInSync``, managers/base.py): nothing of ours writes before then, and the
-  table reads again in the background once the apply that took it is done.  A result holding something to let go (the ipset driver's kept output
-  file) is handed to *discard* when forgotten, at once or when its read ends.
+  the apply that takes it — except a big iptables table's or ipset driver's start-of-day read, which may
+  start before ``InSync`` (``PrefetchesBeforeInSync``, managers/base.py): nothing of ours writes before
+  then, and the driver reads again in the background once the apply that took it is done.  A result
+  holding something to let go (the ipset driver's kept output file) is handed to *discard* when
+  forgotten, at once or when its read ends.
 * A read that failed, or a thread that could not start, is logged and the step reads on its own path,
   exactly as without it.
 
