@@ -8,6 +8,8 @@
 * ``FELIXPY_BENCH_PYSPY=PATH`` — py-spy (next to the interpreter: ``.venv/bin/pip install py-spy``) samples
   this process from its start until it exits (100 Hz, all threads, non-blocking), raw collapsed stacks to
   PATH (``{pid}`` in it: this process's id, one profile a daemon): a profile of a daemon a benchmark starts itself.
+  ``FELIXPY_BENCH_PYSPY_RATE=N`` samples N times a second instead; ``FELIXPY_BENCH_PYSPY_IDLE=1`` keeps the
+  samples of threads that wait (py-spy's ``--idle``): what a step waits for, not only what runs.
 * ``FELIXPY_BENCH_STEPTIMES=PATH`` — every apply appends one JSON line to PATH: its wall time and, for each
   step (``InternalDataplane._step``, and each background future the apply collects), when it started after
   the apply began and how long it ran, in milliseconds: where an apply's time goes, without a sampler;
@@ -70,9 +72,10 @@ if _SPY:
     import subprocess
     import sys
 
+    _idle = ["--idle"] if os.environ.get("FELIXPY_BENCH_PYSPY_IDLE") else []
     subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--pid", str(os.getpid()),
-                      "--rate", "100", "--format", "raw", "--nonblocking", "--threads", "-o",
-                      _SPY.replace("{pid}", str(os.getpid()))],
+                      "--rate", os.environ.get("FELIXPY_BENCH_PYSPY_RATE", "100"), "--format", "raw",
+                      "--nonblocking", "--threads", *_idle, "-o", _SPY.replace("{pid}", str(os.getpid()))],
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 _TM = os.environ.get("FELIXPY_BENCH_TRACEMALLOC")
