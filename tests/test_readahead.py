@@ -93,6 +93,18 @@ def test_a_result_nobody_took_is_discarded_done_or_when_its_read_ends() -> None:
     assert discarded == [1, 2]
 
 
+def test_a_read_marked_early_is_known_as_such_until_it_is_taken_dropped_or_replaced() -> None:
+    ahead: ReadAhead[str] = ReadAhead("x", Log(), lambda fn: fn())  # each read done as it starts
+    ahead.mark_early()
+    assert not ahead.early  # nothing held: nothing to mark
+    for forget in (ahead.take, ahead.drop, lambda: ahead.start(lambda: "again")):
+        ahead.start(lambda: "r")
+        ahead.mark_early()
+        assert ahead.early
+        forget()
+        assert not ahead.early
+
+
 def test_the_default_runs_the_read_on_a_thread_of_its_own() -> None:
     import threading
     seen: list[str] = []

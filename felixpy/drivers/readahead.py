@@ -52,14 +52,26 @@ class ReadAhead(Generic[T]):
             lambda fn: threading.Thread(target=fn, name=thread_name, daemon=True).start())
         self._discard = discard
         self._fut: Future[T] | None = None
+        self._early = False  # the read held was started before InSync (mark_early)
 
     @property
     def started(self) -> bool:
         return self._fut is not None
 
+    @property
+    def early(self) -> bool:
+        """Whether the read held (started, not yet taken or dropped) was started before ``InSync``."""
+        return self._early
+
+    def mark_early(self) -> None:
+        """The read held, if any, was started before ``InSync`` (``PrefetchesBeforeInSync``): its taker
+        reads again in the background once its apply is done.  Forgotten with the read."""
+        self._early = self._fut is not None
+
     def drop(self) -> None:
         """Forget the read, running or done: nothing will take it."""
         fut, self._fut = self._fut, None
+        self._early = False
         if fut is not None and self._discard is not None:
             discard = self._discard
 
@@ -99,6 +111,7 @@ class ReadAhead(Generic[T]):
         was started or the read or *finish* failed (logged, and *on_error* called): the caller then
         reads on its own path."""
         fut, self._fut = self._fut, None
+        self._early = False
         if fut is None:
             return None
         try:

@@ -134,7 +134,6 @@ class IPSets:
         # The full resync's ``ipset save``, started by prefetch() as the apply that needs it begins.
         self._save_ahead: ReadAhead[Output] = ReadAhead("'ipset save'", self._log, start_background,
                                                         "ipset-save-ahead", discard=Output.close)
-        self._save_before_insync = False  # _save_ahead was started before InSync (prefetch_before_insync)
         self._recheck_early_save = False  # the full resync used such a save: re-read in the background after
 
         # Main set name -> Calico set ID, for every desired set.
@@ -272,7 +271,6 @@ class IPSets:
         (readahead.py), so that it runs while the managers render (the set writers among them first: the
         VXLAN manager's ~50 ms at a large node) and the apply's full resync takes its output.  Reads only."""
         self._save_ahead.drop()
-        self._save_before_insync = False
         if self._full_resync_required and self._full_resync_via_save:
             self._save_ahead.start(self._save)
 
@@ -283,13 +281,14 @@ class IPSets:
         but others may: the apply that uses this save asks for a background resync once it is done (the
         periodic refresh's rolling re-read of every set, which counts what changed as drift).  True if
         the save was started."""
-        if not (self._full_resync_required and self._full_resync_via_save) or self._save_before_insync:
-            return self._save_before_insync
-        if sum(t.desired_len() for t in self._members.values()) < self._early_save_min:
+        if self._save_ahead.early:
+            return True
+        due = self._full_resync_required and self._full_resync_via_save
+        if not due or self._desired_members() < self._early_save_min:
             return False
         self.prefetch()
-        self._save_before_insync = self._save_ahead.started
-        return self._save_before_insync
+        self._save_ahead.mark_early()
+        return self._save_ahead.early
 
     def apply_updates(self) -> None:
         budget = [self._bg_left]  # shared by every attempt of this call, and by this apply's other calls
@@ -350,7 +349,10 @@ class IPSets:
 
     def status_counts(self) -> dict[str, int]:
         """Calico IP sets in the kernel and the members felixpy wants in them."""
-        return {"sets": self._sets.dataplane_len(), "members": sum(t.desired_len() for t in self._members.values())}
+        return {"sets": self._sets.dataplane_len(), "members": self._desired_members()}
+
+    def _desired_members(self) -> int:
+        return sum(t.desired_len() for t in self._members.values())
 
     def apply_deletions(self) -> bool:
         self._bg_left = self._bg_budget  # the next apply's
@@ -661,7 +663,7 @@ class IPSets:
     def _take_save(self) -> Output:
         """The full resync's ``ipset save``: the one :meth:`prefetch` started, else one run now.  One started
         before InSync is older than this apply: the sets are re-read once the apply is done."""
-        early, self._save_before_insync = self._save_before_insync, False
+        early = self._save_ahead.early
         out = self._save_ahead.take()
         if out is None:
             return self._save()

@@ -167,7 +167,8 @@ class IptablesBackendCleanup:
             self.done = True
             return
         for _ in range(MAX_PASSES):
-            plans, ahead = (self._read() if ahead is None else ahead), None
+            plans = self._read() if ahead is None else ahead
+            ahead = None  # a pass after a removal reads afresh
             if not plans:
                 self.done = True
                 return

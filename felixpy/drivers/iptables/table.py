@@ -188,7 +188,6 @@ class IptablesTable:
         self._log = log.bind(table=name, ip_version=ip_version, backend=backend)
         # prefetch's read: the state, or the save worker's report of it, decoded when the load takes it
         self._ahead: ReadAhead[SaveState | WireTable] = ReadAhead(self.save_cmd, self._log, start_background)
-        self._ahead_before_insync = False  # _ahead was started before InSync (prefetch_before_insync)
         self._check_early_read = False  # the state loaded came from such a read: re-read once the apply is done
         # The chains' hashes and renderings, and hash_ahead's thread (hasher.py).
         self._hasher = ChainHasher(self._log)
@@ -418,7 +417,7 @@ class IptablesTable:
         so it never runs beside anything else of this table's.  While a read started before InSync waits for
         its load, every chain held is hashed, referenced or not: before the first apply most are not yet (the
         endpoints' chains wait for the dispatch chains the apply builds), and that apply will compare them."""
-        if self._ahead_before_insync:
+        if self._ahead.early:
             self._hasher.hash_ahead(self._chains, self._chains.get, self._check_features)
         else:
             self._hasher.hash_ahead(self._dirty_chains, self._desired, self._check_features)
@@ -450,7 +449,6 @@ class IptablesTable:
         apply's load needs now (readahead.py), so that the save runs beside the managers' renders and
         the IP-set read-back instead of after them.  Reads only."""
         self._ahead.drop()
-        self._ahead_before_insync = False
         if not self._in_sync and self._background_rechecks:
             # Sized by every chain held: before the apply's renders reference them, the referenced count
             # can be far below what the read will find, and choose the daemon over the save worker.
@@ -477,8 +475,8 @@ class IptablesTable:
         if self._in_sync or not self._background_rechecks or not self._reader.uses_worker(self._held_rules()):
             return False
         self.prefetch()
-        self._ahead_before_insync = self._ahead.started
-        return self._ahead_before_insync
+        self._ahead.mark_early()
+        return self._ahead.early
 
     def _load_dataplane_state(self) -> None:
         self._rechecks.drop()  # a background read started before this one would be older: never merged
@@ -488,10 +486,10 @@ class IptablesTable:
         self._last_read = self._clock()
         state = None
         if self._ahead.started:
+            early = self._ahead.early
             self._hasher.prehash(self._dirty_chains, self._desired, features)  # what the save's hook overlaps
             state = self._ahead.take(self._metrics.save_errors.inc, self._decode_ahead)
-            self._check_early_read = self._ahead_before_insync and state is not None
-            self._ahead_before_insync = False
+            self._check_early_read = early and state is not None
         self._reconcile(self._read_with_retries(features) if state is None else state, features)
 
     def _decode_ahead(self, got: SaveState | WireTable) -> SaveState:
