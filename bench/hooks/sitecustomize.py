@@ -5,6 +5,7 @@
   the name the wiring looks up, so the daemon's own code is untouched.
 * ``FELIXPY_BENCH_TRACEMALLOC=PATH`` — trace Python allocations from the start; on ``SIGUSR2`` write the
   top allocation sites (by line, and by file) of what is held right now, plus the traced peak, to PATH.
+  ``FELIXPY_BENCH_TRACEMALLOC_FRAMES=N`` keeps N frames a trace and adds the top tracebacks (slower).
 * ``FELIXPY_BENCH_PYSPY=PATH`` — py-spy (next to the interpreter: ``.venv/bin/pip install py-spy``) samples
   this process from its start until it exits (100 Hz, all threads, non-blocking), raw collapsed stacks to
   PATH (``{pid}`` in it: this process's id, one profile a daemon): a profile of a daemon a benchmark starts itself.
@@ -84,7 +85,8 @@ if _TM:
     import tracemalloc
     from types import FrameType
 
-    tracemalloc.start(1)
+    _TM_FRAMES = int(os.environ.get("FELIXPY_BENCH_TRACEMALLOC_FRAMES", "1"))
+    tracemalloc.start(_TM_FRAMES)
 
     def _dump(_sig: int, _frame: FrameType | None) -> None:
         snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
@@ -95,6 +97,11 @@ if _TM:
                 f.write(f"### by {kind}\n")
                 for stat in snap.statistics(kind)[:25]:
                     f.write(f"{stat.size / 2**20:8.2f} MiB {stat.count:9d} blocks  {stat.traceback[0]}\n")
+            if _TM_FRAMES > 1:
+                f.write("### by traceback\n")
+                for stat in snap.statistics("traceback")[:12]:
+                    f.write(f"{stat.size / 2**20:8.2f} MiB {stat.count:9d} blocks\n")
+                    f.writelines(f"      {line}\n" for line in stat.traceback.format(most_recent_first=True))
 
     signal.signal(signal.SIGUSR2, _dump)
 
