@@ -180,7 +180,7 @@ def test_nothing_reaches_the_kernel_before_in_sync(node: Node) -> None:
     filter4 = next(t for t in node.builds[0].tables if t.name == "filter" and t.ip_version == 4)
     assert "cali-pri-kns.default" in filter4._chains  # the profile is rendered ahead, in memory only
     assert {"cali-tw-calia", "cali-fw-calia"} <= set(filter4._chains)  # and the endpoint's chains
-    assert not any(n.startswith("cali-to-wl-dispatch") for n in filter4._chains)  # the apply renders dispatch
+    assert filter4._chains["cali-to-wl-dispatch"].rules[0].action.target == "cali-tw-calia"  # and the dispatch
 
     node.send(feed, pb.InSync())
     assert {"cali-FORWARD", "cali-tw-calia", "cali-fw-calia", "cali-pri-kns.default"} <= node.chains()

@@ -32,9 +32,9 @@ where a later change of it re-dirties what was computed from it (the BPF route m
 Before the first ``InSync`` the loop runs it as the feed arrives
 (:meth:`~felixpy.dataplane.core.InternalDataplane.render_ahead`), so the start of day's first apply
 finds it done: the policy manager's is all of ``complete_deferred_work()`` (Felix's policy manager
-renders in ``OnUpdate`` itself); the endpoint manager's is each endpoint's chains and routes, not the
-dispatch chains (rendered once, by the apply) nor the interfaces' configuration.  Nothing is written
-until the apply after ``InSync``.
+renders in ``OnUpdate`` itself); the endpoint manager's is each endpoint's chains and routes and the
+dispatch chains that reference them, not the interfaces' configuration.  Nothing is written until the
+apply after ``InSync``.
 
 Optional extras are discovered structurally (``isinstance`` on the runtime
 checkable protocols below):

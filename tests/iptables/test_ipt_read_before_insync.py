@@ -225,37 +225,43 @@ def test_a_read_ahead_refreshes_the_features_so_the_load_need_not() -> None:
         assert features.refreshes == 1 and node.table.in_sync
 
 
-def test_before_insync_a_table_hashes_every_chain_it_holds_so_the_first_apply_hashes_nothing_again(
+def test_before_insync_a_table_hashes_the_chains_it_will_program_and_not_those_nothing_references(
         backend: str, version: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Before the first apply the endpoints' chains are held but not referenced (the dispatch chains that
-    reference them are built by the apply): hashing ahead before InSync hashes them anyway, and the apply
-    that references them renders and hashes nothing again."""
+    """Before InSync the managers' ``render_ahead`` has built the dispatch chains, so the endpoints' chains
+    are referenced: hashing ahead hashes them, and the apply renders and hashes none of their rules again.
+    A chain nothing references (a policy's in raw or mangle, which hold every policy's chains) is never
+    compared, so it is not hashed, ahead or by the apply: its hashes would be held for nothing."""
     from felixpy.drivers.iptables import render
 
+    def tw_a() -> Chain:
+        return Chain("cali-tw-a", tuple(Rule(Match().protocol("udp").dest_ports(53 + i), Accept()) for i in range(10)))
+
+    def unused() -> Chain:
+        return Chain("cali-pi-unused", tuple(Rule(Match().protocol("tcp").dest_ports(80 + i), Accept())
+                                             for i in range(10)))
+
     first = Node(backend, version)
-    first.table.update_chains([Chain("cali-dispatch", (Rule(action=Jump("cali-tw-a")),)),
-                               Chain("cali-tw-a", tuple(Rule(Match().protocol("udp").dest_ports(53 + i), Accept())
-                                                        for i in range(10)))])
+    first.table.update_chains([Chain("cali-dispatch", (Rule(action=Jump("cali-tw-a")),)), tw_a(), unused()])
     first.table.insert_or_append_rules("INPUT", [Rule(action=Jump("cali-dispatch"))])
     first.table.apply()
 
-    node = Node(backend, version, fake=first.fake)  # the restart
-    node.table.update_chains([Chain("cali-tw-a", tuple(Rule(Match().protocol("udp").dest_ports(53 + i), Accept())
-                                                       for i in range(10)))])  # held, not referenced yet
+    node = Node(backend, version, fake=first.fake)  # the restart, as render_ahead leaves it
+    node.table.update_chains([tw_a(), unused(), Chain("cali-dispatch", (Rule(action=Jump("cali-tw-a")),))])
+    node.table.insert_or_append_rules("INPUT", [Rule(action=Jump("cali-dispatch"))])
     assert node.table.prefetch_before_insync()
     node.table.hash_ahead()
     node.table._hasher.finish()
     assert node.table._hasher.cached("cali-tw-a") is not None
+    assert node.table._hasher.cached("cali-pi-unused") is None
     node.jobs.pop()()
     renders: list[object] = []
     real = render.render_body
     monkeypatch.setattr(render, "render_body", lambda r, f: renders.append(r) or real(r, f))
-    node.table.update_chains([Chain("cali-dispatch", (Rule(action=Jump("cali-tw-a")),))])  # the apply's render
-    node.table.insert_or_append_rules("INPUT", [Rule(action=Jump("cali-dispatch"))])
     node.table.hash_ahead()
     restores = node.restores()
     node.table.apply()
     assert node.restores() == restores  # the kernel already holds it all
-    # Only the jumps (the new dispatch chain's, and the kernel chains' inserts, rendered at every check):
-    # none of cali-tw-a's 10 rules again.
-    assert renders and all(isinstance(r.action, Jump) for r in renders)  # type: ignore[attr-defined]
+    # Only the kernel chains' inserts (rendered at every check): none of cali-tw-a's 10 rules again, and
+    # none of the unreferenced chain's.
+    assert all(isinstance(r.action, Jump) for r in renders)  # type: ignore[attr-defined]
+    assert node.table._hasher.cached("cali-pi-unused") is None

@@ -335,6 +335,34 @@ def test_dispatch_is_rendered_again_only_when_the_interface_names_change(node: N
     assert dispatched(f, "calia") == (Drop(), Drop())
 
 
+def test_before_insync_the_endpoints_chains_are_rendered_and_dispatched_and_nothing_is_written(
+        node: Node, v: int) -> None:
+    """``render_ahead`` (the loop's, before InSync) renders the endpoints' chains and the dispatch chains
+    that reach them into the tables' desired state, so a table sees which chains the first apply will
+    program (and hashes those, and only those, ahead); a policy no endpoint uses stays unreachable.  The
+    kernel is untouched until the apply, which then has no dispatch left to render."""
+    node.link_up("calia")
+    node.link_up("calib")
+    before = node.kernel_snapshot()
+    node.send(profile("kns.default"), policy("p1", inbound=[rule("allow")]), policy("unused", inbound=[rule("allow")]),
+              wep("a", mac=MAC, profiles=["kns.default"], tiers=[tier(ingress=("p1",))], **addrs(1)))
+    node.dp.render_ahead()
+    f = node.f(v).filter
+    wanted = f.desired_programmed_names()
+    assert {"cali-fw-calia", "cali-tw-calia", pi("p1")} <= wanted
+    assert pi("unused") in f.recorded_names() and pi("unused") not in wanted
+    # More of the feed: the dispatch follows it before InSync too.
+    node.send(wep("b", profiles=["kns.default"], **addrs(2)))
+    node.dp.render_ahead()
+    assert {"cali-fw-calib", "cali-tw-calib"} <= f.desired_programmed_names()
+    assert node.kernel_snapshot() == before
+    node.apply()
+    assert dispatched(f, "calia") == (Goto("cali-fw-calia"), Goto("cali-tw-calia"))
+    assert dispatched(f, "calib") == (Goto("cali-fw-calib"), Goto("cali-tw-calib"))
+    assert dispatched(f, "calic") == (Drop(), Drop())
+    assert not f.is_programmed(pi("unused"))
+
+
 @pytest.mark.parametrize("mode", ["Felix", "TwoLevel"])
 def test_dispatch_with_many_endpoints_reaches_each_and_fails_closed(v: int, mode: str) -> None:
     node = Node(families=(4, 6), config=Config(Ipv6Support=True, DispatchChainMode=mode))

@@ -412,15 +412,14 @@ class IptablesTable:
 
     def hash_ahead(self) -> None:
         """``HashesAhead`` (managers/base.py): the dirty chains rendered and hashed on a thread now, the
-        work the apply starts with (``ChainHasher.prehash``), while the loop waits for the IP-set write.
-        Everything that touches the desired state or the caches first waits for it (``ChainHasher.finish``),
-        so it never runs beside anything else of this table's.  While a read started before InSync waits for
-        its load, every chain held is hashed, referenced or not: before the first apply most are not yet (the
-        endpoints' chains wait for the dispatch chains the apply builds), and that apply will compare them."""
-        if self._ahead.early:
-            self._hasher.hash_ahead(self._chains, self._chains.get, self._check_features)
-        else:
-            self._hasher.hash_ahead(self._dirty_chains, self._desired, self._check_features)
+        work the apply starts with (``ChainHasher.prehash``), while the loop waits for the IP-set write,
+        or before InSync while a read started then waits for its load.  Everything that touches the desired
+        state or the caches first waits for it (``ChainHasher.finish``), so it never runs beside anything
+        else of this table's.  Only the chains to program (referenced) are hashed: before InSync the
+        managers' ``render_ahead`` has built the dispatch chains that reference the endpoints' chains, and a
+        chain nothing references (a policy's in raw or mangle, unless a host endpoint's chain jumps to it)
+        is never compared, so its hashes would be held for nothing."""
+        self._hasher.hash_ahead(self._dirty_chains, self._desired, self._check_features)
 
     def _expected_insert_append(self, chain_name: str, num_foreign: int, features: Features
                                 ) -> tuple[list[str], list[str], list[str], list[str], list[str]]:
