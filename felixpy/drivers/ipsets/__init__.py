@@ -6,6 +6,7 @@
 * :mod:`.members` — member validation and canonical forms.
 * :mod:`.parse` — parsers of ``ipset list`` / ``ipset save`` output.
 * :mod:`.digest` — the digest that finds an unchanged set in sync at the start of day.
+* :mod:`.saveread` — an ``ipset save`` as the full resync takes it, digested ahead when read before InSync.
 * :mod:`.meta` — a set's metadata as the driver believes it.
 * :mod:`.resync_queue` — the two-tier re-read queue of the incremental refresh.
 * :mod:`.fake` — a stateful fake ``ipset`` for tests.

@@ -78,7 +78,7 @@ from collections.abc import Callable, Iterable
 import structlog
 
 from felixpy.deltatracker import DeltaTracker, MemberTracker
-from felixpy.drivers.cmdshim import CommandResult, CommandRunner, Output, run_output, stdin_text, takes_stdin_lines
+from felixpy.drivers.cmdshim import CommandResult, CommandRunner, run_output, stdin_text, takes_stdin_lines
 from felixpy.drivers.ipsets import metrics
 from felixpy.drivers.ipsets.digest import local_digest
 from felixpy.drivers.ipsets.members import BadMembers, canonicalise_members
@@ -88,6 +88,7 @@ from felixpy.drivers.ipsets.parse import is_not_found, parse_list_names, restore
 from felixpy.drivers.readahead import ReadAhead
 from felixpy.drivers.ipsets.resync import Resync
 from felixpy.drivers.ipsets.resync_queue import ResyncPriority, ResyncQueue
+from felixpy.drivers.ipsets.saveread import SaveRead, digest_save
 from felixpy.drivers.ipsets_api import IPSetMetadata, IPSetType
 from felixpy.errors import CommandError, DataplaneError, FatalDataplaneError
 
@@ -132,8 +133,8 @@ class IPSets:
         self._early_save_min = early_save_min_members
         self._log = log.bind(ip_version=ip_version)
         # The full resync's ``ipset save``, started by prefetch() as the apply that needs it begins.
-        self._save_ahead: ReadAhead[Output] = ReadAhead("'ipset save'", self._log, start_background,
-                                                        "ipset-save-ahead", discard=Output.close)
+        self._save_ahead: ReadAhead[SaveRead] = ReadAhead("'ipset save'", self._log, start_background,
+                                                          "ipset-save-ahead", discard=SaveRead.close)
         self._recheck_early_save = False  # the full resync used such a save: re-read in the background after
 
         # Main set name -> Calico set ID, for every desired set.
@@ -286,7 +287,8 @@ class IPSets:
         due = self._full_resync_required and self._full_resync_via_save
         if not due or self._desired_members() < self._early_save_min:
             return False
-        self.prefetch()
+        self._save_ahead.drop()
+        self._save_ahead.start(self._save_digested)
         self._save_ahead.mark_early()
         return self._save_ahead.early
 
@@ -660,23 +662,36 @@ class IPSets:
         metrics.exec_time_micros.observe((time.perf_counter() - start) * 1e6)
         return result
 
-    def _take_save(self) -> Output:
+    def _take_save(self) -> SaveRead:
         """The full resync's ``ipset save``: the one :meth:`prefetch` started, else one run now.  One started
         before InSync is older than this apply: the sets are re-read once the apply is done."""
         early = self._save_ahead.early
-        out = self._save_ahead.take()
-        if out is None:
+        read = self._save_ahead.take()
+        if read is None:
             return self._save()
-        self._recheck_early_save = early and out.result.ok  # a failed save is followed by fresh reads
-        return out
+        self._recheck_early_save = early and read.output.result.ok  # a failed save is followed by fresh reads
+        return read
 
-    def _save(self) -> Output:
+    def _save(self) -> SaveRead:
         """``ipset save``, its output left in its file for :meth:`Output.pieces` (7 MB at a large node,
         held as bytes and text together at the restart's memory peak when read whole; #17)."""
         start = time.perf_counter()
         out = run_output(self._runner, ["ipset", "save"])
         metrics.exec_time_micros.observe((time.perf_counter() - start) * 1e6)
-        return out
+        return SaveRead(out)
+
+    def _save_digested(self) -> SaveRead:
+        """:meth:`_save`, then every owned set's members digested (saveread.py): the save started before
+        InSync, on its thread, so that the apply compares a digest per set instead of every member.  It
+        reads no state of the driver's.  A save that will not parse is let go and raises (the read ahead
+        is logged as failed; the apply saves again)."""
+        read = self._save()
+        try:
+            read.digested = digest_save(read.output, self.names)
+        except BaseException:
+            read.close()
+            raise
+        return read
 
     def _dump_state(self) -> None:
         result = self._run(["ipset", "list", "-name"])

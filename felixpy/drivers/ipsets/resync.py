@@ -19,7 +19,8 @@ Full resync (start of day, persistent failures)
     of each owned set at *must* priority.  Both end in the same mark and sweep: a wanted set keeps what
     it holds and gets only the members that differ (found in sync by its digest, :mod:`.digest`, when
     its members arrived whole and have not changed since), a wanted set the kernel lacks becomes a
-    pending create, an owned set nobody wants a pending deletion.
+    pending create, an owned set nobody wants a pending deletion.  A save read before InSync comes
+    digested (:mod:`.saveread`): only the sets whose digests differ have their members cut out again.
 
 Background resync (the periodic refresh)
     One ``ipset list -name``: a wanted set gone from it becomes a pending create, an unexpected unwanted
@@ -45,13 +46,14 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from felixpy.deltatracker import DeltaTracker, MemberTracker
-from felixpy.drivers.cmdshim import CommandResult, Output
+from felixpy.drivers.cmdshim import CommandResult
 from felixpy.drivers.drift import DriftTally
 from felixpy.drivers.ipsets.digest import local_digest
 from felixpy.drivers.ipsets.meta import UNREAD, DataplaneMeta
 from felixpy.drivers.ipsets.naming import IPVersionConfig
 from felixpy.drivers.ipsets.parse import ListedSet, is_not_found, parse_list, parse_list_names, parse_save
 from felixpy.drivers.ipsets.resync_queue import ResyncPriority, ResyncQueue
+from felixpy.drivers.ipsets.saveread import SaveDigests, SaveRead
 from felixpy.errors import CommandError, DataplaneError
 
 
@@ -75,7 +77,7 @@ class Resync:
                  pending_renames: Mapping[str, str], dirty: Collection[str],
                  abandon_rename: Callable[[str, bool], None], update_dirtiness: Callable[[str], None],
                  run: Callable[[list[str]], CommandResult],
-                 save: Callable[[], Output] | None, clock: Callable[[], float], log: Any) -> None:
+                 save: Callable[[], SaveRead] | None, clock: Callable[[], float], log: Any) -> None:
         self._names = names
         self._sets = sets
         self._members = members
@@ -124,9 +126,13 @@ class Resync:
         self._queue.clear()
         self._drift_watch.clear()
         if self._save is not None:
-            with self._save() as out:
+            with self._save() as read:
+                out = read.output
                 if out.result.ok:
-                    self._load_full_dump(out.pieces(b"create "))
+                    if read.digested is not None:
+                        self._load_digested_dump(read.digested, out.pieces)
+                    else:
+                        self._load_full_dump(out.pieces(b"create "))
                     self.background_requested = False
                     return
             self._log.warning("'ipset save' failed; re-reading Calico sets one by one",
@@ -151,9 +157,14 @@ class Resync:
             else:  # an add line out of order (ipset save writes none): one more member found
                 self._load_found_members(s.name, members)
 
-        owned = [s for s in parse_save(pieces, self._wants_members, sink) if self._names.owns(s.name)]
-        self._sets.replace_dataplane({s.name: DataplaneMeta(s.type, s.family, s.max_size) for s in owned})
-        self._sweep_missing({s.name for s in owned})
+        owned = [(s.name, DataplaneMeta(s.type, s.family, s.max_size))
+                 for s in parse_save(pieces, self._wants_members, sink) if self._names.owns(s.name)]
+        self._finish_full_dump(owned)
+
+    def _finish_full_dump(self, owned: list[tuple[str, DataplaneMeta]]) -> None:
+        """The owned sets a save listed become the dataplane view; the wanted ones it lacks are swept."""
+        self._sets.replace_dataplane(dict(owned))
+        self._sweep_missing({name for name, _ in owned})
         self._log.info("Resynced IP sets with the dataplane", owned=len(owned),
                        to_create_or_rebuild=self._sets.num_pending_updates(),
                        with_dirty_members=len(self._dirty), to_delete=self._sets.num_pending_deletions())
@@ -232,6 +243,33 @@ class Resync:
         self._sets.set_dataplane(name, DataplaneMeta(s.type, s.family, s.max_size))
         if s.members is not None:
             self._load_members(name, s.members, drift=watched)
+
+    def _load_digested_dump(self, found: SaveDigests, pieces: Callable[[bytes], Iterable[str]]) -> None:
+        """An ``ipset save`` digested ahead (:mod:`.saveread`): each wanted set whose kernel digest equals
+        the one its desired members got when they arrived is in sync as is; only the others' members are
+        cut out of the save again (its *pieces*) and compared key by key, as :meth:`_load_full_dump`
+        compares every set.  The same mark and sweep follow."""
+        again: set[str] = set()
+        for name, _meta in found.sets:
+            tracker = self._members.get(name)
+            if tracker is None or not self._wants_members(name):
+                continue
+            got, dig = found.digests.get(name), self._digests.get(name)
+            if got is not None and got == dig and got[0] == tracker.desired_len():
+                tracker.mark_dataplane_desired()
+                tracker.compact()
+                self._update_dirtiness(name)
+            else:
+                again.add(name)
+        if again:
+            def sink(s: ListedSet, members: list[str], whole: bool) -> None:
+                if whole:
+                    self._load_members(s.name, members)
+                else:
+                    self._load_found_members(s.name, members)
+
+            parse_save(pieces(b"create "), lambda n: n in again, sink)
+        self._finish_full_dump(found.sets)
 
     def _wants_members(self, name: str) -> bool:
         # Only sets we want: unwanted ones are only ever destroyed, temp ones too.
