@@ -214,3 +214,28 @@ def test_bulk_keys_forms_on_a_large_set() -> None:
     assert t.pending_update_keys() == members[:1] and t.pending_deletions() == ["192.0.2.1"]
     t.replace_all_desired_keys(members[2:], True)
     assert t.pending_update_keys() == [] and t.pending_deletions() == ["192.0.2.1", members[1]]
+
+
+def test_a_read_back_value_equal_to_the_desired_one_is_held_as_the_desired_object() -> None:
+    """After a resync the kernel's copies of values equal to the desired ones are let go: the dataplane
+    side holds the desired objects (one object each, not two), in sync or not; a differing or unwanted
+    value stays the kernel's; with a custom equality nothing is swapped (equal need not mean the same)."""
+    def val(s: str) -> str:
+        out = s[:1] + s[1:]  # an equal string that is another object
+        assert out is not s
+        return out
+
+    t: DeltaTracker[str, str] = DeltaTracker()
+    want = {"a": val("route-a"), "b": val("route-b")}
+    t.replace_all_desired(want)
+    t.replace_dataplane({"a": val("route-a"), "b": val("route-b")})  # in sync
+    assert t.in_sync() and all(t.get_dataplane(k) is v for k, v in want.items())
+    got_c = val("route-c")
+    t.replace_dataplane({"a": val("route-a"), "b": val("other"), "c": got_c})  # one equal, one not, one extra
+    assert t.get_dataplane("a") is want["a"]
+    assert t.get_dataplane("b") == "other" and t.get_dataplane("c") is got_c
+    assert t.pending_updates() == [("b", "route-b")] and t.pending_deletions() == ["c"]
+    custom: DeltaTracker[str, str] = DeltaTracker(values_equal=lambda x, y: x.lower() == y.lower())
+    custom.replace_all_desired({"a": "Route-A"})
+    custom.replace_dataplane({"a": "route-a"})
+    assert custom.in_sync() and custom.get_dataplane("a") == "route-a"
