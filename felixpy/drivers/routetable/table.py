@@ -322,10 +322,11 @@ class RouteTable:
             return
         route_class, ifindex, t = best
         route = self._kernel_route(t, ifindex)
-        if old_key is not None and old_key != route.key:
+        key = route.key  # one tuple for both maps (the property makes a new one each time)
+        if old_key is not None and old_key != key:
             self.kernel.delete_desired(old_key)
-        self._desired_key[cidr] = route.key
-        self.kernel.set_desired(route.key, route)
+        self._desired_key[cidr] = key
+        self.kernel.set_desired(key, route)
         self.conntrack.update_owner(cidr, ifindex, route_class)
 
     def _kernel_route(self, t: Target, ifindex: int) -> Route:
