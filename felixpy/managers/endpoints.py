@@ -382,8 +382,8 @@ class EndpointManager:
         names = sorted(self._iface_to_key)
         if names == self._dispatch_names:
             return
-        self._dispatch_names = names
         new = {c.name: c for c in self._r.workload_dispatch_chains(names)}
+        self._dispatch_names = names  # only once rendered: a render that raised is tried again
         for name, chain in new.items():
             if self._dispatch_chains.get(name) != chain:
                 self._filter.update_chain(chain)

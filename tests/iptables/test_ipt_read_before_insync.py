@@ -263,5 +263,5 @@ def test_before_insync_a_table_hashes_the_chains_it_will_program_and_not_those_n
     assert node.restores() == restores  # the kernel already holds it all
     # Only the kernel chains' inserts (rendered at every check): none of cali-tw-a's 10 rules again, and
     # none of the unreferenced chain's.
-    assert all(isinstance(r.action, Jump) for r in renders)  # type: ignore[attr-defined]
+    assert renders and all(isinstance(r.action, Jump) for r in renders)  # type: ignore[attr-defined]
     assert node.table._hasher.cached("cali-pi-unused") is None

@@ -363,6 +363,31 @@ def test_before_insync_the_endpoints_chains_are_rendered_and_dispatched_and_noth
     assert not f.is_programmed(pi("unused"))
 
 
+def test_a_dispatch_render_that_raised_is_tried_again_for_the_same_interfaces(
+        node: Node, v: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatch chains are skipped when the interface names are those last rendered; a render that
+    raised must not count as rendered, or the next one for the same names would leave the old chains
+    (the new endpoint unreachable) until the names changed again."""
+    from felixpy.rules.renderer import RuleRenderer
+    base(node)
+    real = RuleRenderer.workload_dispatch_chains
+    fail = [True]
+
+    def flaky(self: RuleRenderer, names: list[str]) -> list[Chain]:
+        if fail[0]:
+            raise RuntimeError("render failed")
+        return real(self, names)
+
+    monkeypatch.setattr(RuleRenderer, "workload_dispatch_chains", flaky)
+    node.send(wep("b", profiles=["kns.default"], **addrs(2)))
+    node.link_up("calib")
+    assert not node.apply(expect_ok=False).ok
+    fail[0] = False
+    node.apply()
+    f = node.f(v).filter
+    assert dispatched(f, "calib") == (Goto("cali-fw-calib"), Goto("cali-tw-calib"))
+
+
 @pytest.mark.parametrize("mode", ["Felix", "TwoLevel"])
 def test_dispatch_with_many_endpoints_reaches_each_and_fails_closed(v: int, mode: str) -> None:
     node = Node(families=(4, 6), config=Config(Ipv6Support=True, DispatchChainMode=mode))
