@@ -287,8 +287,7 @@ class IPSets:
         due = self._full_resync_required and self._full_resync_via_save
         if not due or self._desired_members() < self._early_save_min:
             return False
-        self._save_ahead.drop()
-        self._save_ahead.start(self._save_digested)
+        self._save_ahead.start(self._save_digested)  # (replacing a save nobody took)
         self._save_ahead.mark_early()
         return self._save_ahead.early
 

@@ -149,17 +149,18 @@ class Resync:
         """An ``ipset save``'s sets and members (its text in pieces of whole sets), read a set at a time:
         its member strings are let go before the next set's are cut out, and each piece of the output
         before the next is read, so neither the whole text nor all members are ever held at once."""
-        def sink(s: ListedSet, members: list[str], whole: bool) -> None:
-            if not self._names.owns(s.name):
-                return
-            if whole:
-                self._load_members(s.name, members)
-            else:  # an add line out of order (ipset save writes none): one more member found
-                self._load_found_members(s.name, members)
-
         owned = [(s.name, DataplaneMeta(s.type, s.family, s.max_size))
-                 for s in parse_save(pieces, self._wants_members, sink) if self._names.owns(s.name)]
+                 for s in parse_save(pieces, self._wants_members, self._fold_saved) if self._names.owns(s.name)]
         self._finish_full_dump(owned)
+
+    def _fold_saved(self, s: ListedSet, members: list[str], whole: bool) -> None:
+        """``parse_save``'s sink: a set's members as a save gives them, folded into its tracker."""
+        if not self._names.owns(s.name):
+            return
+        if whole:
+            self._load_members(s.name, members)
+        else:  # an add line out of order (ipset save writes none): one more member found
+            self._load_found_members(s.name, members)
 
     def _finish_full_dump(self, owned: list[tuple[str, DataplaneMeta]]) -> None:
         """The owned sets a save listed become the dataplane view; the wanted ones it lacks are swept."""
@@ -254,22 +255,25 @@ class Resync:
             tracker = self._members.get(name)
             if tracker is None or not self._wants_members(name):
                 continue
-            got, dig = found.digests.get(name), self._digests.get(name)
-            if got is not None and got == dig and got[0] == tracker.desired_len():
-                tracker.mark_dataplane_desired()
-                tracker.compact()
-                self._update_dirtiness(name)
-            else:
+            got = found.digests.get(name)
+            if got is None or not self._settled_by_digest(name, tracker, got[0], _const(got)):
                 again.add(name)
         if again:
-            def sink(s: ListedSet, members: list[str], whole: bool) -> None:
-                if whole:
-                    self._load_members(s.name, members)
-                else:
-                    self._load_found_members(s.name, members)
-
-            parse_save(pieces(b"create "), lambda n: n in again, sink)
+            parse_save(pieces(b"create "), again.__contains__, self._fold_saved)
         self._finish_full_dump(found.sets)
+
+    def _settled_by_digest(self, name: str, tracker: MemberTracker[str], count: int,
+                           digest: Callable[[], tuple[int, int, int]]) -> bool:
+        """The kernel's *count* members, whose *digest* (taken only if the counts agree) equals the one the
+        set's desired members got when they arrived: the set is in sync as it is (digest.py).  False if
+        there is no such digest or they differ: the caller compares key by key."""
+        dig = self._digests.get(name)
+        if dig is None or not dig[0] == count == tracker.desired_len() or digest() != dig:
+            return False
+        tracker.mark_dataplane_desired()
+        tracker.compact()
+        self._update_dirtiness(name)
+        return True
 
     def _wants_members(self, name: str) -> bool:
         # Only sets we want: unwanted ones are only ever destroyed, temp ones too.
@@ -284,11 +288,7 @@ class Resync:
             # The kernel's members against the digest taken when the set arrived: equal, and the set is in
             # sync without a dict of the read-back or a key-by-key comparison (#17; digest.py).  A refresh
             # (drift) always compares key by key: it also repairs what a digest collision would hide.
-            dig = self._digests.get(name)
-            if dig is not None and dig[0] == len(members) == tracker.desired_len() and local_digest(members) == dig:
-                tracker.mark_dataplane_desired()
-                tracker.compact()
-                self._update_dirtiness(name)
+            if self._settled_by_digest(name, tracker, len(members), lambda: local_digest(members)):
                 return
         if drift:
             believed = {k for k, _ in tracker.dataplane_items()}
@@ -346,3 +346,8 @@ class Resync:
                 del self._members[name]
         self._update_dirtiness(name)
         self._queue.remove(name)
+
+
+def _const(value: tuple[int, int, int]) -> Callable[[], tuple[int, int, int]]:
+    """A digest already taken, as :meth:`Resync._settled_by_digest` asks for one."""
+    return lambda: value

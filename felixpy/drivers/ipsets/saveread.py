@@ -30,8 +30,8 @@ Digest = tuple[int, int, int]
 @dataclass
 class SaveDigests:
     """What :func:`digest_save` found: every owned set in the save's order with its metadata, and the
-    digest of its members (None: not digested -- a temporary set, or one whose members did not all come
-    in its own run of add lines, which the resync reads again from the save)."""
+    digest of its members (None: some came outside its own run of add lines; absent: a temporary set;
+    either way the resync reads that set's members again from the save)."""
 
     sets: list[tuple[str, DataplaneMeta]] = field(default_factory=list)
     digests: dict[str, Digest | None] = field(default_factory=dict)
